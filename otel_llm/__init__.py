@@ -1,0 +1,3 @@
+"""OpenTelemetry instrumentation for LLM serving on vLLM."""
+
+__version__ = "0.1.0"

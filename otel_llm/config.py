@@ -1,0 +1,83 @@
+"""Settings read from the environment (OTEL_LLM_* and the standard OTEL_* variables)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from otel_llm import semconv
+
+
+def _env_list(name: str, default: str = "") -> tuple[str, ...]:
+    raw = os.environ.get(name, default)
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Request headers (case-insensitive) and W3C baggage keys that name the tenant and scene.
+    # A header wins over baggage.
+    tenant_headers: tuple[str, ...] = ("x-tenant-id",)
+    scene_headers: tuple[str, ...] = ("x-scene",)
+    tenant_baggage_keys: tuple[str, ...] = (semconv.TENANT_ID,)
+    scene_baggage_keys: tuple[str, ...] = (semconv.TENANT_SCENE,)
+    # Metric label guard: values in the allow-list keep their name; otherwise the first
+    # `label_limit` distinct values seen keep theirs and the rest become "other".
+    label_allow_list: tuple[str, ...] = ()
+    label_limit: int = 50
+    phase_spans: bool = True
+    http_excluded_urls: str = "/metrics,/health,/ping,/load,/version,/server_info"
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls(
+            tenant_headers=_env_list("OTEL_LLM_TENANT_HEADERS", "x-tenant-id"),
+            scene_headers=_env_list("OTEL_LLM_SCENE_HEADERS", "x-scene"),
+            tenant_baggage_keys=_env_list("OTEL_LLM_TENANT_BAGGAGE_KEYS", semconv.TENANT_ID),
+            scene_baggage_keys=_env_list("OTEL_LLM_SCENE_BAGGAGE_KEYS", semconv.TENANT_SCENE),
+            label_allow_list=_env_list("OTEL_LLM_METRIC_LABEL_ALLOW_LIST"),
+            label_limit=_env_int("OTEL_LLM_METRIC_LABEL_LIMIT", 50),
+            phase_spans=_env_bool("OTEL_LLM_PHASE_SPANS", True),
+            http_excluded_urls=os.environ.get(
+                "OTEL_PYTHON_FASTAPI_EXCLUDED_URLS",
+                os.environ.get("OTEL_PYTHON_EXCLUDED_URLS", cls.http_excluded_urls),
+            ),
+        )
+
+
+@dataclass
+class LabelGuard:
+    """Keeps a metric label low-cardinality: allow-list, else first N distinct values, else 'other'."""
+
+    allow_list: tuple[str, ...] = ()
+    limit: int = 50
+    _seen: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if self.allow_list:
+            return value if value in self.allow_list else semconv.LABEL_OTHER
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return semconv.LABEL_OTHER

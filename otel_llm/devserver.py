@@ -1,0 +1,102 @@
+"""Start and stop a real `vllm serve` on CPU with the tiny model (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from otel_llm import tiny_model
+
+DEFAULT_MODEL_DIR = Path(os.environ.get("OTEL_LLM_TINY_MODEL", Path(__file__).resolve().parent.parent / ".cache" / "tiny-llama"))
+CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bin_path(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+class VLLMServer:
+    """`[opentelemetry-instrument] vllm serve MODEL ...` as a subprocess on a free port."""
+
+    def __init__(self, *, instrumented: bool = True, extra_args=(), env=None, model_dir: Path | None = None,
+                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME):
+        self.port = free_port()
+        self.model_dir = tiny_model.build(model_dir or DEFAULT_MODEL_DIR)
+        self.served_model_name = served_model_name
+        command = [bin_path("vllm"), "serve", str(self.model_dir), "--port", str(self.port),
+                   "--host", "127.0.0.1", "--served-model-name", served_model_name, *CPU_ARGS, *extra_args]
+        if instrumented:
+            command = [bin_path("opentelemetry-instrument"), *command]
+        self.command = command
+        self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1", **(env or {})}
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 240.0) -> "VLLMServer":
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def pids(self) -> list[int]:
+        """The server's processes: the main one and its descendants."""
+        assert self.process is not None
+        out = subprocess.run(["pgrep", "-g", str(self.process.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+
+def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms: int = 1000) -> dict[str, str]:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_METRIC_EXPORT_INTERVAL": str(metric_interval_ms),
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    if service_name:
+        env["OTEL_SERVICE_NAME"] = service_name
+    return env

@@ -1,0 +1,85 @@
+"""OpenTelemetry distro and configurator for `opentelemetry-instrument`.
+
+The distro only sets defaults (the user's environment always wins): OTLP for traces and
+metrics, and for a vLLM server `service.name=vllm` plus the served model and the instance
+(`host:port`) as resource attributes, so a fleet reads well in Tempo. Children that vLLM
+spawns inherit these through the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from opentelemetry.instrumentation.distro import BaseDistro
+from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+
+from otel_llm import semconv
+
+
+class OtelLLMDistro(BaseDistro):
+    def _configure(self, **kwargs):
+        os.environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
+        os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
+        server = vllm_server_args(sys.argv)
+        if server is not None:
+            apply_vllm_resource_defaults(os.environ, *server)
+
+
+class OtelLLMConfigurator(_OTelSDKConfigurator):
+    def _configure(self, **kwargs):
+        # process.pid tells the API servers of `--api-server-count N` apart; the SDK's process
+        # detector is not used because it exports the command line, which may hold an API key.
+        if not os.environ.get("OTEL_CONFIG_FILE"):  # a config file declares its own resource
+            attributes = dict(kwargs.pop("resource_attributes", None) or {})
+            attributes.setdefault("process.pid", os.getpid())
+            kwargs["resource_attributes"] = attributes
+        super()._configure(**kwargs)
+
+
+def vllm_server_args(argv: list[str]) -> tuple[str | None, int] | None:
+    """(served model, port) when argv is `vllm serve ...`, else None."""
+    if not argv or os.path.basename(argv[0]) != "vllm" or "serve" not in argv[1:]:
+        return None
+    args = argv[argv.index("serve", 1) + 1 :]
+    model = served = None
+    port = 8000
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, _, inline = arg.partition("=")
+        value = inline or (args[i + 1] if i + 1 < len(args) else None)
+        step = 1 if inline else 2
+        if key in ("--model",):
+            model = value
+        elif key in ("--served-model-name",):
+            served = value
+        elif key == "--port" and value and value.isdigit():
+            port = int(value)
+        elif not arg.startswith("-") and model is None:
+            model, step = arg, 1
+        else:
+            step = 1
+        i += step
+    return (served or model), port
+
+
+def apply_vllm_resource_defaults(environ, model: str | None, port: int) -> None:
+    has_name = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not has_name:
+        environ["OTEL_SERVICE_NAME"] = semconv.SERVICE_NAME_DEFAULT
+    existing = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    extra = []
+    if "service.instance.id=" not in existing:
+        extra.append(f"service.instance.id={socket.gethostname()}:{port}")
+    if model and f"{semconv.RESOURCE_SERVED_MODEL}=" not in existing:
+        extra.append(f"{semconv.RESOURCE_SERVED_MODEL}={_encode(model)}")
+    if extra:
+        environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(filter(None, [existing, *extra]))
+
+
+def _encode(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="/:-_.~@")

@@ -1,0 +1,201 @@
+"""A small in-process OTLP/HTTP (protobuf) receiver: the demo's and the tests' collector.
+
+It accepts /v1/traces and /v1/metrics, decodes them with the official protobuf bindings and
+keeps plain Python records. Not a production collector: use otelcol-contrib for that.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+
+def any_value(value) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind) if kind else None
+
+
+def attributes(kvs) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+@dataclass
+class Span:
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    status: str
+    status_message: str
+    resource: dict[str, Any]
+    scope: str
+    events: list[dict] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass
+class MetricPoint:
+    name: str
+    unit: str
+    kind: str  # histogram | sum | gauge
+    attributes: dict[str, Any]
+    value: float | None = None  # sum / gauge
+    count: int | None = None  # histogram
+    total: float | None = None
+    bounds: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()
+    exemplars: list[dict] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+class Receiver:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self.spans: list[Span] = []
+        self.metric_batches: list[list[MetricPoint]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path.endswith("/v1/traces"):
+                    receiver._traces(body)
+                elif self.path.endswith("/v1/metrics"):
+                    receiver._metrics(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self.endpoint = f"http://{host}:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self) -> "Receiver":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _traces(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest.FromString(body)
+        spans = []
+        for rs in request.resource_spans:
+            resource = attributes(rs.resource.attributes)
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    spans.append(
+                        Span(
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            name=s.name,
+                            kind=SPAN_KINDS.get(s.kind, str(s.kind)),
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
+                            attributes=attributes(s.attributes),
+                            status=STATUS_CODES.get(s.status.code, str(s.status.code)),
+                            status_message=s.status.message,
+                            resource=resource,
+                            scope=ss.scope.name,
+                            events=[{"name": e.name, "attributes": attributes(e.attributes)} for e in s.events],
+                        )
+                    )
+        with self._lock:
+            self.spans.extend(spans)
+
+    def _metrics(self, body: bytes) -> None:
+        request = ExportMetricsServiceRequest.FromString(body)
+        points = []
+        for rm in request.resource_metrics:
+            resource = attributes(rm.resource.attributes)
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind == "histogram":
+                        for p in m.histogram.data_points:
+                            points.append(MetricPoint(
+                                m.name, m.unit, "histogram", attributes(p.attributes), count=p.count,
+                                total=p.sum, bounds=tuple(p.explicit_bounds), bucket_counts=tuple(p.bucket_counts),
+                                exemplars=[{"trace_id": e.trace_id.hex(), "span_id": e.span_id.hex(),
+                                            "value": e.as_double or e.as_int} for e in p.exemplars],
+                                resource=resource))
+                    elif kind in ("sum", "gauge"):
+                        for p in getattr(m, kind).data_points:
+                            value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                            points.append(MetricPoint(
+                                m.name, m.unit, kind, attributes(p.attributes), value=value,
+                                exemplars=[{"trace_id": e.trace_id.hex(), "span_id": e.span_id.hex()}
+                                           for e in p.exemplars],
+                                resource=resource))
+        with self._lock:
+            self.metric_batches.append(points)
+
+    # --- queries -------------------------------------------------------------------------
+    def traces(self) -> dict[str, list[Span]]:
+        with self._lock:
+            spans = list(self.spans)
+        out: dict[str, list[Span]] = {}
+        for s in spans:
+            out.setdefault(s.trace_id, []).append(s)
+        return out
+
+    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.1):
+        """Poll until predicate(self) is truthy; return its value (or raise TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate(self)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError("OTLP receiver: condition not met in time")
+            time.sleep(interval)
+
+    def latest_metrics(self) -> list[MetricPoint]:
+        """Points of the newest export per (metric, attributes): cumulative temporality."""
+        with self._lock:
+            batches = list(self.metric_batches)
+        latest: dict[tuple, MetricPoint] = {}
+        for batch in batches:
+            for p in batch:
+                key = (p.name, tuple(sorted((k, str(v)) for k, v in p.attributes.items())),
+                       p.resource.get("process.pid"))
+                latest[key] = p
+        return list(latest.values())

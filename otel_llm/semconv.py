@@ -1,0 +1,112 @@
+"""Every telemetry name otel-llm emits: attributes, spans, metrics, units and buckets.
+
+GenAI names follow OpenTelemetry semantic conventions v1.41.0 (the last release published in
+open-telemetry/semantic-conventions). Engine detail that no convention covers lives under
+`vllm.*`. Dashboards, rules, tests and docs import names from here; never retype them.
+"""
+
+# --- GenAI semantic conventions (v1.41.0) -------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+
+# gen_ai.operation.name values
+OP_CHAT = "chat"
+OP_TEXT_COMPLETION = "text_completion"
+OP_EMBEDDINGS = "embeddings"
+
+PROVIDER_VLLM = "vllm"
+
+# gen_ai.token.type values on our token counter. "input" includes "cached_input".
+TOKEN_TYPE_INPUT = "input"
+TOKEN_TYPE_CACHED_INPUT = "cached_input"
+TOKEN_TYPE_OUTPUT = "output"
+
+# error.type values of our own (otherwise the exception class or the HTTP status code)
+ERROR_CLIENT_ABORTED = "client_aborted"
+ERROR_OTHER = "_OTHER"
+
+# finish reason reported for a request the client abandoned
+FINISH_REASON_ABORT = "abort"
+
+# --- vLLM engine detail (no convention exists) --------------------------------------------
+VLLM_REQUEST_ID = "vllm.request.id"
+VLLM_QUEUE_SECONDS = "vllm.latency.queue"
+VLLM_PREFILL_SECONDS = "vllm.latency.prefill"
+VLLM_DECODE_SECONDS = "vllm.latency.decode"
+VLLM_TTFT_SECONDS = "vllm.latency.time_to_first_token"
+VLLM_E2E_SECONDS = "vllm.latency.e2e"
+VLLM_TPOT_SECONDS = "vllm.latency.time_per_output_token"
+VLLM_PREEMPTIONS = "vllm.request.preemptions"
+VLLM_ABORTED = "vllm.request.aborted"
+VLLM_ENGINE_REQUESTS = "vllm.request.engine_requests"
+VLLM_LOCAL_CACHED_TOKENS = "vllm.usage.cache_read.local_input_tokens"
+VLLM_EXTERNAL_CACHED_TOKENS = "vllm.usage.cache_read.external_input_tokens"
+VLLM_STREAM_TTFT_SECONDS = "vllm.latency.time_to_first_chunk_sent"
+VLLM_PHASE_TIMING_UNAVAILABLE = "vllm.latency.unavailable"
+
+# Tenant attribution (spans carry the full value; metric labels are capped, see config)
+TENANT_ID = "tenant.id"
+TENANT_SCENE = "tenant.scene"
+LABEL_OTHER = "other"
+
+# Resource attributes
+SERVICE_NAME_DEFAULT = "vllm"
+RESOURCE_SERVED_MODEL = "vllm.served_model"
+
+# --- Span names ---------------------------------------------------------------------------
+SPAN_QUEUE = "queue"
+SPAN_PREFILL = "prefill"
+SPAN_DECODE = "decode"
+PHASE_SPANS = (SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE)
+
+
+def genai_span_name(operation: str, model: str | None) -> str:
+    return f"{operation} {model}" if model else operation
+
+
+# --- Metrics ------------------------------------------------------------------------------
+SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+SERVER_TOKEN_USAGE = "gen_ai.server.token.usage"
+
+UNIT_SECONDS = "s"
+UNIT_TOKEN = "{token}"
+
+# Bucket boundaries from the semconv metric definitions
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+def prometheus_name(otel_name: str, unit: str = "", counter: bool = False) -> str:
+    """The name a Prometheus exporter gives an OTel metric (dots to underscores, unit suffix)."""
+    name = otel_name.replace(".", "_")
+    if unit == UNIT_SECONDS:
+        name += "_seconds"
+    if counter:
+        name += "_total"
+    return name

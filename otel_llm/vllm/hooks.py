@@ -1,0 +1,527 @@
+"""Every place otel-llm touches vLLM, in one table, with the wrappers that run there.
+
+vLLM moves things between releases: each hook lists candidate modules (newest first). At
+instrument time we look for the module files without importing vLLM (importing it costs
+seconds); the patch itself is applied by a post-import hook when vLLM imports the module.
+A hook that cannot be found logs one warning naming it, and serving goes on without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import wrapt
+
+from otel_llm import semconv
+from otel_llm.vllm import http
+from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, Telemetry, attach, detach
+
+_log = logging.getLogger("otel_llm.vllm")
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    modules: tuple[str, ...]  # candidates, newest vLLM first
+    attribute: str  # "Class.method" or "function"
+    factory: Callable[[Telemetry], Callable]  # -> wrapt wrapper
+    purpose: str
+    required: bool = True
+    # other modules that bind the function by name (`from x import f`) and need the patch too
+    aliases: tuple[str, ...] = ()
+
+
+# --- wrappers -----------------------------------------------------------------------------
+
+
+def _safe(what: str):
+    """Decorator for our own bookkeeping: log once, never raise into vLLM."""
+    warned = []
+
+    def deco(fn):
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                if not warned:
+                    warned.append(True)
+                    _log.warning("otel-llm: %s failed; the request is served, its telemetry may be incomplete", what, exc_info=True)
+                return None
+
+        return inner
+
+    return deco
+
+
+def _request_info(operation: str, request, tel: Telemetry, raw_request) -> RequestInfo:
+    get = lambda name: getattr(request, name, None)  # noqa: E731
+    max_tokens = get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = get("max_tokens")
+    top_k = get("top_k")
+    if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
+        top_k = None
+    headers = getattr(raw_request, "headers", None)
+    tenant, scene = tel.tenant_from(headers)
+    return RequestInfo(
+        operation=operation,
+        model=get("model"),
+        stream=bool(get("stream")),
+        choice_count=get("n"),
+        max_tokens=max_tokens,
+        temperature=get("temperature"),
+        top_p=get("top_p"),
+        top_k=top_k,
+        seed=get("seed"),
+        frequency_penalty=get("frequency_penalty"),
+        presence_penalty=get("presence_penalty"),
+        tenant=tenant,
+        scene=scene,
+    )
+
+
+def _error_of(result) -> tuple[str, str] | None:
+    """(error.type, message) when a handler returned an error instead of raising."""
+    error = getattr(result, "error", None)  # vLLM's ErrorResponse
+    if error is not None and hasattr(error, "code"):
+        return str(getattr(error, "type", None) or error.code), str(getattr(error, "message", ""))
+    status = getattr(result, "status_code", None)  # a starlette Response (pooling endpoints)
+    if isinstance(status, int) and status >= 400:
+        return str(status), ""
+    return None
+
+
+class _StreamTelemetry:
+    """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
+
+    Per chunk this adds one await and a flag test; the span ends exactly once on
+    exhaustion, error, cancellation (client gone) or close.
+    """
+
+    __slots__ = ("_inner", "_record", "_started")
+
+    def __init__(self, inner, record):
+        self._inner = inner
+        self._record = record
+        self._started = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        record = self._record
+        if self._started:
+            try:
+                return await self._inner.__anext__()
+            except StopAsyncIteration:
+                record.end()
+                raise
+            except BaseException as exc:
+                _end_with_exception(record, exc)
+                raise
+        # first chunk: the engine request is added now, in whatever task iterates us
+        tokens = attach(record)
+        try:
+            chunk = await self._inner.__anext__()
+        except StopAsyncIteration:
+            record.end()
+            raise
+        except BaseException as exc:
+            _end_with_exception(record, exc)
+            raise
+        finally:
+            detach(tokens)
+        self._started = True
+        record.on_first_chunk()
+        return chunk
+
+    async def aclose(self):
+        try:
+            await self._inner.aclose()
+        finally:
+            self._record.end(aborted=True)
+
+    async def athrow(self, *args):
+        return await self._inner.athrow(*args)
+
+    def __del__(self):
+        record = self._record
+        if not record.ended:
+            record.end(aborted=True)
+
+
+def _end_with_exception(record, exc: BaseException) -> None:
+    import asyncio
+
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        record.end(aborted=True)
+    else:
+        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
+
+
+def handler_wrapper(operation: str):
+    def factory(tel: Telemetry):
+        start = _safe(f"starting the {operation} span")(
+            lambda request, raw_request: tel.start(_request_info(operation, request, tel, raw_request))
+        )
+
+        async def wrapper(wrapped, instance, args, kwargs):
+            request = args[0] if args else kwargs.get("request")
+            raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")
+            record = start(request, raw_request)
+            if record is None:
+                return await wrapped(*args, **kwargs)
+            tokens = attach(record)
+            try:
+                result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                _end_with_exception(record, exc)
+                raise
+            finally:
+                detach(tokens)
+            return _finish_handler(record, result, raw_request)
+
+        return wrapper
+
+    return factory
+
+
+@_safe("reading a vLLM response")
+def _read_response(record, result, raw_request):
+    # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
+    metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
+    response_id = getattr(metadata, "request_id", None)
+    if isinstance(response_id, str):
+        record.response_id = response_id
+    error = _error_of(result)
+    if error is not None:
+        record.end(error_type=error[0], error_message=error[1])
+        return result
+    if hasattr(result, "__anext__"):
+        return _StreamTelemetry(result, record)
+    record.end(response=result if hasattr(result, "choices") else None)
+    return result
+
+
+def _finish_handler(record, result, raw_request):
+    wrapped = _read_response(record, result, raw_request)
+    if wrapped is None:
+        record.end()
+        return result
+    return wrapped
+
+
+def attach_engine_request(tel: Telemetry):
+    on_attach = _safe("attaching an engine request")(
+        lambda instance, request: _attach(tel, instance, request)
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        request = args[0] if args else kwargs.get("request")
+        on_attach(instance, request)
+        return result
+
+    return wrapper
+
+
+def _attach(tel: Telemetry, output_processor, request) -> None:
+    record = CURRENT.get()
+    if record is None or record.ended:
+        return
+    state = output_processor.request_states.get(request.request_id)
+    if state is not None and state.request_id not in tel.by_engine_id:
+        record.attach_engine_request(state)
+
+
+def engine_finished(tel: Telemetry):
+    @_safe("recording an engine finish")
+    def on_finish(req_state, finish_reason):
+        record = tel.by_engine_id.get(req_state.request_id)
+        if record is not None:
+            record.on_engine_finished(req_state, finish_reason)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        req_state = args[0] if args else kwargs.get("req_state")
+        finish_reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
+        on_finish(req_state, finish_reason)
+        return result
+
+    return wrapper
+
+
+def engine_aborted(tel: Telemetry):
+    @_safe("recording an engine abort")
+    def on_abort(aborted_ids):
+        for request_id in aborted_ids or ():
+            record = tel.by_engine_id.pop(request_id, None)
+            if record is not None and record.engine_owned:
+                record.end(aborted=True)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        on_abort(result)
+        return result
+
+    return wrapper
+
+
+def native_tracing_off(tel: Telemetry):
+    """vLLM's own `llm_request` span (--otlp-traces-endpoint) would trace every request twice."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        return None
+
+    return wrapper
+
+
+def _engine_model(engine) -> str | None:
+    config = getattr(engine, "model_config", None)
+    return getattr(config, "served_model_name", None) or getattr(config, "model", None)
+
+
+def async_llm_generate(tel: Telemetry):
+    """AsyncLLM used directly (no OpenAI handler around it): the generate() call is the request."""
+    start = _safe("starting an AsyncLLM span")(
+        lambda engine, params: tel.start(_engine_request_info(tel, engine, params))
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if CURRENT.get() is not None:
+            return wrapped(*args, **kwargs)
+        record = start(instance, args[1] if len(args) > 1 else kwargs.get("sampling_params"))
+        if record is None:
+            return wrapped(*args, **kwargs)
+        tokens = attach(record)
+        try:
+            inner = wrapped(*args, **kwargs)
+        finally:
+            detach(tokens)
+        return _EngineGenerator(inner, record)
+
+    return wrapper
+
+
+class _EngineGenerator(_StreamTelemetry):
+    """Like _StreamTelemetry, but every step runs with the record current (add_request is lazy)."""
+
+    __slots__ = ()
+
+    async def __anext__(self):
+        record = self._record
+        tokens = attach(record)
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            record.end()
+            raise
+        except BaseException as exc:
+            _end_with_exception(record, exc)
+            raise
+        finally:
+            detach(tokens)
+
+
+def _engine_request_info(tel: Telemetry, engine, params) -> RequestInfo:
+    n = getattr(params, "n", None)
+    return RequestInfo(
+        operation=semconv.OP_TEXT_COMPLETION if hasattr(params, "max_tokens") else semconv.OP_EMBEDDINGS,
+        model=_engine_model(engine),
+        choice_count=n,
+        max_tokens=getattr(params, "max_tokens", None),
+        temperature=getattr(params, "temperature", None),
+        top_p=getattr(params, "top_p", None),
+        top_k=(getattr(params, "top_k", None) or None) if (getattr(params, "top_k", 0) or 0) > 0 else None,
+        seed=getattr(params, "seed", None),
+    )
+
+
+def llm_engine_add_request(tel: Telemetry):
+    """Offline LLMEngine (vllm.LLM): one span per engine request, ended when the engine finishes."""
+    start = _safe("starting an LLMEngine span")(
+        lambda engine, params: tel.start(_engine_request_info(tel, engine, params), engine_owned=True)
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if CURRENT.get() is not None:
+            return wrapped(*args, **kwargs)
+        record = start(instance, args[2] if len(args) > 2 else kwargs.get("params"))
+        if record is None:
+            return wrapped(*args, **kwargs)
+        tokens = attach(record)
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            _end_with_exception(record, exc)
+            raise
+        finally:
+            detach(tokens)
+
+    return wrapper
+
+
+def llm_keeps_stats(tel: Telemetry):
+    """vllm.LLM turns per-request stats off by default; the phase spans need them."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if "disable_log_stats" not in kwargs:
+            kwargs["disable_log_stats"] = False
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def validation_rejection(tel: Telemetry):
+    """Requests FastAPI rejects before any handler runs (bad JSON, schema errors) get a span too."""
+
+    @_safe("recording a rejected request")
+    def record_rejection(request, response):
+        operation = _OPERATION_BY_PATH.get(request.url.path)
+        if operation is None:
+            return
+        tenant, scene = tel.tenant_from(request.headers)
+        record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene))
+        error_type = str(getattr(response, "status_code", "400"))
+        try:
+            error_type = json.loads(response.body)["error"]["type"] or error_type
+        except Exception:
+            pass
+        record.end(error_type=error_type, error_message="request rejected before reaching the engine")
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        response = await wrapped(*args, **kwargs)
+        record_rejection(args[0] if args else kwargs.get("request"), response)
+        return response
+
+    return wrapper
+
+
+_OPERATION_BY_PATH = {
+    "/v1/chat/completions": semconv.OP_CHAT,
+    "/v1/completions": semconv.OP_TEXT_COMPLETION,
+    "/v1/embeddings": semconv.OP_EMBEDDINGS,
+}
+
+_OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("chat handler", ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat"),
+         "OpenAIServingChat.create_chat_completion", handler_wrapper(semconv.OP_CHAT),
+         "GenAI span for /v1/chat/completions"),
+    Hook("completion handler", ("vllm.entrypoints.openai.completion.serving", "vllm.entrypoints.openai.serving_completion"),
+         "OpenAIServingCompletion.create_completion", handler_wrapper(semconv.OP_TEXT_COMPLETION),
+         "GenAI span for /v1/completions"),
+    Hook("embeddings handler", ("vllm.entrypoints.pooling.embed.serving",),
+         "ServingEmbedding.__call__", handler_wrapper(semconv.OP_EMBEDDINGS),
+         "GenAI span for /v1/embeddings", required=False),
+    Hook("engine request added", _OUTPUT_PROCESSOR, "OutputProcessor.add_request", attach_engine_request,
+         "links engine requests (tokens, phase timestamps) to their span"),
+    Hook("engine request finished", _OUTPUT_PROCESSOR, "OutputProcessor._update_stats_from_finished",
+         engine_finished, "finish reasons; ends offline spans"),
+    Hook("engine request aborted", _OUTPUT_PROCESSOR, "OutputProcessor.abort_requests", engine_aborted,
+         "ends offline spans of aborted requests"),
+    Hook("native tracing", _OUTPUT_PROCESSOR, "OutputProcessor.do_tracing", native_tracing_off,
+         "keeps --otlp-traces-endpoint from tracing each request twice", required=False),
+    Hook("AsyncLLM.generate", ("vllm.v1.engine.async_llm",), "AsyncLLM.generate", async_llm_generate,
+         "GenAI span for AsyncLLM used directly"),
+    Hook("LLMEngine.add_request", ("vllm.v1.engine.llm_engine",), "LLMEngine.add_request", llm_engine_add_request,
+         "GenAI span for offline vllm.LLM"),
+    Hook("LLM stats", ("vllm.entrypoints.llm",), "LLM.__init__", llm_keeps_stats,
+         "keeps per-request stats on for offline vllm.LLM", required=False),
+    Hook("build_app", ("vllm.entrypoints.launchers.app", "vllm.entrypoints.openai.api_server"), "build_app",
+         http.build_app_wrapper, "HTTP server spans on vLLM's FastAPI app",
+         aliases=("vllm.entrypoints.launchers.api_server.entry",)),
+    Hook("request validation", ("vllm.entrypoints.serve.exception_handling.register",),
+         "validation_exception_handler", validation_rejection,
+         "error span for requests rejected before a handler runs", required=False),
+)
+
+
+# --- applying -----------------------------------------------------------------------------
+
+
+def module_exists(module: str) -> bool:
+    """True if the module's file is there, found without importing vLLM."""
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for base in spec.submodule_search_locations:
+        path = os.path.join(base, *parts[1:])
+        if os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py")):
+            return True
+    return False
+
+
+def locate(hook: Hook) -> str | None:
+    return next((m for m in hook.modules if module_exists(m)), None)
+
+
+def _has_attribute(module, attribute: str) -> bool:
+    obj: Any = module
+    for part in attribute.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return True
+
+
+class Patcher:
+    def __init__(self, tel: Telemetry):
+        self.tel = tel
+        self.applied: list[tuple[Any, str]] = []  # (module, attribute) for unwrap
+        self.missing: list[str] = []
+        self.active = True
+
+    def install(self) -> None:
+        for hook in HOOKS:
+            module_name = locate(hook)
+            if module_name is None:
+                self._missing(hook, "module not found: " + " | ".join(hook.modules))
+                continue
+            wrapt.register_post_import_hook(lambda module, hook=hook: self._apply(hook, module), module_name)
+
+    def _apply(self, hook: Hook, module) -> None:
+        if not self.active:
+            return
+        try:
+            if not _has_attribute(module, hook.attribute):
+                self._missing(hook, f"{module.__name__}.{hook.attribute} not found")
+                return
+            wrapper = hook.factory(self.tel)
+            wrapt.wrap_function_wrapper(module, hook.attribute, wrapper)
+            self.applied.append((module, hook.attribute))
+            if "." not in hook.attribute:
+                patched = getattr(module, hook.attribute)
+                for alias in hook.aliases:
+                    other = sys.modules.get(alias)
+                    if other is not None and hasattr(other, hook.attribute):
+                        setattr(other, hook.attribute, patched)
+        except Exception:
+            _log.warning("otel-llm: could not patch vLLM hook %r", hook.name, exc_info=True)
+            self.missing.append(hook.name)
+
+    def _missing(self, hook: Hook, why: str) -> None:
+        self.missing.append(hook.name)
+        level = logging.WARNING if hook.required else logging.INFO
+        _log.log(level, "otel-llm: vLLM hook %r unavailable (%s); without it: no %s. Serving continues.",
+                 hook.name, why, hook.purpose)
+
+    def uninstall(self) -> None:
+        self.active = False
+        for module, attribute in reversed(self.applied):
+            parent: Any = module
+            *path, name = attribute.split(".")
+            for part in path:
+                parent = getattr(parent, part)
+            current = getattr(parent, name, None)
+            if isinstance(current, wrapt.ObjectProxy):
+                setattr(parent, name, current.__wrapped__)
+        self.applied.clear()

@@ -1,0 +1,432 @@
+"""One OpenAI-compatible (or offline) request -> GenAI span, phase child spans and metrics.
+
+A RequestTelemetry is created when a request enters vLLM (the serving handler, or
+AsyncLLM/LLMEngine used directly). vLLM's per-request `RequestState` objects are attached to
+it as the engine accepts them; everything is read from them once, when the request ends, so
+nothing here runs per output token.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import baggage, context as otel_context, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from otel_llm import semconv
+from otel_llm.config import LabelGuard, Settings
+
+_log = logging.getLogger(__name__)
+
+# The request being served in the current task; the engine hooks attach to it.
+CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What the client asked for (gen_ai.request.*)."""
+
+    operation: str
+    model: str | None = None
+    stream: bool = False
+    choice_count: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    tenant: str | None = None
+    scene: str | None = None
+
+    def span_attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            semconv.GEN_AI_OPERATION_NAME: self.operation,
+            semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
+        }
+        optional = (
+            (semconv.GEN_AI_REQUEST_MODEL, self.model),
+            (semconv.GEN_AI_REQUEST_MAX_TOKENS, self.max_tokens),
+            (semconv.GEN_AI_REQUEST_TEMPERATURE, self.temperature),
+            (semconv.GEN_AI_REQUEST_TOP_P, self.top_p),
+            (semconv.GEN_AI_REQUEST_TOP_K, self.top_k),
+            (semconv.GEN_AI_REQUEST_SEED, self.seed),
+            (semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY, self.frequency_penalty),
+            (semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, self.presence_penalty),
+            (semconv.TENANT_ID, self.tenant),
+            (semconv.TENANT_SCENE, self.scene),
+        )
+        for key, value in optional:
+            if value is not None:
+                attrs[key] = value
+        if self.stream:
+            attrs[semconv.GEN_AI_REQUEST_STREAM] = True
+        if self.choice_count is not None and self.choice_count != 1:
+            attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = self.choice_count
+        return attrs
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+
+
+class Telemetry:
+    """Tracer, instruments and settings shared by all requests of one process."""
+
+    def __init__(self, tracer: trace.Tracer, meter, settings: Settings):
+        self.tracer = tracer
+        self.settings = settings
+        self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit)
+        self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
+        self.request_duration = meter.create_histogram(
+            semconv.SERVER_REQUEST_DURATION,
+            unit=semconv.UNIT_SECONDS,
+            description="Time from the request reaching vLLM to its last byte (or abort).",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        )
+        self.time_to_first_token = meter.create_histogram(
+            semconv.SERVER_TIME_TO_FIRST_TOKEN,
+            unit=semconv.UNIT_SECONDS,
+            description="Time from request arrival to the first generated token (queue + prefill).",
+            explicit_bucket_boundaries_advisory=semconv.TTFT_BUCKETS,
+        )
+        self.time_per_output_token = meter.create_histogram(
+            semconv.SERVER_TIME_PER_OUTPUT_TOKEN,
+            unit=semconv.UNIT_SECONDS,
+            description="Decode time divided by the output tokens after the first.",
+            explicit_bucket_boundaries_advisory=semconv.TPOT_BUCKETS,
+        )
+        self.token_usage = meter.create_counter(
+            semconv.SERVER_TOKEN_USAGE,
+            unit=semconv.UNIT_TOKEN,
+            description="Tokens by type (input includes cached_input), as the engine counted them.",
+        )
+        # internal engine request id -> RequestTelemetry, while the engine holds the request
+        self.by_engine_id: dict[str, RequestTelemetry] = {}
+
+    def tenant_from(self, headers, ctx=None) -> tuple[str | None, str | None]:
+        """Tenant and scene from request headers (first match) or W3C baggage."""
+        tenant = _first_header(headers, self.settings.tenant_headers)
+        scene = _first_header(headers, self.settings.scene_headers)
+        if tenant is None or scene is None:
+            entries = baggage.get_all(ctx)
+            if entries:
+                if tenant is None:
+                    tenant = _first_baggage(entries, self.settings.tenant_baggage_keys)
+                if scene is None:
+                    scene = _first_baggage(entries, self.settings.scene_baggage_keys)
+        return tenant, scene
+
+    def start(self, info: RequestInfo, *, engine_owned: bool = False) -> "RequestTelemetry":
+        return RequestTelemetry(self, info, engine_owned=engine_owned)
+
+
+def _first_header(headers, names) -> str | None:
+    if headers is None:
+        return None
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
+def _first_baggage(entries, keys) -> str | None:
+    for key in keys:
+        value = entries.get(key)
+        if value:
+            return str(value)
+    return None
+
+
+class RequestTelemetry:
+    __slots__ = (
+        "telemetry",
+        "info",
+        "span",
+        "context",
+        "start_ns",
+        "engine_states",
+        "finish_reasons",
+        "finish_wall",
+        "first_chunk_ns",
+        "response_id",
+        "response_model",
+        "engine_owned",
+        "ended",
+    )
+
+    def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False):
+        self.telemetry = telemetry
+        self.info = info
+        self.start_ns = time.time_ns()
+        self.span = telemetry.tracer.start_span(
+            semconv.genai_span_name(info.operation, info.model),
+            kind=SpanKind.INTERNAL,
+            attributes=info.span_attributes(),
+            start_time=self.start_ns,
+        )
+        self.context = trace.set_span_in_context(self.span)
+        self.engine_states: list[Any] = []
+        self.finish_reasons: dict[str, str] = {}
+        self.finish_wall: float | None = None
+        self.first_chunk_ns: int | None = None
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.engine_owned = engine_owned
+        self.ended = False
+
+    # --- engine events (API-server process, output handler task) ---------------------------
+    def attach_engine_request(self, req_state) -> None:
+        self.engine_states.append(req_state)
+        self.telemetry.by_engine_id[req_state.request_id] = self
+
+    def on_engine_finished(self, req_state, finish_reason) -> None:
+        self.finish_reasons[req_state.request_id] = str(finish_reason)
+        self.finish_wall = time.time()
+        self.telemetry.by_engine_id.pop(req_state.request_id, None)
+        if self.engine_owned and len(self.finish_reasons) == len(self.engine_states):
+            self.end()
+
+    def on_first_chunk(self) -> None:
+        self.first_chunk_ns = time.time_ns()
+
+    # --- end -------------------------------------------------------------------------------
+    def end(
+        self,
+        *,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        aborted: bool = False,
+        response: Any = None,
+    ) -> None:
+        """End the span and record metrics, exactly once. Never raises."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            self._end(error_type, error_message, aborted, response)
+        except Exception:  # instrumentation must never break serving
+            _log.exception("otel-llm: failed to finish the span of a vLLM request")
+            try:
+                self.span.end()
+            except Exception:
+                pass
+
+    def _end(self, error_type, error_message, aborted, response) -> None:
+        end_ns = time.time_ns()
+        span = self.span
+        by_engine_id = self.telemetry.by_engine_id
+        for state in self.engine_states:
+            by_engine_id.pop(state.request_id, None)
+        if aborted and error_type is None:
+            error_type = semconv.ERROR_CLIENT_ABORTED
+
+        usage = self._usage()
+        finish_reasons = self._finish_reasons(response, aborted or error_type is not None)
+        attrs: dict[str, Any] = {}
+        if self.engine_states or response is not None:
+            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
+            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+            attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+        response_id = self.response_id or getattr(response, "id", None)
+        if response_id is None and self.engine_states:
+            response_id = self.engine_states[0].external_req_id
+        if response_id:
+            attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
+        response_model = getattr(response, "model", None) or self.response_model
+        if response_model is None and error_type is None:
+            response_model = self.info.model
+        if response_model:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
+        if finish_reasons:
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = finish_reasons
+        if self.engine_states:
+            attrs[semconv.VLLM_REQUEST_ID] = self.engine_states[0].external_req_id
+            if len(self.engine_states) > 1:
+                attrs[semconv.VLLM_ENGINE_REQUESTS] = len(self.engine_states)
+        if aborted:
+            attrs[semconv.VLLM_ABORTED] = True
+        if self.first_chunk_ns is not None:
+            wire_ttft = (self.first_chunk_ns - self.start_ns) / 1e9
+            attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = wire_ttft
+
+        timing = self._phases(end_ns)
+        attrs.update(timing.attributes)
+        if error_type is not None:
+            attrs[semconv.ERROR_TYPE] = error_type
+            span.set_status(Status(StatusCode.ERROR, error_message or error_type))
+        span.set_attributes(attrs)
+        span.end(end_time=end_ns)
+        self._record_metrics(usage, timing, error_type, response_model, (end_ns - self.start_ns) / 1e9)
+
+    def _usage(self) -> Usage:
+        usage = Usage()
+        seen_prompts: set[str] = set()
+        for state in self.engine_states:
+            detok = state.detokenizer
+            if detok is not None:
+                usage.output_tokens += detok.num_output_tokens()
+            # n > 1: the children of one ParentRequest share the prompt; count it once,
+            # as vLLM's `usage` does.
+            parent = state.parent_req
+            prompt_key = parent.request_id if parent is not None else state.request_id
+            if prompt_key in seen_prompts:
+                continue
+            seen_prompts.add(prompt_key)
+            usage.input_tokens += state.prompt_len or 0
+            usage.cached_input_tokens += state.num_cached_tokens or 0
+        return usage
+
+    def _finish_reasons(self, response, failed: bool) -> list[str]:
+        choices = getattr(response, "choices", None)
+        if choices:
+            return [str(c.finish_reason) if c.finish_reason is not None else "error" for c in choices]
+        reasons = []
+        for state in sorted(self.engine_states, key=lambda s: s.request_index):
+            reason = self.finish_reasons.get(state.request_id)
+            if reason is None:
+                reason = semconv.FINISH_REASON_ABORT if failed else None
+            if reason is not None:
+                reasons.append(reason)
+        return reasons
+
+    def _phases(self, end_ns: int) -> "_Timing":
+        """Queue / prefill / decode child spans from the engine's monotonic timestamps."""
+        timing = _Timing()
+        states = [s for s in self.engine_states if s.stats is not None]
+        if not states:
+            if self.engine_states:
+                timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
+            return timing
+        # The engine core stamps time.monotonic(); on one host that clock is shared by all
+        # processes, so wall = monotonic + (time.time() - time.monotonic()) here.
+        offset = time.time() - time.monotonic()
+        queue = prefill = decode = 0.0
+        ttft = None
+        preemptions = 0
+        gen_tokens = 0
+        make_spans = self.telemetry.settings.phase_spans
+        for state in states:
+            stats = state.stats
+            preemptions += stats.num_preemptions
+            gen_tokens += stats.num_generation_tokens
+            if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
+                ttft = stats.first_token_latency
+            bounds = _phase_bounds(stats)
+            if bounds is None:
+                continue
+            q0, q1, p1, d1 = bounds
+            queue += (q1 or 0) - q0 if q1 else 0.0
+            if q1 and p1:
+                prefill += p1 - q1
+            if p1 and d1:
+                decode += d1 - p1
+            if make_spans:
+                self._phase_spans(state, bounds, offset, end_ns, len(states) > 1)
+        timing.attributes[semconv.VLLM_QUEUE_SECONDS] = queue
+        timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
+        timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
+        timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
+        if ttft is not None:
+            timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
+            timing.ttft = ttft
+        if len(states) == 1 and gen_tokens > 1:
+            timing.tpot = decode / (gen_tokens - 1)
+            timing.attributes[semconv.VLLM_TPOT_SECONDS] = timing.tpot
+        return timing
+
+    def _phase_spans(self, state, bounds, offset: float, end_ns: int, tag: bool) -> None:
+        q0, q1, p1, d1 = bounds
+        lo, hi = self.start_ns, end_ns
+        attrs = {semconv.VLLM_REQUEST_ID: state.request_id} if tag else None
+        tracer = self.telemetry.tracer
+        prev_end = lo
+        for name, start, stop in (
+            (semconv.SPAN_QUEUE, q0, q1),
+            (semconv.SPAN_PREFILL, q1, p1),
+            (semconv.SPAN_DECODE, p1, d1),
+        ):
+            if not start:
+                break
+            start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
+            stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
+            child = tracer.start_span(
+                name, context=self.context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attrs
+            )
+            child.end(end_time=stop_ns)
+            prev_end = stop_ns
+            if not stop:
+                break
+
+    def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float) -> None:
+        tel = self.telemetry
+        info = self.info
+        attrs: dict[str, Any] = {
+            semconv.GEN_AI_OPERATION_NAME: info.operation,
+            semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
+        }
+        if info.model:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = info.model
+        if response_model:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
+        tenant = tel.label_tenant(info.tenant)
+        if tenant is not None:
+            attrs[semconv.TENANT_ID] = tenant
+        scene = tel.label_scene(info.scene)
+        if scene is not None:
+            attrs[semconv.TENANT_SCENE] = scene
+        ctx = self.context  # exemplars link the points to this trace
+        if error_type is None:
+            if timing.ttft is not None:
+                tel.time_to_first_token.record(timing.ttft, attrs, context=ctx)
+            if timing.tpot is not None:
+                tel.time_per_output_token.record(timing.tpot, attrs, context=ctx)
+        if self.engine_states:
+            for token_type, value in (
+                (semconv.TOKEN_TYPE_INPUT, usage.input_tokens),
+                (semconv.TOKEN_TYPE_CACHED_INPUT, usage.cached_input_tokens),
+                (semconv.TOKEN_TYPE_OUTPUT, usage.output_tokens),
+            ):
+                tel.token_usage.add(value, {**attrs, semconv.GEN_AI_TOKEN_TYPE: token_type}, context=ctx)
+        if error_type is not None:
+            attrs[semconv.ERROR_TYPE] = error_type
+        tel.request_duration.record(duration, attrs, context=ctx)
+
+
+class _Timing:
+    __slots__ = ("attributes", "ttft", "tpot")
+
+    def __init__(self):
+        self.attributes: dict[str, Any] = {}
+        self.ttft: float | None = None
+        self.tpot: float | None = None
+
+
+def _phase_bounds(stats):
+    """(queued, scheduled, first_token, last_token) engine-monotonic seconds; 0 = not reached."""
+    if not stats.queued_ts:
+        return None
+    scheduled = stats.scheduled_ts or 0.0
+    first = stats.first_token_ts if scheduled and stats.first_token_ts else 0.0
+    last = stats.last_token_ts if first and stats.last_token_ts else 0.0
+    return stats.queued_ts, scheduled, first, last
+
+
+def attach(record: RequestTelemetry):
+    """Make record current (OTel context and our ContextVar); returns tokens for detach()."""
+    return otel_context.attach(record.context), CURRENT.set(record)
+
+
+def detach(tokens) -> None:
+    ctx_token, var_token = tokens
+    CURRENT.reset(var_token)
+    otel_context.detach(ctx_token)

@@ -1,0 +1,48 @@
+import os
+import secrets
+
+import pytest
+
+from otel_llm.devserver import VLLMServer, otlp_env
+from otel_llm.otlp_receiver import Receiver
+
+# Each e2e server is one real `opentelemetry-instrument vllm serve` on CPU (~40 s to start):
+# tests share them per module.
+for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"):
+    os.environ.pop(name, None)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "e2e" in item.nodeid.split("::")[0]:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with Receiver() as rx:
+        yield rx
+
+
+def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None):
+    log = tmp_path_factory.mktemp("logs") / f"vllm-{name}.log"
+    server = VLLMServer(env={**otlp_env(receiver.endpoint), **(env or {})}, extra_args=extra_args, log_path=log)
+    server.start()
+    return server
+
+
+class Traceparent:
+    """A W3C traceparent for one test request, so its trace can be found among all others."""
+
+    def __init__(self):
+        self.trace_id = secrets.token_hex(16)
+        self.span_id = secrets.token_hex(8)
+        self.header = f"00-{self.trace_id}-{self.span_id}-01"
+
+    def headers(self, **extra):
+        return {"traceparent": self.header, **extra}
+
+
+@pytest.fixture
+def traceparent():
+    return Traceparent()

@@ -1,0 +1,70 @@
+"""Assertions over exported traces, shared by the end-to-end tests."""
+
+from otel_llm import semconv
+
+
+def genai_spans(spans):
+    return [s for s in spans if semconv.GEN_AI_OPERATION_NAME in s.attributes]
+
+
+def children(spans, parent):
+    return sorted((s for s in spans if s.parent_span_id == parent.span_id), key=lambda s: s.start_ns)
+
+
+def request_trace(receiver, trace_id, phases=3, timeout=30.0):
+    """Wait until the trace has its HTTP server span, its GenAI span and `phases` phase spans."""
+
+    def complete(rx):
+        spans = rx.traces().get(trace_id, [])
+        http = [s for s in spans if s.kind == "SERVER"]
+        genai = genai_spans(spans)
+        phase = [s for s in spans if s.name in semconv.PHASE_SPANS]
+        if http and genai and len(phase) >= phases:
+            return spans
+        return None
+
+    return receiver.wait_for(complete, timeout)
+
+
+def assert_server_tree(spans, parent_span_id=None, phases=semconv.PHASE_SPANS):
+    """HTTP SERVER -> GenAI INTERNAL -> phases in order, inside the parent, not overlapping.
+
+    Returns (http, genai, phase spans)."""
+    (http,) = [s for s in spans if s.kind == "SERVER"]
+    if parent_span_id is not None:
+        assert http.parent_span_id == parent_span_id
+    (genai,) = genai_spans(spans)
+    assert genai.kind == "INTERNAL"
+    assert genai.parent_span_id == http.span_id
+    assert http.start_ns <= genai.start_ns and genai.end_ns <= http.end_ns
+    kids = children(spans, genai)
+    assert [k.name for k in kids] == list(phases)
+    previous_end = genai.start_ns
+    for kid in kids:
+        assert kid.kind == "INTERNAL"
+        assert previous_end <= kid.start_ns <= kid.end_ns <= genai.end_ns
+        previous_end = kid.end_ns
+    # nothing else in the trace: no per-chunk `http send` spans
+    names = {s.name for s in spans}
+    assert names == {http.name, genai.name, *phases}, names
+    return http, genai, kids
+
+
+def assert_phase_durations_match(genai, kids):
+    """Phase span durations equal vLLM's own stats (ns rounding only)."""
+    expected = {
+        semconv.SPAN_QUEUE: genai.attributes[semconv.VLLM_QUEUE_SECONDS],
+        semconv.SPAN_PREFILL: genai.attributes[semconv.VLLM_PREFILL_SECONDS],
+        semconv.SPAN_DECODE: genai.attributes[semconv.VLLM_DECODE_SECONDS],
+    }
+    for kid in kids:
+        assert abs(kid.duration_s - expected[kid.name]) < 2e-6, (kid.name, kid.duration_s, expected[kid.name])
+
+
+def assert_usage(genai, usage):
+    attrs = genai.attributes
+    assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage.prompt_tokens
+    assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage.completion_tokens
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (details.cached_tokens if details is not None else None) or 0
+    assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == cached
