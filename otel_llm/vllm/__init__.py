@@ -9,7 +9,7 @@ from typing import Collection
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_llm import __version__, semconv
+from otel_llm import __version__, ensure_log_handler, semconv
 from otel_llm.config import Settings
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -25,6 +25,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         return ()
 
     def _instrument(self, **kwargs):
+        ensure_log_handler()
         if importlib.util.find_spec("vllm") is None:
             _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
             return

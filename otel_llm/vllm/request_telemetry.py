@@ -303,7 +303,7 @@ class RequestTelemetry:
         """Queue / prefill / decode child spans from the engine's monotonic timestamps."""
         timing = _Timing()
         states = [s for s in self.engine_states if s.stats is not None]
-        if not states:
+        if len(states) < len(self.engine_states) or not states:
             if self.engine_states:
                 timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
             return timing
@@ -312,8 +312,8 @@ class RequestTelemetry:
         offset = time.time() - time.monotonic()
         queue = prefill = decode = 0.0
         ttft = None
-        preemptions = 0
-        gen_tokens = 0
+        preemptions = gen_tokens = 0
+        have_events = True
         make_spans = self.telemetry.settings.phase_spans
         for state in states:
             stats = state.stats
@@ -321,19 +321,28 @@ class RequestTelemetry:
             gen_tokens += stats.num_generation_tokens
             if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
                 ttft = stats.first_token_latency
+            if stats.first_token_ts and stats.last_token_ts:
+                decode += stats.last_token_ts - stats.first_token_ts
             bounds = _phase_bounds(stats)
             if bounds is None:
+                # no QUEUED event: the engine core records none when it was started with
+                # stats off (--disable-log-stats with --api-server-count > 1)
+                have_events = False
+                if stats.first_token_ts:
+                    _warn_no_engine_events()
                 continue
-            q0, q1, p1, d1 = bounds
-            queue += (q1 or 0) - q0 if q1 else 0.0
-            if q1 and p1:
-                prefill += p1 - q1
-            if p1 and d1:
-                decode += d1 - p1
+            q0, q1, p1, _ = bounds
+            if q1:
+                queue += q1 - q0
+                if p1:
+                    prefill += p1 - q1
             if make_spans:
                 self._phase_spans(state, bounds, offset, end_ns, len(states) > 1)
-        timing.attributes[semconv.VLLM_QUEUE_SECONDS] = queue
-        timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
+        if have_events:
+            timing.attributes[semconv.VLLM_QUEUE_SECONDS] = queue
+            timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
+        else:
+            timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
         timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
         timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
         if ttft is not None:
@@ -409,6 +418,19 @@ class _Timing:
         self.attributes: dict[str, Any] = {}
         self.ttft: float | None = None
         self.tpot: float | None = None
+
+
+_warned_no_events: list[bool] = []
+
+
+def _warn_no_engine_events() -> None:
+    if not _warned_no_events:
+        _warned_no_events.append(True)
+        _log.warning(
+            "otel-llm: vLLM's engine core records no queue/schedule timestamps (it was started with "
+            "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
+            "child spans. Drop --disable-log-stats to get them."
+        )
 
 
 def _phase_bounds(stats):
