@@ -87,10 +87,11 @@ class VLLMServer:
         return [int(p) for p in out.split()]
 
 
-def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms: int = 1000) -> dict[str, str]:
+def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms: int = 1000,
+             protocol: str = "http/protobuf") -> dict[str, str]:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_LOGS_EXPORTER": "none",

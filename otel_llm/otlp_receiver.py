@@ -70,7 +70,9 @@ class MetricPoint:
 
 
 class Receiver:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    """OTLP over HTTP (`endpoint`) and, optionally, gRPC (`grpc_endpoint`)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, grpc: bool = True):
         self.spans: list[Span] = []
         self.metric_batches: list[list[MetricPoint]] = []
         self._lock = threading.Lock()
@@ -98,6 +100,33 @@ class Receiver:
         self.port = self._server.server_address[1]
         self.endpoint = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._grpc_server = self._make_grpc_server(host) if grpc else None
+
+    def _make_grpc_server(self, host: str):
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        receiver = self
+
+        class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                receiver._traces(request.SerializeToString())
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                receiver._metrics(request.SerializeToString())
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+        grpc_port = server.add_insecure_port(f"{host}:0")
+        self.grpc_endpoint = f"http://{host}:{grpc_port}"
+        return server
 
     def __enter__(self):
         self.start()
@@ -108,11 +137,15 @@ class Receiver:
 
     def start(self) -> "Receiver":
         self._thread.start()
+        if self._grpc_server is not None:
+            self._grpc_server.start()
         return self
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=None)
 
     def _traces(self, body: bytes) -> None:
         request = ExportTraceServiceRequest.FromString(body)

@@ -24,9 +24,10 @@ def receiver():
         yield rx
 
 
-def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None):
+def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False):
     log = tmp_path_factory.mktemp("logs") / f"vllm-{name}.log"
-    server = VLLMServer(env={**otlp_env(receiver.endpoint), **(env or {})}, extra_args=extra_args, log_path=log)
+    otlp = otlp_env(receiver.grpc_endpoint, protocol="grpc") if grpc else otlp_env(receiver.endpoint)
+    server = VLLMServer(env={**otlp, **(env or {})}, extra_args=extra_args, log_path=log)
     server.start()
     return server
 

@@ -19,7 +19,10 @@ LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "main", extra_args=["--enable-prompt-tokens-details"])
+    # gRPC (the SDK's default OTLP protocol, which the forked engine processes inherit), and a
+    # Prometheus reader beside OTLP: our metrics then also appear on vLLM's own /metrics.
+    srv = start_server(receiver, tmp_path_factory, "main", extra_args=["--enable-prompt-tokens-details"], grpc=True,
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm"})
     yield srv
     srv.stop()
 
@@ -333,6 +336,14 @@ def test_engine_counters_match_ours_and_no_instrumentation_errors(server, client
     totals = ours()
     assert totals[semconv.TOKEN_TYPE_OUTPUT] == vllm_counter("vllm:generation_tokens_total")
     assert totals[semconv.TOKEN_TYPE_CACHED_INPUT] == vllm_counter("vllm:prompt_tokens_cached_total")
+    # the OTel Prometheus reader shares vLLM's /metrics: our counter is there, equal to OTLP's
+    ours_on_metrics = text.count(semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True) + "{")
+    assert ours_on_metrics > 0
+    assert vllm_counter(semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True)) == sum(totals.values())
+    # vLLM's startup spans from the forked engine core and the worker arrive too: the OTLP/gRPC
+    # exporter inherited across fork still works there
+    names = {s.name for s in receiver.spans}
+    assert {"EngineCoreProc init", "Worker init", "Load weights"} <= names
     log = server.log_path.read_text(errors="replace")
     assert "otel-llm:" not in log, [line for line in log.splitlines() if "otel-llm:" in line]
     assert "Traceback" not in log
