@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import wrapt
+from opentelemetry.instrumentation.utils import unwrap
 
 from otel_llm import semconv
 from otel_llm.vllm import http
@@ -474,14 +475,15 @@ def _has_attribute(module, attribute: str) -> bool:
 
 
 class Patcher:
-    def __init__(self, tel: Telemetry):
+    def __init__(self, tel: Telemetry, hooks: tuple[Hook, ...] = HOOKS):
         self.tel = tel
+        self.hooks = hooks
         self.applied: list[tuple[Any, str]] = []  # (module, attribute) for unwrap
         self.missing: list[str] = []
         self.active = True
 
     def install(self) -> None:
-        for hook in HOOKS:
+        for hook in self.hooks:
             module_name = locate(hook)
             if module_name is None:
                 self._missing(hook, "module not found: " + " | ".join(hook.modules))
@@ -504,6 +506,7 @@ class Patcher:
                     other = sys.modules.get(alias)
                     if other is not None and hasattr(other, hook.attribute):
                         setattr(other, hook.attribute, patched)
+                        self.applied.append((other, hook.attribute))
         except Exception:
             _log.warning("otel-llm: could not patch vLLM hook %r", hook.name, exc_info=True)
             self.missing.append(hook.name)
@@ -521,7 +524,5 @@ class Patcher:
             *path, name = attribute.split(".")
             for part in path:
                 parent = getattr(parent, part)
-            current = getattr(parent, name, None)
-            if isinstance(current, wrapt.ObjectProxy):
-                setattr(parent, name, current.__wrapped__)
+            unwrap(parent, name)
         self.applied.clear()

@@ -1,0 +1,171 @@
+"""RequestTelemetry: vLLM request states -> spans and metrics (driven with stand-in states)."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm import semconv
+from otel_llm.config import Settings
+from otel_llm.vllm.request_telemetry import RequestInfo, Telemetry
+
+
+@pytest.fixture
+def env():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    tel = Telemetry(provider.get_tracer("test"), meter, Settings(label_limit=2))
+    return SimpleNamespace(tel=tel, exporter=exporter, reader=reader)
+
+
+def stats(queued_ago=0.30, queue=0.05, prefill=0.10, decode=0.10, tokens=5, preemptions=0):
+    now = time.monotonic()
+    q0 = now - queued_ago
+    return SimpleNamespace(
+        queued_ts=q0, scheduled_ts=q0 + queue, first_token_ts=q0 + queue + prefill,
+        last_token_ts=q0 + queue + prefill + decode, first_token_latency=queue + prefill + 0.01,
+        num_generation_tokens=tokens, num_preemptions=preemptions,
+    )
+
+
+def state(request_id="r1", prompt_len=10, output_tokens=5, cached=0, st=None, parent=None, index=0):
+    return SimpleNamespace(
+        request_id=request_id, external_req_id="chatcmpl-" + request_id, prompt_len=prompt_len,
+        num_cached_tokens=cached, detokenizer=SimpleNamespace(num_output_tokens=lambda: output_tokens),
+        stats=st, parent_req=parent, request_index=index,
+    )
+
+
+def spans_by_name(exporter):
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+def metric_points(reader, name):
+    data = reader.get_metrics_data()
+    return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == name
+            for p in m.data.data_points]
+
+
+def test_phases_are_children_in_order_with_engine_durations(env):
+    record = env.tel.start(RequestInfo(operation="chat", model="m", temperature=0.0, tenant="acme"))
+    time.sleep(0.001)
+    st = stats(queued_ago=0.0005)  # engine timestamps right after the span started
+    record.attach_engine_request(state(st=st))
+    record.on_engine_finished(record.engine_states[0], "stop")
+    time.sleep(0.26)
+    record.end()
+    spans = spans_by_name(env.exporter)
+    genai = spans["chat m"]
+    assert genai.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] == 0.0
+    assert genai.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 10
+    assert genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    assert genai.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 0
+    assert genai.attributes[semconv.TENANT_ID] == "acme"
+    assert genai.attributes[semconv.VLLM_TPOT_SECONDS] == pytest.approx(0.10 / 4)
+    kids = [spans[n] for n in semconv.PHASE_SPANS]
+    expected = (0.05, 0.10, 0.10)
+    previous = genai.start_time
+    for kid, seconds in zip(kids, expected):
+        assert kid.parent.span_id == genai.context.span_id
+        assert previous <= kid.start_time <= kid.end_time <= genai.end_time
+        assert (kid.end_time - kid.start_time) / 1e9 == pytest.approx(seconds, abs=2e-6)
+        previous = kid.end_time
+
+
+def test_phases_are_clamped_inside_the_span(env):
+    """Engine timestamps before the span began (clock skew) never put children outside it."""
+    record = env.tel.start(RequestInfo(operation="chat", model="m"))
+    record.attach_engine_request(state(st=stats(queued_ago=5.0)))
+    record.end()
+    spans = spans_by_name(env.exporter)
+    genai = spans["chat m"]
+    for name in semconv.PHASE_SPANS:
+        assert genai.start_time <= spans[name].start_time <= spans[name].end_time <= genai.end_time
+
+
+def test_parallel_sampling_counts_the_prompt_once(env):
+    record = env.tel.start(RequestInfo(operation="chat", model="m", choice_count=2))
+    parent = SimpleNamespace(request_id="parent")
+    for i in range(2):
+        record.attach_engine_request(state(f"c{i}", prompt_len=7, output_tokens=3 + i, cached=4, parent=parent,
+                                           st=stats(queued_ago=0.0), index=i))
+    for st in record.engine_states:
+        record.on_engine_finished(st, "length")
+    record.end()
+    genai = spans_by_name(env.exporter)["chat m"]
+    assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 7
+    assert genai.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 4
+    assert genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
+    assert genai.attributes[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+    assert genai.attributes[semconv.VLLM_ENGINE_REQUESTS] == 2
+    assert semconv.VLLM_TPOT_SECONDS not in genai.attributes
+
+
+def test_abort_marks_span_and_meters_generated_tokens(env):
+    record = env.tel.start(RequestInfo(operation="chat", model="m", stream=True, tenant="t1"))
+    record.attach_engine_request(state(output_tokens=3, st=stats(queued_ago=0.0)))
+    record.end(aborted=True)
+    record.end()  # idempotent
+    spans = [s for s in env.exporter.get_finished_spans() if s.name == "chat m"]
+    assert len(spans) == 1
+    attrs = spans[0].attributes
+    assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
+    assert attrs[semconv.VLLM_ABORTED] is True
+    assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == (semconv.FINISH_REASON_ABORT,)
+    assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
+    assert spans[0].status.status_code.name == "ERROR"
+    outputs = [p for p in metric_points(env.reader, semconv.SERVER_TOKEN_USAGE)
+               if p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_OUTPUT]
+    assert [p.value for p in outputs] == [3]
+    (duration,) = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
+    assert duration.attributes[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
+    # no TTFT/TPOT for failed requests (semconv: successful responses only)
+    assert metric_points(env.reader, semconv.SERVER_TIME_TO_FIRST_TOKEN) == []
+
+
+def test_without_stats_no_phases_and_a_marker(env):
+    record = env.tel.start(RequestInfo(operation="text_completion", model="m"))
+    record.attach_engine_request(state(st=None))
+    record.end()
+    spans = spans_by_name(env.exporter)
+    assert set(spans) == {"text_completion m"}
+    assert spans["text_completion m"].attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] is True
+
+
+def test_tenant_label_cap_on_metrics_full_value_on_spans(env):
+    for tenant in ("a", "b", "c"):
+        record = env.tel.start(RequestInfo(operation="chat", model="m", tenant=tenant))
+        record.attach_engine_request(state(request_id=tenant, st=stats(queued_ago=0.0)))
+        record.end()
+    assert {s.attributes[semconv.TENANT_ID] for s in env.exporter.get_finished_spans() if s.name == "chat m"} == {
+        "a", "b", "c"}
+    labels = {p.attributes.get(semconv.TENANT_ID) for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
+    assert labels == {"a", "b", semconv.LABEL_OTHER}
+
+
+def test_broken_state_never_raises_and_span_still_ends(env):
+    record = env.tel.start(RequestInfo(operation="chat", model="m"))
+    bad = state(st=stats(queued_ago=0.0))
+    bad.detokenizer = SimpleNamespace(num_output_tokens=lambda: 1 / 0)
+    record.attach_engine_request(bad)
+    record.end()
+    assert [s.name for s in env.exporter.get_finished_spans()] == ["chat m"]
+    assert env.tel.by_engine_id == {}
+
+
+def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
+    record = env.tel.start(RequestInfo(operation="text_completion", model="m"), engine_owned=True)
+    st = state(st=stats(queued_ago=0.0))
+    record.attach_engine_request(st)
+    assert env.exporter.get_finished_spans() == ()
+    record.on_engine_finished(st, "length")
+    assert [s.name for s in env.exporter.get_finished_spans() if s.name.startswith("text")] == ["text_completion m"]

