@@ -232,3 +232,25 @@ class Receiver:
                        p.resource.get("process.pid"))
                 latest[key] = p
         return list(latest.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Receive OTLP/HTTP (and gRPC) and print counts.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=4318)
+    args = parser.parse_args(argv)
+    receiver = Receiver(args.host, args.port, grpc=False).start()
+    print(f"OTLP/HTTP receiver on {receiver.endpoint}", flush=True)
+    try:
+        while True:
+            time.sleep(10)
+            with receiver._lock:
+                print(f"{len(receiver.spans)} spans, {len(receiver.metric_batches)} metric exports", flush=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,6 +2,9 @@
 
 from otel_llm import semconv
 
+# A prompt long enough to fill several KV blocks: the second send hits the prefix cache.
+LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
+
 
 def genai_spans(spans):
     return [s for s in spans if semconv.GEN_AI_OPERATION_NAME in s.attributes]

@@ -4,7 +4,7 @@ vLLM's own --otlp-traces-endpoint, all at once on one real server."""
 import openai
 import pytest
 from conftest import Traceparent, start_server
-from helpers import assert_server_tree, assert_usage, request_trace
+from helpers import LONG_PROMPT, assert_server_tree, assert_usage, request_trace
 
 from otel_llm import semconv
 from otel_llm.tiny_model import MODEL_NAME
@@ -28,32 +28,41 @@ def server(receiver, tmp_path_factory):
     srv.stop()
 
 
+def _one_request(url):
+    tp = Traceparent()
+    # a new connection each time, so that every API server gets to accept some
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+        response = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3,
+            extra_body={"ignore_eos": True}, extra_headers=tp.headers(),
+        )
+    return tp, response
+
+
 def test_every_api_server_traces_and_degrades_without_engine_events(server, receiver):
+    from concurrent.futures import ThreadPoolExecutor
+
     pids = set()
-    for _ in range(16):
-        tp = Traceparent()
-        # a new connection each time: the kernel spreads connections over the API servers
-        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
-            response = client.chat.completions.create(
-                model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3,
-                extra_body={"ignore_eos": True}, extra_headers=tp.headers(),
-            )
-        spans = request_trace(receiver, tp.trace_id, phases=0)
-        # With --api-server-count > 1 the launcher starts the engine core itself, with stats
-        # off: no queue/schedule timestamps, so no phase spans; the rest is intact.
-        _, genai, _ = assert_server_tree(spans, parent_span_id=tp.span_id, phases=())
-        assert_usage(genai, response.usage)
-        attrs = genai.attributes
-        assert attrs[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] is True
-        assert semconv.VLLM_QUEUE_SECONDS not in attrs and semconv.VLLM_PREFILL_SECONDS not in attrs
-        assert 0 < attrs[semconv.VLLM_DECODE_SECONDS] < genai.duration_s
-        assert 0 < attrs[semconv.VLLM_TTFT_SECONDS] < genai.duration_s
-        pids.add(genai.resource["process.pid"])
+    for _ in range(6):
+        with ThreadPoolExecutor(8) as pool:  # concurrent connections spread over the API servers
+            results = list(pool.map(_one_request, [server.url] * 8))
+        for tp, response in results:
+            spans = request_trace(receiver, tp.trace_id, phases=0)
+            # With --api-server-count > 1 the launcher starts the engine core itself, with stats
+            # off: no queue/schedule timestamps, so no phase spans; the rest is intact.
+            _, genai, _ = assert_server_tree(spans, parent_span_id=tp.span_id, phases=())
+            assert_usage(genai, response.usage)
+            attrs = genai.attributes
+            assert attrs[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] is True
+            assert semconv.VLLM_QUEUE_SECONDS not in attrs and semconv.VLLM_PREFILL_SECONDS not in attrs
+            assert 0 < attrs[semconv.VLLM_DECODE_SECONDS] < genai.duration_s
+            assert 0 < attrs[semconv.VLLM_TTFT_SECONDS] < genai.duration_s
+            assert genai.resource["service.name"] == semconv.SERVICE_NAME_DEFAULT
+            pids.add(genai.resource["process.pid"])
         if len(pids) == 2:
             break
     # both spawned API servers were instrumented (they inherit opentelemetry-instrument)
     assert len(pids) == 2
-    assert genai.resource["service.name"] == semconv.SERVICE_NAME_DEFAULT
 
 
 def test_native_llm_request_span_suppressed(server, receiver):
@@ -67,3 +76,20 @@ def test_one_clear_warning_per_api_server(server):
     lines = [line for line in server.log_path.read_text(errors="replace").splitlines() if "otel-llm:" in line]
     assert len(lines) == 2, lines
     assert all("--disable-log-stats" in line for line in lines)
+
+
+def test_cached_tokens_without_prompt_tokens_details(server, receiver):
+    """vLLM omits prompt_tokens_details without --enable-prompt-tokens-details; spans still count."""
+    cached = []
+    for _ in range(2):
+        tp = Traceparent()
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            response = client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=2,
+                                                 extra_headers=tp.headers())
+        assert response.usage.prompt_tokens_details is None
+        (genai,) = [s for s in request_trace(receiver, tp.trace_id, phases=0)
+                    if semconv.GEN_AI_OPERATION_NAME in s.attributes]
+        assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == response.usage.prompt_tokens
+        cached.append(genai.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS])
+    # the second send hits the prefix cache of the shared engine, whichever API server took it
+    assert 0 < cached[1] < response.usage.prompt_tokens

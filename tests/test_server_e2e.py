@@ -8,13 +8,11 @@ import httpx
 import openai
 import pytest
 from conftest import Traceparent, start_server
-from helpers import assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
+from helpers import LONG_PROMPT, assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
 
 from otel_llm import semconv
 from otel_llm.tiny_model import MODEL_NAME
 
-# A prompt long enough to fill several KV blocks: the second send hits the prefix cache.
-LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
 
 
 @pytest.fixture(scope="module")

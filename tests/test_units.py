@@ -211,3 +211,16 @@ def test_instrument_is_idempotent_and_uninstrument_restores():
         instrumentor.uninstrument()
     assert OutputProcessor.__dict__["add_request"] is original
     assert "vllm" in sys.modules
+
+
+def test_doctor_reports_every_hook_found():
+    import io
+
+    from otel_llm.cli import doctor
+
+    out = io.StringIO()
+    assert doctor(out) == 0
+    text = out.getvalue()
+    for hook in hooks.HOOKS:
+        assert f"[ok] {hook.name}" in text
+    assert "otel_llm_vllm" in text and "all required hooks found" in text

@@ -8,6 +8,7 @@ A hook that cannot be found logs one warning naming it, and serving goes on with
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
@@ -105,12 +106,13 @@ class _StreamTelemetry:
     exhaustion, error, cancellation (client gone) or close.
     """
 
-    __slots__ = ("_inner", "_record", "_started")
+    __slots__ = ("_inner", "_record", "_started", "_sse")
 
-    def __init__(self, inner, record):
+    def __init__(self, inner, record, sse: bool = True):
         self._inner = inner
         self._record = record
         self._started = False
+        self._sse = sse  # an HTTP stream: its first chunk is the client's first byte
 
     def __aiter__(self):
         return self
@@ -139,7 +141,8 @@ class _StreamTelemetry:
         finally:
             detach(tokens)
         self._started = True
-        record.on_first_chunk()
+        if self._sse:
+            record.on_first_chunk()
         return chunk
 
     async def aclose(self):
@@ -158,8 +161,6 @@ class _StreamTelemetry:
 
 
 def _end_with_exception(record, exc: BaseException) -> None:
-    import asyncio
-
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         record.end(aborted=True)
     else:
@@ -300,38 +301,16 @@ def async_llm_generate(tel: Telemetry):
         record = start(instance, args[1] if len(args) > 1 else kwargs.get("sampling_params"))
         if record is None:
             return wrapped(*args, **kwargs)
-        tokens = attach(record)
-        try:
-            inner = wrapped(*args, **kwargs)
-        finally:
-            detach(tokens)
-        return _EngineGenerator(inner, record)
+        # generate() is an async generator: its body, add_request included, runs on the first
+        # __anext__, which _StreamTelemetry runs with the record current
+        return _StreamTelemetry(wrapped(*args, **kwargs), record, sse=False)
 
     return wrapper
 
 
-class _EngineGenerator(_StreamTelemetry):
-    """Like _StreamTelemetry, but every step runs with the record current (add_request is lazy)."""
-
-    __slots__ = ()
-
-    async def __anext__(self):
-        record = self._record
-        tokens = attach(record)
-        try:
-            return await self._inner.__anext__()
-        except StopAsyncIteration:
-            record.end()
-            raise
-        except BaseException as exc:
-            _end_with_exception(record, exc)
-            raise
-        finally:
-            detach(tokens)
-
-
 def _engine_request_info(tel: Telemetry, engine, params) -> RequestInfo:
     n = getattr(params, "n", None)
+    top_k = getattr(params, "top_k", None)
     return RequestInfo(
         operation=semconv.OP_TEXT_COMPLETION if hasattr(params, "max_tokens") else semconv.OP_EMBEDDINGS,
         model=_engine_model(engine),
@@ -339,7 +318,7 @@ def _engine_request_info(tel: Telemetry, engine, params) -> RequestInfo:
         max_tokens=getattr(params, "max_tokens", None),
         temperature=getattr(params, "temperature", None),
         top_p=getattr(params, "top_p", None),
-        top_k=(getattr(params, "top_k", None) or None) if (getattr(params, "top_k", 0) or 0) > 0 else None,
+        top_k=top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
         seed=getattr(params, "seed", None),
     )
 

@@ -104,13 +104,49 @@ class Telemetry:
             description="Decode time divided by the output tokens after the first.",
             explicit_bucket_boundaries_advisory=semconv.TPOT_BUCKETS,
         )
-        self.token_usage = meter.create_counter(
+        # Token totals are summed here and read by the SDK at collection time: three synchronous
+        # counter adds per request cost more than all our spans' attributes together.
+        self._token_totals: dict[tuple, int] = {}
+        self.token_usage = meter.create_observable_counter(
             semconv.SERVER_TOKEN_USAGE,
+            callbacks=[self._observe_tokens],
             unit=semconv.UNIT_TOKEN,
             description="Tokens by type (input includes cached_input), as the engine counted them.",
         )
+        self._metric_attributes: dict[tuple, dict[str, Any]] = {}
         # internal engine request id -> RequestTelemetry, while the engine holds the request
         self.by_engine_id: dict[str, RequestTelemetry] = {}
+
+    def metric_attributes(self, key: tuple) -> dict[str, Any]:
+        """Attributes of a (operation, request model, response model, tenant, scene) series, cached."""
+        attrs = self._metric_attributes.get(key)
+        if attrs is None:
+            operation, model, response_model, tenant, scene = key
+            attrs = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM}
+            for name, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_RESPONSE_MODEL, response_model),
+                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene)):
+                if value is not None:
+                    attrs[name] = value
+            if len(self._metric_attributes) > 10_000:  # models x guarded tenants never get here
+                self._metric_attributes.clear()
+            self._metric_attributes[key] = attrs
+        return attrs
+
+    def add_tokens(self, key: tuple, usage: "Usage") -> None:
+        totals = self._token_totals
+        for token_type, value in (
+            (semconv.TOKEN_TYPE_INPUT, usage.input_tokens),
+            (semconv.TOKEN_TYPE_CACHED_INPUT, usage.cached_input_tokens),
+            (semconv.TOKEN_TYPE_OUTPUT, usage.output_tokens),
+        ):
+            series = (key, token_type)
+            totals[series] = totals.get(series, 0) + value
+
+    def _observe_tokens(self, options):
+        from opentelemetry.metrics import Observation
+
+        for (key, token_type), value in list(self._token_totals.items()):
+            yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
 
     def tenant_from(self, headers, ctx=None) -> tuple[str | None, str | None]:
         """Tenant and scene from request headers (first match) or W3C baggage."""
@@ -314,7 +350,8 @@ class RequestTelemetry:
         ttft = None
         preemptions = gen_tokens = 0
         have_events = True
-        make_spans = self.telemetry.settings.phase_spans
+        # an unsampled request (head sampling) pays for no child spans
+        make_spans = self.telemetry.settings.phase_spans and self.span.is_recording()
         for state in states:
             stats = state.stats
             preemptions += stats.num_preemptions
@@ -379,35 +416,18 @@ class RequestTelemetry:
     def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float) -> None:
         tel = self.telemetry
         info = self.info
-        attrs: dict[str, Any] = {
-            semconv.GEN_AI_OPERATION_NAME: info.operation,
-            semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
-        }
-        if info.model:
-            attrs[semconv.GEN_AI_REQUEST_MODEL] = info.model
-        if response_model:
-            attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
-        tenant = tel.label_tenant(info.tenant)
-        if tenant is not None:
-            attrs[semconv.TENANT_ID] = tenant
-        scene = tel.label_scene(info.scene)
-        if scene is not None:
-            attrs[semconv.TENANT_SCENE] = scene
+        key = (info.operation, info.model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene))
+        attrs = tel.metric_attributes(key)
         ctx = self.context  # exemplars link the points to this trace
         if error_type is None:
             if timing.ttft is not None:
                 tel.time_to_first_token.record(timing.ttft, attrs, context=ctx)
             if timing.tpot is not None:
                 tel.time_per_output_token.record(timing.tpot, attrs, context=ctx)
+        else:
+            attrs = {**attrs, semconv.ERROR_TYPE: error_type}
         if self.engine_states:
-            for token_type, value in (
-                (semconv.TOKEN_TYPE_INPUT, usage.input_tokens),
-                (semconv.TOKEN_TYPE_CACHED_INPUT, usage.cached_input_tokens),
-                (semconv.TOKEN_TYPE_OUTPUT, usage.output_tokens),
-            ):
-                tel.token_usage.add(value, {**attrs, semconv.GEN_AI_TOKEN_TYPE: token_type}, context=ctx)
-        if error_type is not None:
-            attrs[semconv.ERROR_TYPE] = error_type
+            tel.add_tokens(key, usage)
         tel.request_duration.record(duration, attrs, context=ctx)
 
 
