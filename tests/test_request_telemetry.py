@@ -169,3 +169,11 @@ def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
     assert env.exporter.get_finished_spans() == ()
     record.on_engine_finished(st, "length")
     assert [s.name for s in env.exporter.get_finished_spans() if s.name.startswith("text")] == ["text_completion m"]
+
+
+def test_failed_requests_cannot_blow_up_model_labels(env):
+    for i in range(25):
+        env.tel.start(RequestInfo(operation="chat", model=f"junk-{i}")).end(error_type="NotFoundError")
+    models = {p.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
+              for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
+    assert len(models) == 21 and semconv.LABEL_OTHER in models

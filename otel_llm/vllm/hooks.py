@@ -122,9 +122,6 @@ class _StreamTelemetry:
         if self._started:
             try:
                 return await self._inner.__anext__()
-            except StopAsyncIteration:
-                record.end()
-                raise
             except BaseException as exc:
                 _end_with_exception(record, exc)
                 raise
@@ -132,9 +129,6 @@ class _StreamTelemetry:
         tokens = attach(record)
         try:
             chunk = await self._inner.__anext__()
-        except StopAsyncIteration:
-            record.end()
-            raise
         except BaseException as exc:
             _end_with_exception(record, exc)
             raise
@@ -161,7 +155,9 @@ class _StreamTelemetry:
 
 
 def _end_with_exception(record, exc: BaseException) -> None:
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+    if isinstance(exc, StopAsyncIteration):  # the stream is done
+        record.end()
+    elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         record.end(aborted=True)
     else:
         record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])

@@ -86,6 +86,7 @@ class Telemetry:
         self.settings = settings
         self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
+        self.label_failed_model = LabelGuard(limit=20)
         self.request_duration = meter.create_histogram(
             semconv.SERVER_REQUEST_DURATION,
             unit=semconv.UNIT_SECONDS,
@@ -195,7 +196,6 @@ class RequestTelemetry:
         "finish_wall",
         "first_chunk_ns",
         "response_id",
-        "response_model",
         "engine_owned",
         "ended",
     )
@@ -216,7 +216,6 @@ class RequestTelemetry:
         self.finish_wall: float | None = None
         self.first_chunk_ns: int | None = None
         self.response_id: str | None = None
-        self.response_model: str | None = None
         self.engine_owned = engine_owned
         self.ended = False
 
@@ -278,9 +277,8 @@ class RequestTelemetry:
             response_id = self.engine_states[0].external_req_id
         if response_id:
             attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
-        response_model = getattr(response, "model", None) or self.response_model
-        if response_model is None and error_type is None:
-            response_model = self.info.model
+        # vLLM answers with the served name it was asked for; a failed request has no response model
+        response_model = getattr(response, "model", None) or (self.info.model if error_type is None else None)
         if response_model:
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
         if finish_reasons:
@@ -416,7 +414,9 @@ class RequestTelemetry:
     def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float) -> None:
         tel = self.telemetry
         info = self.info
-        key = (info.operation, info.model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene))
+        # a failed request's model name is whatever the client sent: guard it like a tenant
+        model = info.model if error_type is None else tel.label_failed_model(info.model)
+        key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene))
         attrs = tel.metric_attributes(key)
         ctx = self.context  # exemplars link the points to this trace
         if error_type is None:
