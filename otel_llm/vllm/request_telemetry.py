@@ -268,12 +268,14 @@ class RequestTelemetry:
         usage = self._usage()
         finish_reasons = self._finish_reasons(response, aborted or error_type is not None)
         attrs: dict[str, Any] = {}
+        generates = self.info.operation != semconv.OP_EMBEDDINGS
         if self.engine_states or response is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
-            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+            if generates:
+                attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
         response_id = self.response_id or getattr(response, "id", None)
-        if response_id is None and self.engine_states:
+        if response_id is None and self.engine_states and generates:
             response_id = self.engine_states[0].external_req_id
         if response_id:
             attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
@@ -281,7 +283,7 @@ class RequestTelemetry:
         response_model = getattr(response, "model", None) or (self.info.model if error_type is None else None)
         if response_model:
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
-        if finish_reasons:
+        if finish_reasons and generates:
             attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = finish_reasons
         if self.engine_states:
             attrs[semconv.VLLM_REQUEST_ID] = self.engine_states[0].external_req_id
@@ -378,7 +380,8 @@ class RequestTelemetry:
             timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
         else:
             timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
-        timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
+        if self.info.operation != semconv.OP_EMBEDDINGS:
+            timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
         timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
         if ttft is not None:
             timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
@@ -394,11 +397,10 @@ class RequestTelemetry:
         attrs = {semconv.VLLM_REQUEST_ID: state.request_id} if tag else None
         tracer = self.telemetry.tracer
         prev_end = lo
-        for name, start, stop in (
-            (semconv.SPAN_QUEUE, q0, q1),
-            (semconv.SPAN_PREFILL, q1, p1),
-            (semconv.SPAN_DECODE, p1, d1),
-        ):
+        phases = [(semconv.SPAN_QUEUE, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
+        if state.detokenizer is not None:  # pooling (embeddings) requests have no decode
+            phases.append((semconv.SPAN_DECODE, p1, d1))
+        for name, start, stop in phases:
             if not start:
                 break
             start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
