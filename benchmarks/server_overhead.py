@@ -172,7 +172,9 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     added, batches, tokenizer, n_outputs = record_engine_traffic(n_requests, max_tokens)
     receiver, endpoint = start_receiver_process()
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
+    # a queue that never drops: a dropped span would be a span we did not pay to export
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"),
+                                                          max_queue_size=1_000_000))
     meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
         OTLPMetricExporter(endpoint=endpoint + "/v1/metrics"), export_interval_millis=1000)])
     chat_request = ChatCompletionRequest(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
