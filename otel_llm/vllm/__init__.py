@@ -51,8 +51,8 @@ def _warn_unknown_service(provider) -> None:
     name = resource.attributes.get("service.name", "") if resource is not None else ""
     if str(name).startswith("unknown_service"):
         _log.warning(
-            "otel-llm: service.name is %r; set OTEL_SERVICE_NAME (our distro defaults it to %r "
-            "under opentelemetry-instrument, but another distro was loaded)",
+            "otel-llm: service.name is %r; set OTEL_SERVICE_NAME (under opentelemetry-instrument "
+            "our distro defaults it to %r unless another distro is loaded)",
             name,
             semconv.SERVICE_NAME_DEFAULT,
         )
