@@ -177,3 +177,31 @@ def test_failed_requests_cannot_blow_up_model_labels(env):
     models = {p.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
               for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
     assert len(models) == 21 and semconv.LABEL_OTHER in models
+
+
+def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
+    from opentelemetry import context, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    calls = []
+    tracer = env.tel.tracer
+
+    class CountingTracer:
+        def start_span(self, *args, **kwargs):
+            calls.append(args[0])
+            return tracer.start_span(*args, **kwargs)
+
+    env.tel.tracer = CountingTracer()
+    unsampled = SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=TraceFlags(0))
+    token = context.attach(trace.set_span_in_context(NonRecordingSpan(unsampled)))
+    try:
+        record = env.tel.start(RequestInfo(operation="chat", model="m"))
+    finally:
+        context.detach(token)
+    record.attach_engine_request(state(st=stats(queued_ago=0.0)))
+    record.end()
+    assert not record.span.is_recording()
+    assert env.exporter.get_finished_spans() == ()
+    assert calls == ["chat m"]  # no work spent on phase spans nobody will see
+    (duration,) = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
+    assert duration.count == 1
