@@ -237,7 +237,7 @@ class Receiver:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Receive OTLP/HTTP (and gRPC) and print counts.")
+    parser = argparse.ArgumentParser(description="Receive OTLP/HTTP and print counts.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=4318)
     args = parser.parse_args(argv)

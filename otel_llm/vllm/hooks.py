@@ -288,7 +288,7 @@ def _engine_model(engine) -> str | None:
 def async_llm_generate(tel: Telemetry):
     """AsyncLLM used directly (no OpenAI handler around it): the generate() call is the request."""
     start = _safe("starting an AsyncLLM span")(
-        lambda engine, params: tel.start(_engine_request_info(tel, engine, params))
+        lambda engine, params: tel.start(_engine_request_info(engine, params))
     )
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -304,7 +304,7 @@ def async_llm_generate(tel: Telemetry):
     return wrapper
 
 
-def _engine_request_info(tel: Telemetry, engine, params) -> RequestInfo:
+def _engine_request_info(engine, params) -> RequestInfo:
     n = getattr(params, "n", None)
     top_k = getattr(params, "top_k", None)
     return RequestInfo(
@@ -322,7 +322,7 @@ def _engine_request_info(tel: Telemetry, engine, params) -> RequestInfo:
 def llm_engine_add_request(tel: Telemetry):
     """Offline LLMEngine (vllm.LLM): one span per engine request, ended when the engine finishes."""
     start = _safe("starting an LLMEngine span")(
-        lambda engine, params: tel.start(_engine_request_info(tel, engine, params), engine_owned=True)
+        lambda engine, params: tel.start(_engine_request_info(engine, params), engine_owned=True)
     )
 
     def wrapper(wrapped, instance, args, kwargs):

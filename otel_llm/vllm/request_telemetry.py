@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import baggage, context as otel_context, trace
+from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv
@@ -43,6 +44,11 @@ class RequestInfo:
     presence_penalty: float | None = None
     tenant: str | None = None
     scene: str | None = None
+
+    @property
+    def generates(self) -> bool:
+        """False for embeddings: no output tokens, finish reasons or decode."""
+        return self.operation != semconv.OP_EMBEDDINGS
 
     def span_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
@@ -144,8 +150,6 @@ class Telemetry:
             totals[series] = totals.get(series, 0) + value
 
     def _observe_tokens(self, options):
-        from opentelemetry.metrics import Observation
-
         for (key, token_type), value in list(self._token_totals.items()):
             yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
 
@@ -193,7 +197,6 @@ class RequestTelemetry:
         "start_ns",
         "engine_states",
         "finish_reasons",
-        "finish_wall",
         "first_chunk_ns",
         "response_id",
         "engine_owned",
@@ -213,7 +216,6 @@ class RequestTelemetry:
         self.context = trace.set_span_in_context(self.span)
         self.engine_states: list[Any] = []
         self.finish_reasons: dict[str, str] = {}
-        self.finish_wall: float | None = None
         self.first_chunk_ns: int | None = None
         self.response_id: str | None = None
         self.engine_owned = engine_owned
@@ -226,7 +228,6 @@ class RequestTelemetry:
 
     def on_engine_finished(self, req_state, finish_reason) -> None:
         self.finish_reasons[req_state.request_id] = str(finish_reason)
-        self.finish_wall = time.time()
         self.telemetry.by_engine_id.pop(req_state.request_id, None)
         if self.engine_owned and len(self.finish_reasons) == len(self.engine_states):
             self.end()
@@ -268,7 +269,7 @@ class RequestTelemetry:
         usage = self._usage()
         finish_reasons = self._finish_reasons(response, aborted or error_type is not None)
         attrs: dict[str, Any] = {}
-        generates = self.info.operation != semconv.OP_EMBEDDINGS
+        generates = self.info.generates
         if self.engine_states or response is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
@@ -380,7 +381,7 @@ class RequestTelemetry:
             timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
         else:
             timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
-        if self.info.operation != semconv.OP_EMBEDDINGS:
+        if self.info.generates:
             timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
         timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
         if ttft is not None:
