@@ -27,6 +27,13 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_REQUEST_ENCODING_FORMATS = "gen_ai.request.encoding_formats"
+GEN_AI_OUTPUT_TYPE = "gen_ai.output.type"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_EMBEDDINGS_DIMENSION_COUNT = "gen_ai.embeddings.dimension.count"
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
@@ -38,6 +45,15 @@ OP_TEXT_COMPLETION = "text_completion"
 OP_EMBEDDINGS = "embeddings"
 
 PROVIDER_VLLM = "vllm"
+PROVIDER_OPENAI = "openai"
+
+# OpenAI-specific attributes (semconv v1.41 openai.md)
+OPENAI_API_TYPE = "openai.api.type"
+OPENAI_API_TYPE_CHAT = "chat_completions"
+OPENAI_API_TYPE_RESPONSES = "responses"
+OPENAI_REQUEST_SERVICE_TIER = "openai.request.service_tier"
+OPENAI_RESPONSE_SERVICE_TIER = "openai.response.service_tier"
+OPENAI_RESPONSE_SYSTEM_FINGERPRINT = "openai.response.system_fingerprint"
 
 # gen_ai.token.type values on our token counter. "input" includes "cached_input".
 TOKEN_TYPE_INPUT = "input"
@@ -50,6 +66,14 @@ ERROR_OTHER = "_OTHER"
 
 # finish reason reported for a request the client abandoned
 FINISH_REASON_ABORT = "abort"
+# finish reason for a choice whose stream ended before its final event (semconv-genai rule)
+FINISH_REASON_ERROR = "error"
+# error.type of a client stream the caller stopped reading (break, close, cancel, GC)
+ERROR_STREAM_ABANDONED = "stream_abandoned"
+
+# --- Client side of our own (no convention exists) ----------------------------------------
+OTEL_LLM_STREAM_CHUNKS = "otel_llm.stream.chunks"
+OTEL_LLM_USAGE_MISSING = "otel_llm.usage.missing"
 
 # --- vLLM engine detail (no convention exists) --------------------------------------------
 VLLM_REQUEST_ID = "vllm.request.id"
@@ -92,6 +116,14 @@ SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
 SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 SERVER_TOKEN_USAGE = "gen_ai.server.token.usage"
+CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
+CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
+CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+
+# The example gateway's metering counter (examples/gateway): tokens by tenant, scene, model, type
+GATEWAY_TOKEN_USAGE = "otel_llm.gateway.token.usage"
+GATEWAY_SERVICE_NAME = "llm-gateway"
 
 UNIT_SECONDS = "s"
 UNIT_TOKEN = "{token}"
@@ -99,6 +131,7 @@ UNIT_TOKEN = "{token}"
 # Bucket boundaries from the semconv metric definitions
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 
