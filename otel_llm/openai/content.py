@@ -1,0 +1,111 @@
+"""Opt-in prompt and completion capture in the semconv `gen_ai.input.messages` /
+`gen_ai.output.messages` shapes (JSON strings on the span). Used only when the user sets
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; never called otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from otel_llm import semconv
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "text", "content": text}
+
+
+def _content_parts(content_value) -> list[dict]:
+    if isinstance(content_value, str):
+        return [_text_part(content_value)]
+    parts = []
+    for item in content_value or ():
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            parts.append(_text_part(item["text"]))
+        elif isinstance(item, dict):
+            parts.append({"type": str(item.get("type", "unknown"))})
+    return parts
+
+
+def _message(message) -> dict | None:
+    if not isinstance(message, dict):
+        message = getattr(message, "model_dump", lambda: None)()
+        if not isinstance(message, dict):
+            return None
+    role = message.get("role", "user")
+    parts = _content_parts(message.get("content"))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        parts.append({"type": "tool_call", "id": call.get("id"), "name": function.get("name"),
+                      "arguments": function.get("arguments")})
+    if role == "tool":
+        return {"role": "tool", "parts": [{"type": "tool_call_response", "id": message.get("tool_call_id"),
+                                           "response": message.get("content")}]}
+    return {"role": role, "parts": parts}
+
+
+def input_messages(operation: str, kwargs: dict) -> list[dict] | None:
+    if operation == semconv.OP_EMBEDDINGS:
+        return None
+    messages = kwargs.get("messages")
+    if isinstance(messages, (list, tuple)):
+        return [m for m in map(_message, messages) if m is not None]
+    prompt = kwargs.get("prompt")
+    if isinstance(prompt, str):
+        return [{"role": "user", "parts": [_text_part(prompt)]}]
+    if isinstance(prompt, (list, tuple)) and all(isinstance(p, str) for p in prompt):
+        return [{"role": "user", "parts": [_text_part(p) for p in prompt]}]
+    result = []
+    instructions = kwargs.get("instructions")
+    if isinstance(instructions, str):
+        result.append({"role": "system", "parts": [_text_part(instructions)]})
+    given = kwargs.get("input")
+    if isinstance(given, str):
+        result.append({"role": "user", "parts": [_text_part(given)]})
+    elif isinstance(given, (list, tuple)):
+        result.extend(m for m in map(_message, given) if m is not None)
+    return result
+
+
+def add_stream_delta(output: dict[int, list], choices) -> None:
+    for choice in choices:
+        delta = getattr(choice, "delta", None)
+        text = getattr(delta, "content", None) if delta is not None else getattr(choice, "text", None)
+        if text:
+            output.setdefault(choice.index, []).append(text)
+
+
+def add_response_choices(output: dict[int, list], response) -> None:
+    for choice in getattr(response, "choices", None) or ():
+        parts = output.setdefault(choice.index, [])
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) if message is not None else getattr(choice, "text", None)
+        if text:
+            parts.append(text)
+        for call in getattr(message, "tool_calls", None) or ():
+            function = getattr(call, "function", None)
+            parts.append({"type": "tool_call", "id": call.id, "name": getattr(function, "name", None),
+                          "arguments": getattr(function, "arguments", None)})
+
+
+def add_responses_output(output: dict[int, list], response) -> None:
+    text = getattr(response, "output_text", None)
+    if text:
+        output[0] = [text]
+
+
+def set_on_span(span, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str]) -> None:
+    span.set_attribute(semconv.GEN_AI_INPUT_MESSAGES, _dumps(inputs))
+    if not outputs:
+        return
+    messages = []
+    for index in sorted(outputs):
+        texts = [p for p in outputs[index] if isinstance(p, str)]
+        parts: list[Any] = [_text_part("".join(texts))] if texts else []
+        parts += [p for p in outputs[index] if isinstance(p, dict)]
+        messages.append({"role": "assistant", "parts": parts, "finish_reason": reasons.get(index, "")})
+    span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, _dumps(messages))
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)

@@ -1,0 +1,427 @@
+"""What one OpenAI client call records: a GenAI CLIENT span and the semconv client metrics.
+
+An `Invocation` is made before the request is sent and ended exactly once: with the response, with
+the last chunk of a stream, or with the error that stopped it. Nothing here may raise into the
+caller: every entry point from the wrappers is guarded there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+from otel_llm import semconv
+from otel_llm.openai import content
+
+_log = logging.getLogger("otel_llm.openai")
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+INCLUDE_USAGE_ENV = "OTEL_LLM_OPENAI_INCLUDE_USAGE"
+PROPAGATE_ENV = "OTEL_LLM_OPENAI_PROPAGATE"
+PROVIDER_ENV = "OTEL_LLM_OPENAI_PROVIDER_NAME"
+
+# openai's with_raw_response / with_streaming_response mark their calls with this header
+RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"
+
+
+def _truthy(value: str | None, default: bool) -> bool:
+    if value is None or not value.strip():
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def capture_mode(raw: str | None) -> bool:
+    """True when the opt-in asks for content on spans (util-genai's values, or true/false)."""
+    value = (raw or "").strip().lower()
+    if value in ("", "false", "0", "no", "no_content", "event_only"):
+        if value == "event_only":
+            _log.warning("otel-llm: %s=event_only: GenAI events are not emitted; no content captured",
+                         CAPTURE_CONTENT_ENV)
+        return False
+    if value in ("true", "1", "yes", "span_only", "span_and_event"):
+        return True
+    _log.warning("otel-llm: %s=%r is not one of span_only, span_and_event, event_only, no_content, "
+                 "true, false; no content captured", CAPTURE_CONTENT_ENV, raw)
+    return False
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    capture_content: bool = False
+    # add stream_options.include_usage to streamed chat/completions calls (the usage chunk the
+    # server then sends is consumed by us, so the caller's loop sees the stream it asked for)
+    include_usage: bool = False
+    propagate: bool = True
+    provider_name: str = semconv.PROVIDER_OPENAI
+
+    @classmethod
+    def from_env(cls, **overrides) -> "ClientSettings":
+        env = os.environ
+        capture = overrides.get("capture_content")
+        include_usage = overrides.get("include_usage")
+        propagate_ = overrides.get("propagate")
+        provider = overrides.get("provider_name")
+        return cls(
+            capture_content=capture_mode(env.get(CAPTURE_CONTENT_ENV)) if capture is None else bool(capture),
+            include_usage=_truthy(env.get(INCLUDE_USAGE_ENV), False) if include_usage is None else bool(include_usage),
+            propagate=_truthy(env.get(PROPAGATE_ENV), True) if propagate_ is None else bool(propagate_),
+            provider_name=provider or env.get(PROVIDER_ENV) or semconv.PROVIDER_OPENAI,
+        )
+
+
+class ClientTelemetry:
+    def __init__(self, tracer, meter, settings: ClientSettings):
+        self.tracer = tracer
+        self.settings = settings
+        self.duration = meter.create_histogram(
+            semconv.CLIENT_OPERATION_DURATION, unit=semconv.UNIT_SECONDS,
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
+        self.tokens = meter.create_histogram(
+            semconv.CLIENT_TOKEN_USAGE, unit=semconv.UNIT_TOKEN,
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=semconv.TOKEN_BUCKETS)
+        self.ttfc = meter.create_histogram(
+            semconv.CLIENT_TIME_TO_FIRST_CHUNK, unit=semconv.UNIT_SECONDS,
+            description="Time from the request to the first chunk of a streamed response",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
+        self.tpoc = meter.create_histogram(
+            semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, unit=semconv.UNIT_SECONDS,
+            description="Mean time between output chunks after the first, one record per stream",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float)
+
+
+def server_of(instance) -> tuple[str | None, int | None]:
+    """(host, port) of the client's base URL; never the path, query or credentials."""
+    try:
+        url = instance._client.base_url
+        port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+        return url.host or None, port
+    except Exception:
+        return None, None
+
+
+def error_type(exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return str(status)
+    return type(exc).__qualname__
+
+
+def _finish_reason_of_response(response) -> list[str]:
+    status = getattr(response, "status", None)
+    if status == "incomplete":
+        reason = getattr(getattr(response, "incomplete_details", None), "reason", None)
+        return [reason or status]
+    return [status] if isinstance(status, str) else []
+
+
+class Invocation:
+    """One call: its span, its start time and what the response told us."""
+
+    __slots__ = (
+        "tel", "operation", "api_type", "span", "start", "metric_attrs", "request_model", "stream",
+        "ended", "first", "last", "chunks", "finish_reasons", "usage", "response_id", "response_model",
+        "injected_usage", "input_messages", "output_parts", "lock", "choice_count",
+    )
+
+    def __init__(self, tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
+        self.tel = tel
+        self.operation = operation
+        self.api_type = api_type
+        model = kwargs.get("model")
+        self.request_model = model if isinstance(model, str) else None
+        self.stream = kwargs.get("stream") is True
+        n = kwargs.get("n")
+        self.choice_count = n if type(n) is int and n > 0 else 1
+        host, port = server_of(instance)
+        attrs: dict[str, Any] = {
+            semconv.GEN_AI_OPERATION_NAME: operation,
+            semconv.GEN_AI_PROVIDER_NAME: tel.settings.provider_name,
+        }
+        if self.request_model:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = self.request_model
+        if host:
+            attrs[semconv.SERVER_ADDRESS] = host
+        if port:
+            attrs[semconv.SERVER_PORT] = port
+        self.metric_attrs = dict(attrs)
+        if api_type:
+            attrs[semconv.OPENAI_API_TYPE] = api_type
+        attrs.update(request_attributes(operation, kwargs))
+        self.span = tel.tracer.start_span(
+            semconv.genai_span_name(operation, self.request_model), kind=SpanKind.CLIENT, attributes=attrs)
+        self.start = perf_counter()
+        self.ended = False
+        self.first = self.last = None
+        self.chunks = 0
+        self.finish_reasons: dict[int, str] = {}
+        self.usage = None
+        self.response_id = self.response_model = None
+        self.injected_usage = False
+        self.input_messages = content.input_messages(operation, kwargs) if tel.settings.capture_content else None
+        self.output_parts: dict[int, list[str]] | None = {} if self.input_messages is not None else None
+        self.lock = threading.Lock()
+
+    # --- before the request -----------------------------------------------------------------
+    def prepare(self, kwargs: dict) -> dict:
+        """The kwargs to send: a copy with the trace context headers (and include_usage if asked)."""
+        settings = self.tel.settings
+        if settings.propagate:
+            headers = kwargs.get("extra_headers")
+            if not headers or not any(str(k).lower() == "traceparent" for k in headers):
+                carrier = dict(headers) if headers else {}
+                propagate.inject(carrier, context=set_span_in_context(self.span))
+                kwargs = {**kwargs, "extra_headers": carrier}
+        if self.stream and settings.include_usage and self.operation != semconv.OP_EMBEDDINGS \
+                and self.api_type != semconv.OPENAI_API_TYPE_RESPONSES:
+            options = kwargs.get("stream_options")
+            if not isinstance(options, dict) or "include_usage" not in options:
+                base = options if isinstance(options, dict) else {}
+                kwargs = {**kwargs, "stream_options": {**base, "include_usage": True}}
+                self.injected_usage = True
+        return kwargs
+
+    # --- streams ----------------------------------------------------------------------------
+    def on_chunk(self, chunk) -> bool:
+        """Record one stream chunk; False when it is the usage chunk we asked for (hide it)."""
+        now = perf_counter()
+        if self.api_type == semconv.OPENAI_API_TYPE_RESPONSES:
+            return self._on_event(chunk, now)
+        if self.first is None:
+            self.first = now
+            self.response_id = getattr(chunk, "id", None)
+            self.response_model = getattr(chunk, "model", None)
+        usage = chunk.usage
+        choices = chunk.choices
+        if usage is not None:
+            self.usage = usage
+            if not choices and self.injected_usage:
+                return False
+        self.last = now
+        self.chunks += 1
+        for choice in choices:
+            if choice.finish_reason is not None:
+                self.finish_reasons[choice.index] = choice.finish_reason
+        if self.output_parts is not None:
+            content.add_stream_delta(self.output_parts, choices)
+        return True
+
+    def _on_event(self, event, now: float) -> bool:
+        kind = getattr(event, "type", "")
+        if kind.endswith(".delta"):
+            if self.first is None:
+                self.first = now
+            self.last = now
+            self.chunks += 1
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            self._read_response(event.response)
+        elif kind == "response.created":
+            self.response_id = getattr(event.response, "id", None)
+            self.response_model = getattr(event.response, "model", None)
+        return True
+
+    def finished_all_choices(self) -> bool:
+        return len(self.finish_reasons) >= self.choice_count
+
+    def end_stream(self, exc: BaseException | None = None, abandoned: str | None = None) -> None:
+        """End a streamed call: exhausted (no argument), failed (exc) or abandoned (why)."""
+        if exc is not None:
+            self.fail(exc)
+            return
+        if abandoned is not None:
+            self._end(semconv.ERROR_STREAM_ABANDONED, abandoned)
+            return
+        self._end()
+
+    # --- non-streamed responses --------------------------------------------------------------
+    def end_with_response(self, response) -> None:
+        self._read_response(response)
+        if self.operation != semconv.OP_EMBEDDINGS and self.api_type != semconv.OPENAI_API_TYPE_RESPONSES:
+            for choice in getattr(response, "choices", None) or ():
+                reason = getattr(choice, "finish_reason", None)
+                if reason is not None:
+                    self.finish_reasons[getattr(choice, "index", len(self.finish_reasons))] = reason
+            if self.output_parts is not None:
+                content.add_response_choices(self.output_parts, response)
+        elif self.operation == semconv.OP_EMBEDDINGS:
+            data = getattr(response, "data", None)
+            vector = getattr(data[0], "embedding", None) if data else None
+            if isinstance(vector, list):
+                self.span.set_attribute(semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT, len(vector))
+        self._end()
+
+    def _read_response(self, response) -> None:
+        if response is None:
+            return
+        self.response_id = getattr(response, "id", None) or self.response_id
+        self.response_model = getattr(response, "model", None) or self.response_model
+        usage = getattr(response, "usage", None)
+        if usage is not None:
+            self.usage = usage
+        if self.api_type == semconv.OPENAI_API_TYPE_RESPONSES:
+            reasons = _finish_reason_of_response(response)
+            if reasons:
+                self.finish_reasons = dict(enumerate(reasons))
+            if self.output_parts is not None:
+                content.add_responses_output(self.output_parts, response)
+        span = self.span
+        tier = getattr(response, "service_tier", None)
+        if isinstance(tier, str):
+            span.set_attribute(semconv.OPENAI_RESPONSE_SERVICE_TIER, tier)
+        fingerprint = getattr(response, "system_fingerprint", None)
+        if isinstance(fingerprint, str):
+            span.set_attribute(semconv.OPENAI_RESPONSE_SYSTEM_FINGERPRINT, fingerprint)
+
+    def fail(self, exc: BaseException) -> None:
+        self._end(error_type(exc), str(exc) or type(exc).__name__, exc)
+
+    # --- the one place a span ends ------------------------------------------------------------
+    def _end(self, error: str | None = None, description: str | None = None, exc: BaseException | None = None):
+        with self.lock:
+            if self.ended:
+                return
+            self.ended = True
+        end = perf_counter()
+        span = self.span
+        attrs = self.metric_attrs
+        if self.response_model:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = self.response_model
+            span.set_attribute(semconv.GEN_AI_RESPONSE_MODEL, self.response_model)
+        if self.response_id:
+            span.set_attribute(semconv.GEN_AI_RESPONSE_ID, self.response_id)
+        reasons = self.finish_reasons
+        if error is not None and self.stream and self.operation != semconv.OP_EMBEDDINGS:
+            # semconv-genai: a choice whose stream ended before its finish reason reports "error"
+            for index in range(self.choice_count):
+                reasons.setdefault(index, semconv.FINISH_REASON_ERROR)
+        if reasons:
+            span.set_attribute(semconv.GEN_AI_RESPONSE_FINISH_REASONS, [reasons[i] for i in sorted(reasons)])
+        input_tokens, output_tokens = self._usage_attributes()
+        if self.stream:
+            span.set_attribute(semconv.OTEL_LLM_STREAM_CHUNKS, self.chunks)
+            if self.first is not None:
+                span.set_attribute(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first - self.start)
+        if self.input_messages is not None:
+            content.set_on_span(span, self.input_messages, self.output_parts, reasons)
+        if error is not None:
+            attrs[semconv.ERROR_TYPE] = error
+            span.set_attribute(semconv.ERROR_TYPE, error)
+            span.set_status(Status(StatusCode.ERROR, description))
+            if exc is not None:
+                span.record_exception(exc)
+        span.end()
+        tel = self.tel
+        tel.duration.record(end - self.start, attrs)
+        if input_tokens is not None:
+            tel.tokens.record(input_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_INPUT})
+        if output_tokens is not None and self.operation != semconv.OP_EMBEDDINGS:
+            tel.tokens.record(output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_OUTPUT})
+        if self.first is not None:
+            tel.ttfc.record(self.first - self.start, attrs)
+            if self.chunks > 1:
+                tel.tpoc.record((self.last - self.first) / (self.chunks - 1), attrs)
+
+    def _usage_attributes(self) -> tuple[int | None, int | None]:
+        usage = self.usage
+        span = self.span
+        if usage is None:
+            if self.operation != semconv.OP_EMBEDDINGS or self.stream:
+                span.set_attribute(semconv.OTEL_LLM_USAGE_MISSING, True)
+            return None, None
+        input_tokens = getattr(usage, "prompt_tokens", None)
+        if input_tokens is None:
+            input_tokens = getattr(usage, "input_tokens", None)
+        output_tokens = getattr(usage, "completion_tokens", None)
+        if output_tokens is None:
+            output_tokens = getattr(usage, "output_tokens", None)
+        details = getattr(usage, "prompt_tokens_details", None) or getattr(usage, "input_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None)
+        out_details = getattr(usage, "completion_tokens_details", None) or getattr(usage, "output_tokens_details", None)
+        reasoning = getattr(out_details, "reasoning_tokens", None)
+        if type(input_tokens) is int:
+            span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens)
+        else:
+            input_tokens = None
+        if type(output_tokens) is int and self.operation != semconv.OP_EMBEDDINGS:
+            span.set_attribute(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens)
+        else:
+            output_tokens = None
+        if type(cached) is int:
+            span.set_attribute(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached)
+        if type(reasoning) is int:
+            span.set_attribute(semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, reasoning)
+        return input_tokens, output_tokens
+
+
+_OUTPUT_TYPES = {"text": "text", "json_object": "json", "json_schema": "json"}
+
+
+def request_attributes(operation: str, kwargs: dict) -> dict[str, Any]:
+    """GenAI request attributes from the call's keyword arguments (sentinels and bad types skipped)."""
+    attrs: dict[str, Any] = {}
+    get = kwargs.get
+    if get("stream") is True:
+        attrs[semconv.GEN_AI_REQUEST_STREAM] = True
+    if operation == semconv.OP_EMBEDDINGS:
+        fmt = get("encoding_format")
+        if isinstance(fmt, str):
+            attrs[semconv.GEN_AI_REQUEST_ENCODING_FORMATS] = [fmt]
+        return attrs
+    max_tokens = get("max_completion_tokens")
+    if not _number(max_tokens):
+        max_tokens = get("max_tokens")
+    if not _number(max_tokens):
+        max_tokens = get("max_output_tokens")
+    if _number(max_tokens):
+        attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+    for key, name in (("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE), ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
+                      ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
+                      ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY)):
+        value = get(key)
+        if _number(value):
+            attrs[name] = float(value)
+    seed = get("seed")
+    if type(seed) is int:
+        attrs[semconv.GEN_AI_REQUEST_SEED] = seed
+    n = get("n")
+    if type(n) is int and n != 1:
+        attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = n
+    stop = get("stop")
+    if isinstance(stop, str):
+        attrs[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
+    elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        attrs[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = list(stop)
+    extra = get("extra_body")
+    if isinstance(extra, dict) and _number(extra.get("top_k")):  # vLLM's sampling extension
+        attrs[semconv.GEN_AI_REQUEST_TOP_K] = float(extra["top_k"])
+    tier = get("service_tier")
+    if isinstance(tier, str) and tier != "auto":
+        attrs[semconv.OPENAI_REQUEST_SERVICE_TIER] = tier
+    response_format = get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if isinstance(kind, str) and kind in _OUTPUT_TYPES:
+        attrs[semconv.GEN_AI_OUTPUT_TYPE] = _OUTPUT_TYPES[kind]
+    elif isinstance(response_format, type):  # parse(response_format=PydanticModel)
+        attrs[semconv.GEN_AI_OUTPUT_TYPE] = "json"
+    return attrs
+
+
+def is_raw_response_call(kwargs: dict) -> str | None:
+    headers = kwargs.get("extra_headers")
+    if not headers:
+        return None
+    value = headers.get(RAW_RESPONSE_HEADER) if hasattr(headers, "get") else None
+    return value if isinstance(value, str) else None
+

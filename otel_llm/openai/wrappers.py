@@ -1,0 +1,97 @@
+"""The wrapt wrappers around openai's create/parse methods (sync and async)."""
+
+from __future__ import annotations
+
+import logging
+
+from opentelemetry import context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import set_span_in_context
+
+from otel_llm.openai.streams import AsyncStreamProxy, StreamProxy
+from otel_llm.openai.telemetry import ClientTelemetry, Invocation, is_raw_response_call
+
+_log = logging.getLogger("otel_llm.openai")
+_warned = set()
+
+
+def _warn_once(what: str) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        _log.warning("otel-llm: %s failed; the call goes on untraced", what, exc_info=True)
+
+
+def _start(tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
+    if not is_instrumentation_enabled():
+        return None, kwargs
+    inv = None
+    try:
+        inv = Invocation(tel, operation, api_type, instance, kwargs)
+        return inv, inv.prepare(kwargs)
+    except Exception:
+        _warn_once("starting an OpenAI client span")
+        if inv is not None:
+            inv.span.end()
+        return None, kwargs
+
+
+def _finish(inv: Invocation, result, kwargs: dict, is_async: bool):
+    try:
+        raw = is_raw_response_call(kwargs)
+        if raw is not None:
+            # with_raw_response / with_streaming_response: the body is the caller's to read.
+            # A parsed non-stream body is cached by openai, so parsing it here costs the caller nothing.
+            if raw == "true" and not inv.stream:
+                inv.end_with_response(result.parse())
+            else:
+                inv.end_stream()
+            return result
+        if inv.stream:
+            return AsyncStreamProxy(result, inv) if is_async else StreamProxy(result, inv)
+        inv.end_with_response(result)
+    except Exception:
+        _warn_once("reading an OpenAI response")
+        inv.end_stream()
+    return result
+
+
+def _fail(inv: Invocation, exc: BaseException) -> None:
+    try:
+        inv.fail(exc)
+    except Exception:
+        _warn_once("recording an OpenAI client error")
+
+
+def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_async: bool):
+    if is_async:
+        async def async_wrapper(wrapped, instance, args, kwargs):
+            inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
+            if inv is None:
+                return await wrapped(*args, **kwargs)
+            token = context.attach(set_span_in_context(inv.span))
+            try:
+                result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                _fail(inv, exc)
+                raise
+            finally:
+                context.detach(token)
+            return _finish(inv, result, kwargs, True)
+
+        return async_wrapper
+
+    def wrapper(wrapped, instance, args, kwargs):
+        inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
+        if inv is None:
+            return wrapped(*args, **kwargs)
+        token = context.attach(set_span_in_context(inv.span))
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            _fail(inv, exc)
+            raise
+        finally:
+            context.detach(token)
+        return _finish(inv, result, kwargs, False)
+
+    return wrapper
