@@ -88,16 +88,17 @@ class ReplayServer:
                     self.end_headers()
                     self.wfile.write(body)
                     return
-                self.send_header("connection", "close")
+                self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 events = [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]
                 for index, event in enumerate(events):
                     if server.cut_after_events is not None and index >= server.cut_after_events:
-                        break
-                    self.wfile.write(event)
+                        self.close_connection = True  # no terminating chunk: a truncated body
+                        return
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                     self.wfile.flush()
                     time.sleep(server.event_delay)
-                self.close_connection = True
+                self.wfile.write(b"0\r\n\r\n")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -123,3 +124,21 @@ class ReplayServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def response_json(cassette: str, index: int = 0):
+    """The recorded response body: a dict, or for an SSE stream the list of its data events."""
+    import gzip
+
+    raw = load(cassette)[index]["body"]
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    text = raw.decode()
+    if text.lstrip().startswith("data:") or text.lstrip().startswith("event:"):
+        events = []
+        for block in text.split("\n\n"):
+            for line in block.splitlines():
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    events.append(json.loads(line[5:]))
+        return events
+    return json.loads(text)

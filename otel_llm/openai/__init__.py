@@ -85,7 +85,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
                 continue
             for cls, is_async in ((patch.classes[0], False), (patch.classes[1], True)):
                 target = getattr(module, cls, None)
-                if target is None or isinstance(getattr(target, patch.method, None), wrapt.FunctionWrapper):
+                if target is None or isinstance(vars(target).get(patch.method), wrapt.FunctionWrapper):
                     continue
                 wrapper = make_wrapper(telemetry, patch.operation, patch.api_type, is_async)
                 wrapt.wrap_function_wrapper(module, f"{cls}.{patch.method}", wrapper)

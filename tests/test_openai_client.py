@@ -1,0 +1,706 @@
+"""The OpenAI client instrumentation against recorded OpenAI exchanges, over real HTTP with the
+real openai client (tests/openai_replay.py). The real vLLM engine is in test_openai_vllm_e2e.py.
+"""
+
+import asyncio
+import gc
+import json
+
+import openai
+import pytest
+from opentelemetry import baggage, context, trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_llm import semconv
+from otel_llm.openai import OpenAIInstrumentor
+from tests.openai_replay import ReplayServer, response_json
+
+API_KEY = "sk-test-secret-key-4f1d2a"
+HELLO = [{"role": "user", "content": "Say this is a test"}]
+
+
+class Otel:
+    def __init__(self, **options):
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
+                                        meter_provider=self.meter_provider, **options)
+
+    def finished(self):
+        return list(self.spans.get_finished_spans())
+
+    def only_span(self):
+        spans = self.finished()
+        assert len(spans) == 1, [s.name for s in spans]
+        return spans[0]
+
+    def points(self, name):
+        data = self.reader.get_metrics_data()
+        result = []
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        result.extend(metric.data.data_points)
+        return result
+
+    def close(self):
+        OpenAIInstrumentor().uninstrument()
+
+
+@pytest.fixture
+def otel():
+    o = Otel()
+    yield o
+    o.close()
+
+
+@pytest.fixture(scope="module")
+def replay():
+    with ReplayServer() as server:
+        yield server
+
+
+@pytest.fixture
+def server(replay):
+    replay.reset()
+    yield replay
+    replay.reset()
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as c:
+        yield c
+
+
+def aclient(server):
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+
+
+def base_attributes(server, model, operation=semconv.OP_CHAT):
+    return {
+        semconv.GEN_AI_OPERATION_NAME: operation,
+        semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_OPENAI,
+        semconv.GEN_AI_REQUEST_MODEL: model,
+        semconv.SERVER_ADDRESS: "127.0.0.1",
+        semconv.SERVER_PORT: server.port,
+    }
+
+
+def assert_traceparent_is(span, received):
+    """The request carried exactly one traceparent, naming this span as the parent."""
+    values = received.headers.get("traceparent")
+    assert values is not None and len(values) == 1, values
+    ctx = span.get_span_context()
+    assert values[0].split("-")[1:3] == [f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"]
+
+
+def assert_no_secret(otel):
+    for span in otel.finished():
+        assert API_KEY not in json.dumps(dict(span.attributes), default=str)
+        for event in span.events:
+            assert API_KEY not in json.dumps(dict(event.attributes), default=str)
+    assert API_KEY not in otel.reader.get_metrics_data().to_json()
+
+
+# --- non-streamed calls ------------------------------------------------------------------------
+
+def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
+    server.play("test_chat_completion_extra_params.yaml")
+    headers = {"x-caller": "kept"}
+    result = client.chat.completions.create(
+        model="gpt-4o-mini", messages=HELLO, max_tokens=50, seed=42, temperature=0.5,
+        response_format={"type": "text"}, service_tier="default", extra_headers=headers)
+    recorded = response_json("test_chat_completion_extra_params.yaml")
+    assert result.id == recorded["id"]
+    span = otel.only_span()
+    assert span.name == "chat gpt-4o-mini"
+    assert span.kind == SpanKind.CLIENT
+    assert span.status.status_code == StatusCode.UNSET
+    assert dict(span.attributes) == {
+        **base_attributes(server, "gpt-4o-mini"),
+        semconv.OPENAI_API_TYPE: semconv.OPENAI_API_TYPE_CHAT,
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: 50,
+        semconv.GEN_AI_REQUEST_SEED: 42,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: 0.5,
+        semconv.GEN_AI_OUTPUT_TYPE: "text",
+        semconv.OPENAI_REQUEST_SERVICE_TIER: "default",
+        semconv.GEN_AI_RESPONSE_ID: recorded["id"],
+        semconv.GEN_AI_RESPONSE_MODEL: recorded["model"],
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: recorded["usage"]["prompt_tokens"],
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: recorded["usage"]["completion_tokens"],
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
+        semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0,
+        semconv.OPENAI_RESPONSE_SERVICE_TIER: "default",
+        semconv.OPENAI_RESPONSE_SYSTEM_FINGERPRINT: recorded["system_fingerprint"],
+    }
+    # the caller's dict is not touched; the request carries our span as parent, once
+    assert headers == {"x-caller": "kept"}
+    received = server.received[-1]
+    assert received.header("x-caller") == "kept"
+    assert_traceparent_is(span, received)
+
+    metric_attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: recorded["model"]}
+    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    assert dict(duration.attributes) == metric_attrs
+    assert duration.count == 1
+    assert tuple(duration.explicit_bounds) == semconv.DURATION_BUCKETS
+    assert abs(duration.sum - (span.end_time - span.start_time) / 1e9) < 0.01
+    tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p for p in otel.points(semconv.CLIENT_TOKEN_USAGE)}
+    assert {k: (p.sum, p.count) for k, p in tokens.items()} == {
+        "input": (recorded["usage"]["prompt_tokens"], 1), "output": (recorded["usage"]["completion_tokens"], 1)}
+    assert dict(tokens["input"].attributes) == {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "input"}
+    assert tuple(tokens["input"].explicit_bounds) == semconv.TOKEN_BUCKETS
+    assert otel.points(semconv.CLIENT_TIME_TO_FIRST_CHUNK) == []  # streams only
+    assert_no_secret(otel)
+
+
+def test_async_chat_with_two_choices(otel, server):
+    server.play("test_async_chat_completion_multiple_choices.yaml")
+
+    async def call():
+        async with aclient(server) as c:
+            return await c.chat.completions.create(model="gpt-4o-mini", messages=HELLO, n=2)
+
+    result = asyncio.run(call())
+    span = otel.only_span()
+    assert span.attributes[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop", "stop")
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.completion_tokens == 10
+    assert_traceparent_is(span, server.received[-1])
+
+
+def test_http_error_sets_error_type_on_span_and_metric(otel, server, client):
+    server.play("test_chat_completion_404.yaml")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="this-model-does-not-exist", messages=HELLO)
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == "404"
+    assert [e.name for e in span.events] == ["exception"]
+    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    assert duration.attributes[semconv.ERROR_TYPE] == "404"
+    assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+
+
+def test_connection_error_type_is_the_exception_class(otel):
+    with openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key=API_KEY, max_retries=0) as c:
+        with pytest.raises(openai.APIConnectionError):
+            c.chat.completions.create(model="m", messages=HELLO)
+    span = otel.only_span()
+    assert span.attributes[semconv.ERROR_TYPE] == "APIConnectionError"
+    assert span.attributes[semconv.SERVER_PORT] == 9
+
+
+def test_cached_tokens_from_prompt_caching(otel, server, client):
+    server.play("test_openai_prompt_caching.yaml")
+    messages = json.loads(_request_body("test_openai_prompt_caching.yaml"))["messages"]
+    first = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    second = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    spans = otel.finished()
+    assert [s.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] for s in spans] == [
+        first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens]
+    assert second.usage.prompt_tokens_details.cached_tokens == 1024
+    assert spans[1].attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == second.usage.prompt_tokens
+
+
+def test_legacy_completions(otel, server, client):
+    name = "TestCompletionsFinishReasons.test_completions_sets_top_level_finish_reasons.yaml"
+    server.play(name)
+    result = client.completions.create(model="davinci-002", prompt="Tell me a joke about opentelemetry")
+    span = otel.finished()[0]
+    assert span.name == "text_completion davinci-002"
+    assert semconv.OPENAI_API_TYPE not in span.attributes
+    assert span.attributes[semconv.GEN_AI_OPERATION_NAME] == semconv.OP_TEXT_COMPLETION
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.prompt_tokens == 8
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.completion_tokens == 16
+    assert semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS not in span.attributes  # not in the response
+
+
+def test_legacy_completions_stream(otel, server, client):
+    name = "TestCompletionsFinishReasons.test_completions_streaming_sets_top_level_finish_reasons.yaml"
+    server.play(name)
+    chunks = list(client.completions.create(model="davinci-002", prompt="Tell me a joke", stream=True))
+    span = otel.only_span()
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(chunks) == len(response_json(name))
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+    assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
+    assert span.status.status_code == StatusCode.UNSET
+
+
+def test_embeddings(otel, server, client):
+    server.play("test_embeddings_with_dimensions.yaml")
+    result = client.embeddings.create(model="text-embedding-3-small", dimensions=512, encoding_format="float",
+                                      input="This is a test for embeddings with dimensions")
+    span = otel.only_span()
+    assert span.name == "embeddings text-embedding-3-small"
+    assert dict(span.attributes) == {
+        **base_attributes(server, "text-embedding-3-small", semconv.OP_EMBEDDINGS),
+        semconv.GEN_AI_REQUEST_ENCODING_FORMATS: ("float",),
+        semconv.GEN_AI_RESPONSE_MODEL: result.model,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 8,
+        semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT: 512,
+    }
+    assert {p.attributes[semconv.GEN_AI_TOKEN_TYPE] for p in otel.points(semconv.CLIENT_TOKEN_USAGE)} == {"input"}
+
+
+def test_async_embeddings_error(otel, server):
+    server.play("test_async_embeddings_error_handling.yaml")
+
+    async def call():
+        async with aclient(server) as c:
+            await c.embeddings.create(model="text-embedding-3-small", input="x")
+
+    with pytest.raises(openai.NotFoundError):
+        asyncio.run(call())
+    assert otel.only_span().attributes[semconv.ERROR_TYPE] == "404"
+
+
+def test_responses_api(otel, server, client):
+    server.play("test_responses_create_basic[content_mode0].yaml")
+    result = client.responses.create(model="gpt-4o-mini", input="Say this is a test",
+                                     instructions="You are a helpful assistant.")
+    span = otel.only_span()
+    assert span.name == "chat gpt-4o-mini"
+    assert span.attributes[semconv.OPENAI_API_TYPE] == semconv.OPENAI_API_TYPE_RESPONSES
+    assert span.attributes[semconv.GEN_AI_RESPONSE_ID] == result.id
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("completed",)
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.input_tokens
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.output_tokens
+    assert span.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == \
+        result.usage.input_tokens_details.cached_tokens
+
+
+def test_responses_reasoning_tokens_and_max_output_tokens(otel, server, client):
+    name = "test_responses_create_reports_reasoning_tokens[content_mode0].yaml"
+    server.play(name)
+    result = client.responses.create(model="gpt-5.4", input="transpose", max_output_tokens=300)
+    span = otel.only_span()
+    assert span.attributes[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 300
+    assert span.attributes[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == \
+        result.usage.output_tokens_details.reasoning_tokens == 9
+
+
+def test_responses_error(otel, server, client):
+    server.play("test_responses_create_api_error[content_mode0].yaml")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="this-model-does-not-exist", input="Hello")
+    assert otel.only_span().attributes[semconv.ERROR_TYPE] == "400"
+
+
+@pytest.mark.parametrize("name", ["test_responses_create_streaming[content_mode0].yaml",
+                                  "test_responses_create_streaming_iteration[content_mode0].yaml"])
+def test_responses_stream(otel, server, client, name):
+    server.play(name)
+    events = list(client.responses.create(model="gpt-4o-mini", input="Say this is a test", stream=True))
+    completed = [e for e in events if e.type == "response.completed"][0].response
+    deltas = [e for e in events if e.type.endswith(".delta")]
+    span = otel.only_span()
+    assert span.attributes[semconv.GEN_AI_RESPONSE_ID] == completed.id
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == completed.usage.output_tokens
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(deltas) > 0
+    assert span.attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] > 0
+
+
+def test_with_raw_response(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=HELLO)
+    assert raw.http_response.status_code == 200
+    parsed = raw.parse()
+    span = otel.only_span()
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == parsed.usage.completion_tokens
+    assert_traceparent_is(span, server.received[-1])
+
+
+def test_with_streaming_response(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    with client.chat.completions.with_streaming_response.create(model="gpt-4o-mini", messages=HELLO) as response:
+        assert response.parse().id == response_json("test_chat_completion_with_content.yaml")["id"]
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.UNSET
+    assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True  # the body was the caller's to read
+
+
+# --- streams ------------------------------------------------------------------------------------
+
+def test_stream_exhausted(otel, server, client):
+    name = "test_chat_completion_streaming.yaml"
+    server.play(name)
+    recorded = response_json(name)
+    stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert len(chunks) == len(recorded)
+    span = otel.only_span()
+    usage = recorded[-1]["usage"]
+    assert span.attributes[semconv.GEN_AI_REQUEST_STREAM] is True
+    assert span.attributes[semconv.GEN_AI_RESPONSE_ID] == recorded[0]["id"]
+    assert span.attributes[semconv.GEN_AI_RESPONSE_MODEL] == recorded[0]["model"]
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage["prompt_tokens"]
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage["completion_tokens"]
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(chunks)
+    ttfc = span.attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert 0 < ttfc < (span.end_time - span.start_time) / 1e9
+    (first,) = otel.points(semconv.CLIENT_TIME_TO_FIRST_CHUNK)
+    assert first.count == 1 and abs(first.sum - ttfc) < 1e-6
+    (per_chunk,) = otel.points(semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+    assert per_chunk.count == 1  # one mean per stream, not one record per chunk
+    tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.sum for p in otel.points(semconv.CLIENT_TOKEN_USAGE)}
+    assert tokens == {"input": usage["prompt_tokens"], "output": usage["completion_tokens"]}
+
+
+def test_async_stream_exhausted(otel, server):
+    server.play("test_async_chat_completion_streaming.yaml")
+
+    async def call():
+        async with aclient(server) as c:
+            stream = await c.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                                     stream_options={"include_usage": True})
+            return [chunk async for chunk in stream]
+
+    chunks = asyncio.run(call())
+    span = otel.only_span()
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == chunks[-1].usage.completion_tokens
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert_traceparent_is(span, server.received[-1])
+
+
+def test_stream_of_two_choices(otel, server, client):
+    server.play("test_chat_completion_multiple_choices_streaming.yaml")
+    chunks = list(client.chat.completions.create(model="gpt-4o-mini", messages=HELLO, n=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    span = otel.only_span()
+    reasons = {c.index: c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason}
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == (reasons[0], reasons[1])
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == chunks[-1].usage.completion_tokens
+
+
+def test_stream_without_usage_records_no_token_metric(otel, server, client):
+    server.play("test_chat_completion_streaming_not_complete.yaml")
+    list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
+    span = otel.only_span()
+    assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
+    assert semconv.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
+    assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+
+
+def _abandoned(span, reasons=("error",)):
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == reasons
+
+
+def test_stream_break_then_close(otel, server, client):
+    server.play("test_chat_completion_streaming.yaml")
+    stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
+    for index, _ in enumerate(stream):
+        if index == 1:
+            break
+    assert otel.finished() == []  # still open: the caller may go on reading
+    stream.close()
+    stream.close()
+    span = otel.only_span()
+    _abandoned(span)
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == 2
+    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    assert duration.count == 1 and duration.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
+
+
+def test_stream_context_manager_exit_early(otel, server, client):
+    server.play("test_chat_completion_with_context_manager_streaming.yaml")
+    with client.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True) as stream:
+        next(stream)
+        next(stream)
+    _abandoned(otel.only_span())
+
+
+def test_stream_read_to_the_last_finish_reason_is_not_abandoned(otel, server, client):
+    server.play("test_chat_completion_streaming.yaml")
+    with client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                        stream_options={"include_usage": True}) as stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                break  # the usage trailer is never read
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.UNSET
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+
+
+def test_stream_garbage_collected(otel, server, client):
+    server.play("test_chat_completion_streaming.yaml")
+    stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
+    next(stream)
+    del stream
+    gc.collect()
+    span = otel.only_span()
+    _abandoned(span)
+    assert span.status.description == "stream garbage-collected before its end"
+
+
+def test_stream_helper_exhausted_and_exited_early(otel, server, client):
+    server.play("test_chat_completion_streaming.yaml", times=2)
+    with client.chat.completions.stream(model="gpt-4", messages=HELLO,
+                                        stream_options={"include_usage": True}) as stream:
+        final = stream.get_final_completion()
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.UNSET
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == final.usage.completion_tokens
+    otel.spans.clear()
+    with client.chat.completions.stream(model="gpt-4", messages=HELLO) as stream:
+        for index, _event in enumerate(stream):
+            if index == 2:
+                break
+    span = otel.only_span()  # ended at the `with` exit (stream still referenced: not by GC)
+    _abandoned(span)
+    assert stream is not None
+
+
+def test_async_stream_helper_exit_early(otel, server):
+    server.play("test_async_chat_completion_streaming.yaml")
+
+    async def call():
+        async with aclient(server) as c:
+            async with c.chat.completions.stream(model="gpt-4", messages=HELLO) as stream:
+                async for _event in stream:
+                    break
+            return stream
+
+    stream = asyncio.run(call())
+    _abandoned(otel.only_span())
+    assert stream is not None
+
+
+def test_exception_mid_stream(otel, server, client):
+    server.play("test_chat_completion_streaming.yaml")
+    server.cut_after_events = 3
+    server.event_delay = 0.001
+    stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
+    with pytest.raises(Exception) as raised:
+        for _ in stream:
+            pass
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == type(raised.value).__qualname__
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == 3
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("error",)
+
+
+def test_async_stream_cancelled(otel, server):
+    server.play("test_async_chat_completion_streaming.yaml")
+    server.event_delay = 0.2
+    got = []
+
+    async def consume(c):
+        stream = await c.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
+        async for chunk in stream:
+            got.append(chunk)
+
+    async def main():
+        async with aclient(server) as c:
+            task = asyncio.create_task(consume(c))
+            while not got:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == "CancelledError"
+    assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(got)
+
+
+# --- include_usage, propagation, content, safety ------------------------------------------------
+
+def test_include_usage_option_adds_usage_and_hides_its_chunk(server, client):
+    otel = Otel(include_usage=True)
+    try:
+        name = "test_chat_completion_streaming.yaml"
+        server.play(name, times=2)
+        options = {"continuous_usage_stats": False}
+        chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                                     stream_options=options))
+        assert options == {"continuous_usage_stats": False}
+        assert server.received[-1].json()["stream_options"] == {"continuous_usage_stats": False,
+                                                                 "include_usage": True}
+        recorded = response_json(name)
+        assert len(chunks) == len(recorded) - 1 and all(c.choices for c in chunks)
+        span = otel.only_span()
+        assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == recorded[-1]["usage"]["completion_tokens"]
+        # an explicit choice of the caller is kept
+        list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                            stream_options={"include_usage": False}))
+        assert server.received[-1].json()["stream_options"] == {"include_usage": False}
+    finally:
+        otel.close()
+
+
+def test_include_usage_is_off_by_default(otel, server, client):
+    server.play("test_chat_completion_streaming_not_complete.yaml")
+    list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
+    assert "stream_options" not in server.received[-1].json()
+
+
+def test_baggage_goes_out_with_the_trace_context(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    token = context.attach(baggage.set_baggage(semconv.TENANT_ID, "acme"))
+    try:
+        client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    finally:
+        context.detach(token)
+    assert server.received[-1].headers["baggage"] == [f"{semconv.TENANT_ID}=acme"]
+
+
+def test_parent_is_the_current_span(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    tracer = otel.tracer_provider.get_tracer("app")
+    with tracer.start_as_current_span("handler") as parent:
+        client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    child = [s for s in otel.finished() if s.name.startswith("chat")][0]
+    assert child.parent.span_id == parent.get_span_context().span_id
+    assert child.context.trace_id == parent.get_span_context().trace_id
+
+
+def test_a_callers_traceparent_is_respected(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    client.chat.completions.create(model="gpt-4o-mini", messages=HELLO, extra_headers={"TraceParent": theirs})
+    assert server.received[-1].headers["traceparent"] == [theirs]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_with_httpx_instrumentation_context_goes_out_once(otel, server, sync):
+    from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+
+    HTTPX2ClientInstrumentor().instrument(tracer_provider=otel.tracer_provider)
+    try:
+        server.play("test_chat_completion_with_content.yaml")
+        if sync:
+            with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as c:
+                c.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        else:
+            async def call():
+                async with aclient(server) as c:
+                    await c.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            asyncio.run(call())
+    finally:
+        HTTPX2ClientInstrumentor().uninstrument()
+    spans = {s.kind: s for s in otel.finished()}
+    genai, http = spans[SpanKind.CLIENT], None
+    http_spans = [s for s in otel.finished() if s.name == "POST"]
+    assert len(http_spans) == 1, [s.name for s in otel.finished()]
+    http = http_spans[0]
+    genai = [s for s in otel.finished() if s.name == "chat gpt-4o-mini"][0]
+    assert http.parent.span_id == genai.context.span_id
+    assert_traceparent_is(http, server.received[-1])
+
+
+def test_content_is_not_captured_by_default(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    attributes = otel.only_span().attributes
+    assert semconv.GEN_AI_INPUT_MESSAGES not in attributes
+    assert semconv.GEN_AI_OUTPUT_MESSAGES not in attributes
+    assert "Say this is a test" not in json.dumps(dict(attributes))
+
+
+def test_content_capture_opt_in_env(monkeypatch, server, client):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
+    otel = Otel()
+    try:
+        name = "test_chat_completion_tool_calls_with_content.yaml"
+        server.play(name)
+        request = json.loads(_request_body(name))
+        result = client.chat.completions.create(model="gpt-4o-mini", messages=request["messages"],
+                                                tools=request["tools"])
+        span = otel.only_span()
+        assert json.loads(span.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
+            {"role": "system", "parts": [{"type": "text", "content": "You're a helpful assistant."}]},
+            {"role": "user", "parts": [{"type": "text",
+                                        "content": "What's the weather in Seattle and San Francisco today?"}]}]
+        calls = result.choices[0].message.tool_calls
+        assert json.loads(span.attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
+            {"role": "assistant", "finish_reason": "tool_calls",
+             "parts": [{"type": "tool_call", "id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                       for c in calls]}]
+        otel.spans.clear()
+        server.queue.clear()  # the cassette's second exchange is not used here
+        server.play("test_chat_completion_streaming.yaml")
+        chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert json.loads(otel.only_span().attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
+            {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": "stop"}]
+        assert_no_secret(otel)
+    finally:
+        otel.close()
+
+
+def test_suppressed_instrumentation_makes_no_span(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    with suppress_instrumentation():
+        client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert otel.finished() == []
+
+
+def test_uninstrument_restores_openai(server, client):
+    import wrapt
+    from openai.resources.chat.completions import completions
+
+    def wrapped(cls):
+        return isinstance(vars(cls)["create"], wrapt.FunctionWrapper)
+
+    otel = Otel()
+    try:
+        assert wrapped(completions.Completions) and wrapped(completions.AsyncCompletions)
+    finally:
+        otel.close()
+    assert not wrapped(completions.Completions) and not wrapped(completions.AsyncCompletions)
+    server.play("test_chat_completion_with_content.yaml")
+    client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert otel.finished() == []
+    assert "traceparent" not in server.received[-1].headers
+
+
+def test_a_failing_instrumentation_never_breaks_the_call(otel, server, client, monkeypatch):
+    from otel_llm.openai import telemetry
+
+    def broken(self, chunk):
+        raise RuntimeError("bug in otel-llm")
+
+    monkeypatch.setattr(telemetry.Invocation, "on_chunk", broken)
+    monkeypatch.setattr(telemetry.Invocation, "end_with_response", broken)
+    server.play("test_chat_completion_streaming.yaml")
+    server.play("test_chat_completion_with_content.yaml")
+    chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
+    assert len(chunks) == len(response_json("test_chat_completion_streaming.yaml"))
+    assert client.chat.completions.create(model="gpt-4o-mini", messages=HELLO).choices
+    assert len(otel.finished()) == 2  # each span still ended once
+
+
+def test_entry_point_is_registered():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="opentelemetry_instrumentor") if e.name == "otel_llm_openai"]
+    assert ep.load() is OpenAIInstrumentor
+
+
+def _request_body(cassette):
+    import yaml
+
+    from tests.openai_replay import CASSETTES
+
+    return yaml.safe_load((CASSETTES / cassette).read_text())["interactions"][0]["request"]["body"]
