@@ -1,6 +1,13 @@
 """Assertions over exported traces, shared by the end-to-end tests."""
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_llm import semconv
+from otel_llm.openai import OpenAIInstrumentor
 
 # A prompt long enough to fill several KV blocks: the second send hits the prefix cache.
 LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
@@ -71,3 +78,37 @@ def assert_usage(genai, usage):
     details = getattr(usage, "prompt_tokens_details", None)
     cached = (details.cached_tokens if details is not None else None) or 0
     assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == cached
+
+
+class Otel:
+    """The OpenAI client instrumentation on in-memory span and metric readers (in-process tests)."""
+
+    def __init__(self, **options):
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
+                                        meter_provider=self.meter_provider, **options)
+
+    def finished(self):
+        return list(self.spans.get_finished_spans())
+
+    def only_span(self):
+        spans = self.finished()
+        assert len(spans) == 1, [s.name for s in spans]
+        return spans[0]
+
+    def points(self, name):
+        data = self.reader.get_metrics_data()
+        result = []
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        result.extend(metric.data.data_points)
+        return result
+
+    def close(self):
+        OpenAIInstrumentor().uninstrument()

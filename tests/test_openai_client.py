@@ -8,53 +8,17 @@ import json
 
 import openai
 import pytest
-from opentelemetry import baggage, context, trace
+from helpers import Otel
+from openai_replay import ReplayServer, response_json
+from opentelemetry import baggage, context
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv
 from otel_llm.openai import OpenAIInstrumentor
-from tests.openai_replay import ReplayServer, response_json
 
 API_KEY = "sk-test-secret-key-4f1d2a"
 HELLO = [{"role": "user", "content": "Say this is a test"}]
-
-
-class Otel:
-    def __init__(self, **options):
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
-                                        meter_provider=self.meter_provider, **options)
-
-    def finished(self):
-        return list(self.spans.get_finished_spans())
-
-    def only_span(self):
-        spans = self.finished()
-        assert len(spans) == 1, [s.name for s in spans]
-        return spans[0]
-
-    def points(self, name):
-        data = self.reader.get_metrics_data()
-        result = []
-        for rm in data.resource_metrics if data else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name == name:
-                        result.extend(metric.data.data_points)
-        return result
-
-    def close(self):
-        OpenAIInstrumentor().uninstrument()
 
 
 @pytest.fixture
@@ -701,6 +665,6 @@ def test_entry_point_is_registered():
 def _request_body(cassette):
     import yaml
 
-    from tests.openai_replay import CASSETTES
+    from openai_replay import CASSETTES
 
     return yaml.safe_load((CASSETTES / cassette).read_text())["interactions"][0]["request"]["body"]

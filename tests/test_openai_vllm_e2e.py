@@ -1,0 +1,107 @@
+"""The instrumented OpenAI client against the real instrumented vLLM CPU server: one trace from
+the client span into the engine's queue/prefill/decode spans, token counts equal on both sides."""
+
+import asyncio
+
+import openai
+import pytest
+from conftest import start_server
+from helpers import Otel, assert_server_tree, genai_spans, request_trace
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_llm import semconv
+from otel_llm.tiny_model import MODEL_NAME
+
+MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
+
+
+@pytest.fixture(scope="module")
+def server(receiver, tmp_path_factory):
+    srv = start_server(receiver, tmp_path_factory, "openai-client", extra_args=["--enable-prompt-tokens-details"])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def otel():
+    o = Otel(include_usage=True)
+    yield o
+    o.close()
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-e2e-secret", max_retries=0) as c:
+        yield c
+
+
+def engine_trace(receiver, client_span):
+    """The server side of a client span's trace, asserting it hangs under the client span."""
+    trace_id = f"{client_span.context.trace_id:032x}"
+    spans = request_trace(receiver, trace_id)
+    http, genai, kids = assert_server_tree(spans, parent_span_id=f"{client_span.context.span_id:016x}")
+    return genai
+
+
+def client_span(otel):
+    (span,) = [s for s in otel.finished() if s.kind == SpanKind.CLIENT]
+    return span
+
+
+def test_chat_one_trace_and_equal_tokens(otel, client, receiver, server):
+    response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
+    span = client_span(otel)
+    genai = engine_trace(receiver, span)
+    for name in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+                 semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_RESPONSE_ID,
+                 semconv.GEN_AI_RESPONSE_MODEL):
+        assert span.attributes[name] == genai.attributes[name], name
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == response.usage.completion_tokens == 12
+    assert span.attributes[semconv.SERVER_PORT] == server.port
+    assert genai.start_ns >= span.start_time and genai.end_ns <= span.end_time
+
+
+def test_stream_with_include_usage_counts_what_the_engine_counted(otel, client, receiver):
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=20, stream=True)
+    chunks = list(stream)
+    assert all(c.choices for c in chunks)  # the usage chunk we asked for is not shown to the caller
+    span = client_span(otel)
+    genai = engine_trace(receiver, span)
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 20
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+    # the user felt at least the engine's time to first token
+    assert span.attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] >= genai.attributes[semconv.VLLM_TTFT_SECONDS]
+
+
+def test_async_legacy_completion_stream(otel, server, receiver):
+    async def call():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
+            stream = await c.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8,
+                                                stream=True)
+            return [chunk async for chunk in stream]
+
+    asyncio.run(call())
+    span = client_span(otel)
+    assert span.name == f"text_completion {MODEL_NAME}"
+    genai = engine_trace(receiver, span)
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8
+
+
+def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, client, receiver):
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=400, stream=True,
+                                            extra_body={"ignore_eos": True})
+    for index, _ in enumerate(stream):
+        if index == 3:
+            break
+    stream.close()
+    span = client_span(otel)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
+    trace_id = f"{span.context.trace_id:032x}"
+    (genai,) = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(trace_id, [])))
+    assert genai.attributes[semconv.VLLM_ABORTED] is True
+    assert 3 <= genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 400
+    spans = request_trace(receiver, trace_id)
+    (http,) = [s for s in spans if s.kind == "SERVER"]
+    assert http.parent_span_id == f"{span.context.span_id:016x}"
