@@ -13,6 +13,9 @@ from otel_llm.openai.telemetry import ClientTelemetry, Invocation, is_raw_respon
 
 _log = logging.getLogger("otel_llm.openai")
 _warned = set()
+# set while one of our spans is current: a wrapped method that calls another (an openai helper
+# built on create) makes one span, not two
+_IN_CALL = context.create_key("otel_llm.openai.in_call")
 
 
 def _warn_once(what: str) -> None:
@@ -22,7 +25,7 @@ def _warn_once(what: str) -> None:
 
 
 def _start(tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
-    if not is_instrumentation_enabled():
+    if not is_instrumentation_enabled() or context.get_value(_IN_CALL):
         return None, kwargs
     inv = None
     try:
@@ -62,13 +65,17 @@ def _fail(inv: Invocation, exc: BaseException) -> None:
         _warn_once("recording an OpenAI client error")
 
 
+def _call_context(inv: Invocation):
+    return context.set_value(_IN_CALL, True, set_span_in_context(inv.span))
+
+
 def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_async: bool):
     if is_async:
         async def async_wrapper(wrapped, instance, args, kwargs):
             inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
             if inv is None:
                 return await wrapped(*args, **kwargs)
-            token = context.attach(set_span_in_context(inv.span))
+            token = context.attach(_call_context(inv))
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
@@ -84,7 +91,7 @@ def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_
         inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
         if inv is None:
             return wrapped(*args, **kwargs)
-        token = context.attach(set_span_in_context(inv.span))
+        token = context.attach(_call_context(inv))
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
