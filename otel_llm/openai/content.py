@@ -94,8 +94,8 @@ def add_responses_output(output: dict[int, list], response) -> None:
         output[0] = [text]
 
 
-def set_on_span(span, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str]) -> None:
-    span.set_attribute(semconv.GEN_AI_INPUT_MESSAGES, _dumps(inputs))
+def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str]) -> None:
+    attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(inputs)
     if not outputs:
         return
     messages = []
@@ -104,7 +104,7 @@ def set_on_span(span, inputs: list[dict], outputs: dict[int, list] | None, reaso
         parts: list[Any] = [_text_part("".join(texts))] if texts else []
         parts += [p for p in outputs[index] if isinstance(p, dict)]
         messages.append({"role": "assistant", "parts": parts, "finish_reason": reasons.get(index, "")})
-    span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, _dumps(messages))
+    attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = _dumps(messages)
 
 
 def _dumps(value) -> str:

@@ -133,7 +133,7 @@ class Invocation:
     __slots__ = (
         "tel", "operation", "api_type", "span", "start", "metric_attrs", "request_model", "stream",
         "ended", "first", "last", "chunks", "finish_reasons", "usage", "response_id", "response_model",
-        "injected_usage", "input_messages", "output_parts", "lock", "choice_count",
+        "injected_usage", "input_messages", "output_parts", "lock", "choice_count", "late",
     )
 
     def __init__(self, tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
@@ -170,6 +170,7 @@ class Invocation:
         self.usage = None
         self.response_id = self.response_model = None
         self.injected_usage = False
+        self.late: dict[str, Any] = {}  # attributes learnt from the response, set once at the end
         self.input_messages = content.input_messages(operation, kwargs) if tel.settings.capture_content else None
         self.output_parts: dict[int, list[str]] | None = {} if self.input_messages is not None else None
         self.lock = threading.Lock()
@@ -259,7 +260,7 @@ class Invocation:
             data = getattr(response, "data", None)
             vector = getattr(data[0], "embedding", None) if data else None
             if isinstance(vector, list):
-                self.span.set_attribute(semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT, len(vector))
+                self.late[semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = len(vector)
         self._end()
 
     def _read_response(self, response) -> None:
@@ -276,13 +277,12 @@ class Invocation:
                 self.finish_reasons = dict(enumerate(reasons))
             if self.output_parts is not None:
                 content.add_responses_output(self.output_parts, response)
-        span = self.span
         tier = getattr(response, "service_tier", None)
         if isinstance(tier, str):
-            span.set_attribute(semconv.OPENAI_RESPONSE_SERVICE_TIER, tier)
+            self.late[semconv.OPENAI_RESPONSE_SERVICE_TIER] = tier
         fingerprint = getattr(response, "system_fingerprint", None)
         if isinstance(fingerprint, str):
-            span.set_attribute(semconv.OPENAI_RESPONSE_SYSTEM_FINGERPRINT, fingerprint)
+            self.late[semconv.OPENAI_RESPONSE_SYSTEM_FINGERPRINT] = fingerprint
 
     def fail(self, exc: BaseException) -> None:
         self._end(error_type(exc), str(exc) or type(exc).__name__, exc)
@@ -296,28 +296,31 @@ class Invocation:
         end = perf_counter()
         span = self.span
         attrs = self.metric_attrs
+        out = self.late
         if self.response_model:
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = self.response_model
-            span.set_attribute(semconv.GEN_AI_RESPONSE_MODEL, self.response_model)
+            out[semconv.GEN_AI_RESPONSE_MODEL] = self.response_model
         if self.response_id:
-            span.set_attribute(semconv.GEN_AI_RESPONSE_ID, self.response_id)
+            out[semconv.GEN_AI_RESPONSE_ID] = self.response_id
         reasons = self.finish_reasons
         if error is not None and self.stream and self.operation != semconv.OP_EMBEDDINGS:
             # semconv-genai: a choice whose stream ended before its finish reason reports "error"
             for index in range(self.choice_count):
                 reasons.setdefault(index, semconv.FINISH_REASON_ERROR)
         if reasons:
-            span.set_attribute(semconv.GEN_AI_RESPONSE_FINISH_REASONS, [reasons[i] for i in sorted(reasons)])
-        input_tokens, output_tokens = self._usage_attributes()
+            out[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [reasons[i] for i in sorted(reasons)]
+        input_tokens, output_tokens = self._usage_attributes(out)
         if self.stream:
-            span.set_attribute(semconv.OTEL_LLM_STREAM_CHUNKS, self.chunks)
+            out[semconv.OTEL_LLM_STREAM_CHUNKS] = self.chunks
             if self.first is not None:
-                span.set_attribute(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first - self.start)
+                out[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = self.first - self.start
         if self.input_messages is not None:
-            content.set_on_span(span, self.input_messages, self.output_parts, reasons)
+            content.add_to(out, self.input_messages, self.output_parts, reasons)
         if error is not None:
             attrs[semconv.ERROR_TYPE] = error
-            span.set_attribute(semconv.ERROR_TYPE, error)
+            out[semconv.ERROR_TYPE] = error
+        span.set_attributes(out)
+        if error is not None:
             span.set_status(Status(StatusCode.ERROR, description))
             if exc is not None:
                 span.record_exception(exc)
@@ -333,12 +336,11 @@ class Invocation:
             if self.chunks > 1:
                 tel.tpoc.record((self.last - self.first) / (self.chunks - 1), attrs)
 
-    def _usage_attributes(self) -> tuple[int | None, int | None]:
+    def _usage_attributes(self, out: dict) -> tuple[int | None, int | None]:
         usage = self.usage
-        span = self.span
         if usage is None:
             if self.operation != semconv.OP_EMBEDDINGS or self.stream:
-                span.set_attribute(semconv.OTEL_LLM_USAGE_MISSING, True)
+                out[semconv.OTEL_LLM_USAGE_MISSING] = True
             return None, None
         input_tokens = getattr(usage, "prompt_tokens", None)
         if input_tokens is None:
@@ -351,17 +353,17 @@ class Invocation:
         out_details = getattr(usage, "completion_tokens_details", None) or getattr(usage, "output_tokens_details", None)
         reasoning = getattr(out_details, "reasoning_tokens", None)
         if type(input_tokens) is int:
-            span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens)
+            out[semconv.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
         else:
             input_tokens = None
         if type(output_tokens) is int and self.operation != semconv.OP_EMBEDDINGS:
-            span.set_attribute(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens)
+            out[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
         else:
             output_tokens = None
         if type(cached) is int:
-            span.set_attribute(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached)
+            out[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached
         if type(reasoning) is int:
-            span.set_attribute(semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, reasoning)
+            out[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
         return input_tokens, output_tokens
 
 
