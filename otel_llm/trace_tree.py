@@ -14,6 +14,8 @@ KEY_ATTRIBUTES = (
     semconv.VLLM_DECODE_SECONDS,
     semconv.VLLM_TTFT_SECONDS,
     semconv.VLLM_STREAM_TTFT_SECONDS,
+    semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+    semconv.VLLM_ABORTED,
     semconv.TENANT_ID,
     semconv.ERROR_TYPE,
     "http.response.status_code",
@@ -41,7 +43,10 @@ def render(spans, key_attributes=KEY_ATTRIBUTES) -> str:
     origin = min((s.start_ns for s in spans), default=0)
     lines: list[str] = []
 
-    def walk(span, prefix: str, last: bool, depth: int) -> None:
+    def service(span) -> str:
+        return str(span.resource.get("service.name", ""))
+
+    def walk(span, prefix: str, last: bool, depth: int, parent_service: str = "") -> None:
         branch = "" if depth == 0 else ("└─ " if last else "├─ ")
         offset_ms = (span.start_ns - origin) / 1e6
         attrs = "  ".join(
@@ -50,14 +55,16 @@ def render(spans, key_attributes=KEY_ATTRIBUTES) -> str:
             if k in span.attributes
         )
         status = " ERROR" if span.status == "ERROR" else ""
+        name = service(span)
+        kind = f"{span.kind} {name}" if name and name != parent_service else span.kind
         lines.append(
-            f"{prefix}{branch}{span.name} [{span.kind}] +{offset_ms:.1f}ms {span.duration_s * 1e3:.1f}ms{status}"
+            f"{prefix}{branch}{span.name} [{kind}] +{offset_ms:.1f}ms {span.duration_s * 1e3:.1f}ms{status}"
             + (f"  {attrs}" if attrs else "")
         )
         kids = sorted(children.get(span.span_id, []), key=lambda s: s.start_ns)
         next_prefix = prefix + ("" if depth == 0 else ("   " if last else "│  "))
         for i, kid in enumerate(kids):
-            walk(kid, next_prefix, i == len(kids) - 1, depth + 1)
+            walk(kid, next_prefix, i == len(kids) - 1, depth + 1, name)
 
     for root in sorted(roots, key=lambda s: s.start_ns):
         if root.parent_span_id:

@@ -180,6 +180,7 @@ def test_error_responses_are_recognised():
 def test_entry_points_have_our_own_names():
     eps = {ep.name: ep.value for ep in md.entry_points(group="opentelemetry_instrumentor")}
     assert eps["otel_llm_vllm"] == "otel_llm.vllm:VLLMInstrumentor"
+    assert eps["otel_llm_openai"] == "otel_llm.openai:OpenAIInstrumentor"
     assert "openai" not in {n for n, v in eps.items() if v.startswith("otel_llm")}
     stat = {ep.name: ep.value for ep in md.entry_points(group="vllm.stat_logger_plugins")}
     assert stat["otel_llm"] == "otel_llm.vllm.stat_logger:KeepRequestStats"
@@ -224,3 +225,24 @@ def test_doctor_reports_every_hook_found():
     for hook in hooks.HOOKS:
         assert f"[ok] {hook.name}" in text
     assert "otel_llm_vllm" in text and "all required hooks found" in text
+
+
+def test_trace_tree_names_the_service_where_it_changes():
+    from otel_llm.otlp_receiver import Span
+    from otel_llm.trace_tree import render
+
+    def span(span_id, parent, name, kind, service, start, attributes=None):
+        return Span(trace_id="t", span_id=span_id, parent_span_id=parent, name=name, kind=kind,
+                    start_ns=start, end_ns=start + 2_000_000, attributes=attributes or {}, status="UNSET",
+                    status_message="", resource={"service.name": service}, scope="s")
+
+    tree = render([
+        span("a", "", "chat m", "CLIENT", "app", 0, {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 3}),
+        span("b", "a", "POST /v1/chat/completions", "SERVER", "vllm", 1_000_000),
+        span("c", "b", "chat m", "INTERNAL", "vllm", 1_000_000),
+    ])
+    assert tree.splitlines() == [
+        "chat m [CLIENT app] +0.0ms 2.0ms  usage.output_tokens=3",
+        "└─ POST /v1/chat/completions [SERVER vllm] +1.0ms 2.0ms",
+        "   └─ chat m [INTERNAL] +1.0ms 2.0ms",
+    ]
