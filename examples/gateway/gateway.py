@@ -1,0 +1,211 @@
+"""A small OpenAI-compatible gateway in front of vLLM: API key -> tenant, W3C baggage, token metering.
+
+Run it under auto-instrumentation (see README.md); this file does no OpenTelemetry setup:
+
+    OTEL_SERVICE_NAME=llm-gateway opentelemetry-instrument uvicorn gateway:app --app-dir examples/gateway
+
+`python gateway.py hash-key KEY` prints the SHA-256 to put in the keys file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import sys
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import baggage, context, metrics, trace
+
+from otel_llm import semconv
+
+# Never forwarded: the client's credentials and trace context (the httpx instrumentation injects
+# the gateway's own), hop-by-hop headers, and the headers vLLM would prefer over our baggage
+# as tenant/scene (otel-llm's defaults), so a client cannot claim another tenant.
+DROPPED_HEADERS = {
+    "authorization", "traceparent", "tracestate", "baggage", "host", "content-length",
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "accept-encoding", "x-tenant-id", "x-scene",
+}
+
+meter = metrics.get_meter("otel_llm.examples.gateway")
+token_usage = meter.create_counter(
+    semconv.GATEWAY_TOKEN_USAGE, unit=semconv.UNIT_TOKEN,
+    description="Tokens billed by the gateway, from the upstream response's usage",
+)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_keys(path: str) -> list[tuple[bytes, str, str | None]]:
+    with open(path) as f:
+        entries = json.load(f)["keys"]
+    return [(bytes.fromhex(e["sha256"]), e["tenant"], e.get("scene")) for e in entries]
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    app.state.keys = load_keys(os.environ["GATEWAY_KEYS_FILE"])
+    timeout = httpx.Timeout(float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")), connect=10.0)
+    async with httpx.AsyncClient(base_url=os.environ["GATEWAY_UPSTREAM_URL"], timeout=timeout) as client:
+        app.state.client = client
+        yield
+
+
+app = FastAPI(title="llm-gateway", lifespan=lifespan)
+
+
+def authenticate(keys, authorization: str | None) -> tuple[str, str | None] | None:
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    digest = hashlib.sha256(key.strip().encode()).digest()
+    found = None
+    for stored, tenant, scene in keys:  # no early exit: same work for every key
+        if hmac.compare_digest(digest, stored):
+            found = (tenant, scene)
+    return found
+
+
+def error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def record_usage(usage, model, tenant: str, scene: str | None) -> None:
+    """Add the response's `usage` to the counter; nothing when there is none."""
+    if not isinstance(usage, dict):
+        return
+    attrs = {semconv.TENANT_ID: tenant}
+    if scene:
+        attrs[semconv.TENANT_SCENE] = scene
+    if isinstance(model, str):
+        attrs[semconv.GEN_AI_RESPONSE_MODEL] = model
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    for kind, value in ((semconv.TOKEN_TYPE_INPUT, usage.get("prompt_tokens")),
+                        (semconv.TOKEN_TYPE_CACHED_INPUT, cached),
+                        (semconv.TOKEN_TYPE_OUTPUT, usage.get("completion_tokens"))):
+        if isinstance(value, int):
+            token_usage.add(value, {**attrs, semconv.GEN_AI_TOKEN_TYPE: kind})
+
+
+class UsageScanner:
+    """Finds the SSE `data:` event carrying a non-null `usage`, line by line, without buffering."""
+
+    def __init__(self):
+        self.tail = b""
+        self.usage = self.model = None
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self.tail + chunk).split(b"\n")
+        self.tail = lines.pop()  # an incomplete line waits for the next chunk
+        for line in lines:
+            if line.startswith(b"data:") and b'"usage"' in line:
+                try:
+                    event = json.loads(line[5:])
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and event.get("usage"):
+                    self.usage, self.model = event["usage"], event.get("model")
+
+
+class Passthrough(StreamingResponse):
+    """Relays the upstream body unchanged, meters its usage event, and always closes the upstream
+    response: at the end, on error, and when the client goes away (vLLM then sees the disconnect
+    and aborts the request)."""
+
+    def __init__(self, upstream: httpx.Response, tenant: str, scene: str | None):
+        self.upstream, self.tenant, self.scene = upstream, tenant, scene
+        self.scanner = UsageScanner()
+        headers = {"content-type": upstream.headers.get("content-type", "text/event-stream")}
+        super().__init__(self.relay(), status_code=upstream.status_code, headers=headers)
+
+    async def relay(self):
+        async for chunk in self.upstream.aiter_raw():
+            self.scanner.feed(chunk)
+            yield chunk
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):  # the close must run even when cancelled
+                await self.body_iterator.aclose()
+                await self.upstream.aclose()
+            record_usage(self.scanner.usage, self.scanner.model, self.tenant, self.scene)
+
+
+async def proxy(request: Request) -> Response:
+    who = authenticate(request.app.state.keys, request.headers.get("authorization"))
+    if who is None:
+        return error(401, "Invalid or missing API key.", "authentication_error")
+    tenant, scene = who
+    span = trace.get_current_span()  # the FastAPI instrumentation's SERVER span
+    span.set_attribute(semconv.TENANT_ID, tenant)
+    if scene:
+        span.set_attribute(semconv.TENANT_SCENE, scene)
+
+    body = await request.body()
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        payload = None  # upstream answers malformed JSON itself
+    payload = payload if isinstance(payload, dict) else {}
+    if isinstance(payload.get("model"), str):
+        span.set_attribute(semconv.GEN_AI_REQUEST_MODEL, payload["model"])
+    stream = payload.get("stream") is True
+
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_HEADERS}
+    headers["accept-encoding"] = "identity"  # relay and scan plain bytes
+    if os.environ.get("GATEWAY_UPSTREAM_API_KEY"):
+        headers["authorization"] = "Bearer " + os.environ["GATEWAY_UPSTREAM_API_KEY"]
+    client: httpx.AsyncClient = request.app.state.client
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    upstream_request = client.build_request(request.method, path, content=body, headers=headers)
+
+    # Tenant and scene as W3C baggage on the upstream call; the client's own baggage is dropped
+    # (it is untrusted). The httpx instrumentation injects `baggage` beside `traceparent`.
+    ctx = baggage.set_baggage(semconv.TENANT_ID, tenant, baggage.clear())
+    if scene:
+        ctx = baggage.set_baggage(semconv.TENANT_SCENE, scene, ctx)
+    token = context.attach(ctx)
+    try:
+        upstream = await client.send(upstream_request, stream=stream)
+    except httpx.HTTPError as exc:
+        return error(502, f"Upstream request failed: {type(exc).__name__}", "upstream_error")
+    finally:
+        context.detach(token)
+
+    if stream and upstream.status_code == 200:
+        return Passthrough(upstream, tenant, scene)
+    if stream:  # an error answered to a stream request is a plain body
+        await upstream.aread()
+        await upstream.aclose()
+    if upstream.status_code == 200 and request.method == "POST":
+        try:
+            data = upstream.json()
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            record_usage(data.get("usage"), data.get("model"), tenant, scene)
+    content_type = upstream.headers.get("content-type", "application/json")
+    return Response(upstream.content, status_code=upstream.status_code, headers={"content-type": content_type})
+
+
+for _path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+    app.add_api_route(_path, proxy, methods=["POST"])
+app.add_api_route("/v1/models", proxy, methods=["GET"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "hash-key":
+        key = sys.stdin.readline().strip() if sys.argv[2] == "-" else sys.argv[2]
+        print(hash_key(key))
+    else:
+        sys.exit("usage: python gateway.py hash-key KEY   (KEY '-' reads it from stdin)")
