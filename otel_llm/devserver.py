@@ -101,3 +101,74 @@ def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms:
     if service_name:
         env["OTEL_SERVICE_NAME"] = service_name
     return env
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GATEWAY_DIR = REPO_ROOT / "examples" / "gateway"
+APP_PATH = REPO_ROOT / "examples" / "app" / "app.py"
+
+
+class GatewayServer:
+    """The example gateway (examples/gateway) under `opentelemetry-instrument uvicorn`."""
+
+    def __init__(self, upstream_url: str, keys_file: Path, env=None, log_path: Path | None = None,
+                 upstream_api_key: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.env = {**os.environ, "GATEWAY_UPSTREAM_URL": upstream_url, "GATEWAY_KEYS_FILE": str(keys_file),
+                    **({"GATEWAY_UPSTREAM_API_KEY": upstream_api_key} if upstream_api_key else {}), **(env or {})}
+        self.command = [bin_path("opentelemetry-instrument"), bin_path("uvicorn"), "gateway:app",
+                        "--app-dir", str(GATEWAY_DIR), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "GatewayServer":
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.process.returncode}; log: {self.log_path}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"gateway not listening after {timeout}s; log: {self.log_path}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def write_keys_file(path: Path, keys: dict[str, tuple[str, str | None]]) -> Path:
+    """keys: API key -> (tenant, scene). Only SHA-256 hashes are written."""
+    import hashlib
+    import json
+
+    entries = [{"sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": tenant,
+                **({"scene": scene} if scene else {})} for key, (tenant, scene) in keys.items()]
+    path.write_text(json.dumps({"keys": entries}))
+    return path
+
+
+def run_app(call: str, base_url: str, api_key: str, env=None, model: str | None = None,
+            timeout: float = 120.0) -> list[dict]:
+    """examples/app/app.py CALL under `opentelemetry-instrument`; its JSON lines."""
+    import json
+
+    full_env = {**os.environ, "APP_BASE_URL": base_url, "APP_API_KEY": api_key,
+                **({"APP_MODEL": model} if model else {}), **(env or {})}
+    result = subprocess.run([bin_path("opentelemetry-instrument"), sys.executable, str(APP_PATH), call],
+                            env=full_env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"app.py {call} exited with {result.returncode}:\n{result.stderr}")
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

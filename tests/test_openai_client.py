@@ -15,7 +15,6 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv
-from otel_llm.openai import OpenAIInstrumentor
 
 API_KEY = "sk-test-secret-key-4f1d2a"
 HELLO = [{"role": "user", "content": "Say this is a test"}]

@@ -203,6 +203,22 @@ for _path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
 app.add_api_route("/v1/models", proxy, methods=["GET"])
 
 
+def _quiet_http_spans(app: FastAPI) -> None:
+    """Under `opentelemetry-instrument` every FastAPI app also gets an `http send` span per ASGI
+    message: one per relayed chunk, 2,000 spans for a 2,000-token stream. Re-instrument this app
+    without them. Without auto-instrumentation nothing happens here."""
+    if not getattr(app, "_is_instrumented_by_opentelemetry", False):
+        return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.uninstrument_app(app)
+    app.middleware_stack = None  # uninstrument_app built it without OTel; rebuild on first request
+    FastAPIInstrumentor.instrument_app(app, exclude_spans=["receive", "send"])
+
+
+_quiet_http_spans(app)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "hash-key":
         key = sys.stdin.readline().strip() if sys.argv[2] == "-" else sys.argv[2]
