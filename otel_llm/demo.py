@@ -1,5 +1,9 @@
-"""`make demo`: the tiny model on CPU under `opentelemetry-instrument vllm serve`, a chat
-request and a streaming completion, and each resulting trace printed as a tree."""
+"""`make demo`: one trace from an app through a gateway into the vLLM engine, printed as a tree.
+
+Starts, on CPU with the tiny model: `opentelemetry-instrument vllm serve`, the example gateway
+(examples/gateway, API key -> tenant) and the example app (examples/app, the OpenAI client under
+`opentelemetry-instrument`), all exporting OTLP to a receiver in this process.
+"""
 
 from __future__ import annotations
 
@@ -9,80 +13,66 @@ import time
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.devserver import VLLMServer, otlp_env
+from otel_llm.devserver import GatewayServer, VLLMServer, otlp_env, run_app, write_keys_file
 from otel_llm.otlp_receiver import Receiver
 from otel_llm.trace_tree import render
 
-
-def _client_tracer(endpoint: str):
-    """A tracer of our own, so the demo's requests carry a traceparent like a real app's."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
-    provider = TracerProvider(resource=Resource.create({"service.name": "demo-app"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
-    return provider.get_tracer("otel_llm.demo")
+APP_SERVICE = "llm-app"
+DEMO_KEY = "sk-demo-acme"  # the gateway maps it to tenant acme, scene support
 
 
-def _wait_for_trace(receiver: Receiver, trace_id: str, timeout: float = 15.0):
+def _trace_of(receiver: Receiver, response_id: str, timeout: float = 20.0):
+    """The trace whose app CLIENT span got this response id, once the engine's phases are in."""
+
     def done(rx):
-        spans = rx.traces().get(trace_id, [])
-        servers = [s for s in spans if s.kind == "SERVER"]
-        return spans if servers and any(s.name in semconv.PHASE_SPANS or s.status == "ERROR" for s in spans) else None
+        for spans in rx.traces().values():
+            if any(s.kind == "CLIENT" and s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id
+                   and s.resource.get("service.name") == APP_SERVICE for s in spans) \
+                    and len([s for s in spans if s.name in semconv.PHASE_SPANS]) >= 3:
+                return spans
+        return None
 
     try:
         return receiver.wait_for(done, timeout)
     except TimeoutError:
-        return receiver.traces().get(trace_id, [])
+        return next((spans for spans in receiver.traces().values()
+                     if any(s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id for s in spans)), [])
 
 
 def main() -> int:
-    import openai
-    from opentelemetry import propagate
-
-    log = Path(tempfile.gettempdir()) / "otel-llm-demo-vllm.log"
+    work = Path(tempfile.mkdtemp(prefix="otel-llm-demo-"))
     with Receiver() as receiver:
         print(f"OTLP receiver on {receiver.endpoint}; starting `opentelemetry-instrument vllm serve` "
-              f"(tiny model, CPU; ~40 s; log: {log})", flush=True)
-        server = VLLMServer(env=otlp_env(receiver.endpoint), log_path=log,
+              f"(tiny model, CPU; ~40 s; logs in {work})", flush=True)
+        server = VLLMServer(env=otlp_env(receiver.endpoint), log_path=work / "vllm.log",
                             extra_args=["--enable-prompt-tokens-details"])
         started = time.monotonic()
         server.start()
-        print(f"server ready in {time.monotonic() - started:.0f} s at {server.url}\n", flush=True)
-        tracer = _client_tracer(receiver.endpoint)
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="demo-key", max_retries=0)
-        traces = []
+        keys = write_keys_file(work / "keys.json", {DEMO_KEY: ("acme", "support")})
+        gateway = GatewayServer(server.url, keys, log_path=work / "gateway.log",
+                                env=otlp_env(receiver.endpoint, service_name=semconv.GATEWAY_SERVICE_NAME))
         try:
-            with tracer.start_as_current_span("demo chat request") as span:
-                headers: dict[str, str] = {}
-                propagate.inject(headers)
-                reply = client.chat.completions.create(
-                    model=server.served_model_name,
-                    messages=[{"role": "user", "content": "How many tokens did this request use?"}],
-                    max_tokens=16, temperature=0, extra_headers={**headers, "x-tenant-id": "acme"},
-                )
-                traces.append(("chat completion", format(span.get_span_context().trace_id, "032x"), reply.usage))
-            with tracer.start_as_current_span("demo streaming request") as span:
-                headers = {}
-                propagate.inject(headers)
-                stream = client.completions.create(
-                    model=server.served_model_name, prompt="Queue, prefill and decode:", max_tokens=24,
-                    stream=True, stream_options={"include_usage": True}, extra_headers=headers,
-                    extra_body={"ignore_eos": True},
-                )
-                usage = [chunk.usage for chunk in stream][-1]
-                traces.append(("streaming completion", format(span.get_span_context().trace_id, "032x"), usage))
-            for title, trace_id, usage in traces:
-                spans = _wait_for_trace(receiver, trace_id)
-                print(f"== {title}: trace {trace_id}")
-                print(f"   usage in the response: prompt={usage.prompt_tokens} completion={usage.completion_tokens}")
+            gateway.start()
+            print(f"vLLM ready at {server.url} and gateway at {gateway.url} in {time.monotonic() - started:.0f} s",
+                  flush=True)
+            print("running `opentelemetry-instrument python examples/app/app.py` (chat, then a stream)\n", flush=True)
+            calls = []
+            for call in ("chat", "stream"):
+                calls += run_app(call, gateway.url + "/v1", DEMO_KEY, model=server.served_model_name,
+                                 env=otlp_env(receiver.endpoint, service_name=APP_SERVICE))
+            for line in calls:
+                spans = _trace_of(receiver, line["response_id"])
+                usage = line["usage"] or {}
+                trace_id = spans[0].trace_id if spans else "?"
+                print(f"== app call `{line['call']}`: trace {trace_id}")
+                print(f"   usage the app was billed: prompt={usage.get('prompt_tokens')} "
+                      f"completion={usage.get('completion_tokens')}")
                 print(render(spans))
                 print()
         finally:
+            gateway.stop()
             server.stop()
-    print("Point the exporter at a real collector, Jaeger or Tempo instead:\n"
+    print("Point the exporters at a real collector, Jaeger or Tempo instead:\n"
           "  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 opentelemetry-instrument vllm serve MODEL")
     return 0
 
