@@ -11,6 +11,8 @@ does not count. Each variant runs in a fresh subprocess (instrumentations patch 
     otel-llm     otel_llm.openai.OpenAIInstrumentor (this repository)
     official     opentelemetry-instrumentation-genai-openai (on opentelemetry-util-genai)
     openai-v2    opentelemetry-instrumentation-openai-v2 (the deprecated contrib one)
+    official+httpx  official plus HTTPX2ClientInstrumentor: what the official instrumentation needs
+                 to put the trace context on the request (ours and OpenLLMetry's inject it themselves)
     openllmetry  opentelemetry-instrumentation-openai (Traceloop's OpenLLMetry)
 
 Peers are installed by this script, each into its own `.cache/bench-peers/<variant>` directory
@@ -69,6 +71,9 @@ class Variant:
     dists: list[str] = field(default_factory=list)  # versions to report
     env: dict[str, str] = field(default_factory=dict)
     floor: bool = False  # no instrumentation: the SDK alone makes the span and metrics (see worker)
+    # also HTTPX2ClientInstrumentor: how the peers that do not inject the trace context themselves
+    # get it onto the request (one more span per call)
+    with_httpx: bool = False
 
     @property
     def instrumented(self) -> bool:
@@ -88,6 +93,10 @@ VARIANTS = {
                          # `opentelemetry.util.genai.instruments` module 2.4b0 imports; 1.1b0 is the last with it
                          ["opentelemetry-instrumentation-openai-v2==2.4b0", "opentelemetry-util-genai==1.1b0"],
                          ["opentelemetry-instrumentation-openai-v2", "opentelemetry-util-genai"]),
+    "official+httpx": Variant("opentelemetry.instrumentation.genai.openai",
+                              ["opentelemetry-instrumentation-genai-openai==1.3b0", "opentelemetry-util-genai==1.3b0"],
+                              ["opentelemetry-instrumentation-genai-openai", "opentelemetry-util-genai"],
+                              with_httpx=True),
     "openllmetry": Variant("opentelemetry.instrumentation.openai",
                            ["opentelemetry-instrumentation-openai==0.62.4",
                             "opentelemetry-semantic-conventions-ai>=0.5.1,<0.6"],
@@ -283,6 +292,10 @@ def worker(args) -> int:
         try:
             if instrumentor_cls:
                 instrumentor_cls().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+            if spec.with_httpx:
+                from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+
+                HTTPX2ClientInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
         except Exception as e:  # noqa: BLE001
             proto.write("SKIP " + json.dumps(f"instrument() failed: {type(e).__name__}: {e}") + "\n")
             return 3
@@ -664,6 +677,37 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
             words.append(f"{what} {best} ({added * 1e6:+.{1 + i}f} us, x{ratio:.2f})"
                          + (f", within noise of {', '.join(tied)}" if tied else ""))
         print("Cheapest instrumented variant: " + "; ".join(words) + ".")
+    if "otel-llm" in done:
+        print(f"otel-llm's stream proxy alone, in process (no HTTP, no parsing): {_proxy_ns_per_chunk():.0f} ns per "
+              "chunk: per-chunk costs that small are below this benchmark's resolution.")
+
+
+def _proxy_ns_per_chunk(n: int = 200_000) -> float:
+    """Added time per chunk of otel_llm.openai's StreamProxy over the same parsed chunk, in ns."""
+    sys.path.insert(0, str(ROOT))
+    from openai.types.chat import ChatCompletionChunk
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_llm.openai.streams import StreamProxy
+    from otel_llm.openai.telemetry import ClientSettings, ClientTelemetry, Invocation
+
+    telemetry = ClientTelemetry(TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench"),
+                                ClientSettings())
+    chunk = ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}], "usage": None})
+
+    def per_chunk(wrap: bool) -> float:
+        stream = iter([chunk] * n)
+        if wrap:
+            stream = StreamProxy(stream, Invocation(telemetry, "chat", None, None, {"model": MODEL, "stream": True}))
+        start = time.perf_counter()
+        for _ in stream:
+            pass
+        return (time.perf_counter() - start) / n * 1e9
+
+    return statistics.median(per_chunk(True) - per_chunk(False) for _ in range(3))
 
 
 def _sizes(args) -> dict[str, int]:
