@@ -303,6 +303,21 @@ def test_app_to_gateway_to_engine_is_one_trace(vllm, gateway, receiver):
     assert ours.status == "ERROR"
     assert ours.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
     assert ours.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == 2
+    # the engine's token metric for the app's tenant: what the app was billed, plus what the engine
+    # generated for the stream it abandoned (no usage reached the app for that one)
+    engine = Counter()
+    for line, span in ((chat, None), (stream, None), (stop_early, genai)):
+        usage = line["usage"] or {"prompt_tokens": span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+                                  "completion_tokens": span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]}
+        engine[semconv.TOKEN_TYPE_INPUT] += usage["prompt_tokens"]
+        engine[semconv.TOKEN_TYPE_OUTPUT] += usage["completion_tokens"]
+
+    def engine_tokens(rx):
+        found = _sums(rx, semconv.SERVER_TOKEN_USAGE, ["initech"])
+        return found if all(found[("initech", k)] == v for k, v in engine.items()) else None
+
+    receiver.wait_for(engine_tokens, timeout=20)
+
     # the app's token metrics equal what it was billed
     def client_tokens(rx):
         found = Counter()

@@ -239,7 +239,7 @@ def test_responses_api(otel, server, client):
     assert span.name == "chat gpt-4o-mini"
     assert span.attributes[semconv.OPENAI_API_TYPE] == semconv.OPENAI_API_TYPE_RESPONSES
     assert span.attributes[semconv.GEN_AI_RESPONSE_ID] == result.id
-    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("completed",)
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)  # status completed
     assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.input_tokens
     assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.output_tokens
     assert span.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == \

@@ -119,12 +119,20 @@ def error_type(exc: BaseException) -> str:
     return type(exc).__qualname__
 
 
+# Responses API status -> a cross-provider finish reason (as the official instrumentation maps it)
+_INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
 def _finish_reason_of_response(response) -> list[str]:
     status = getattr(response, "status", None)
+    if status == "completed":
+        return ["stop"]
+    if status in ("failed", "cancelled"):
+        return [semconv.FINISH_REASON_ERROR]
     if status == "incomplete":
         reason = getattr(getattr(response, "incomplete_details", None), "reason", None)
-        return [reason or status]
-    return [status] if isinstance(status, str) else []
+        return [_INCOMPLETE_REASONS.get(reason, reason) if reason else status]
+    return []
 
 
 class Invocation:
