@@ -228,10 +228,11 @@ def stop_after_two_chunks(vllm, gateway, receiver):
 
 
 def test_client_stopping_early_aborts_vllm_request_in_same_trace(vllm, gateway, receiver):
-    # Up to 3 tries: on this machine's loopback (64 KiB MTU, 2 busy cores) a TCP stream whose reader
-    # fell behind can stall for seconds; if the first chunks reach the client only after vLLM has
-    # generated everything, there is nothing left to abort. A gateway that does not release the
-    # upstream stream when its client leaves fails every try.
+    # Up to 3 tries. Through the gateway, about 1 early stop in 30 on this 2-core VM is not seen by
+    # vLLM before it has generated everything: seen once as the gateway noticing its client leave
+    # only when the upstream stream ended, once as the relay stalling ~4 s before the first chunks
+    # reached the client (cause not found; direct to vLLM it has not happened). A gateway that
+    # does not release the upstream stream when its client leaves fails every try.
     tries = []
     for _ in range(3):
         genai = stop_after_two_chunks(vllm, gateway, receiver)
