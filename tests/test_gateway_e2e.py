@@ -231,7 +231,8 @@ def test_client_stopping_early_aborts_vllm_request_in_same_trace(vllm, gateway, 
     # Up to 3 tries. Through the gateway, about 1 early stop in 30 on this 2-core VM is not seen by
     # vLLM before it has generated everything: seen once as the gateway noticing its client leave
     # only when the upstream stream ended, once as the relay stalling ~4 s before the first chunks
-    # reached the client (cause not found; direct to vLLM it has not happened). A gateway that
+    # reached the client (cause not found; not seen in the tests that stop a stream sent by vLLM
+    # directly, which ran far fewer times). A gateway that
     # does not release the upstream stream when its client leaves fails every try.
     tries = []
     for _ in range(3):
