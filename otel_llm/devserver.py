@@ -27,7 +27,55 @@ def bin_path(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-class VLLMServer:
+class ServerProcess:
+    """A server subprocess in its own session: started, polled until ready, stopped with its children."""
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path | None
+    url: str
+    process: subprocess.Popen | None = None
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60.0):
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; log: {self.log_path}")
+            try:
+                if self.ready():
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready after {timeout}s; log: {self.log_path}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, self.stop_signal)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class VLLMServer(ServerProcess):
     """`[opentelemetry-instrument] vllm serve MODEL ...` as a subprocess on a free port."""
 
     def __init__(self, *, instrumented: bool = True, extra_args=(), env=None, model_dir: Path | None = None,
@@ -44,41 +92,17 @@ class VLLMServer:
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                     "DO_NOT_TRACK": "1", **(env or {})}
         self.log_path = log_path
-        self.process: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
+    name = "vllm serve"
+    stop_signal = signal.SIGINT
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+            return r.status == 200
+
     def start(self, timeout: float = 240.0) -> "VLLMServer":
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"vllm serve not ready after {timeout}s; log: {self.log_path}")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGINT)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+        return super().start(timeout)
 
     def pids(self) -> list[int]:
         """The server's processes: the main one and its descendants."""
@@ -108,8 +132,10 @@ GATEWAY_DIR = REPO_ROOT / "examples" / "gateway"
 APP_PATH = REPO_ROOT / "examples" / "app" / "app.py"
 
 
-class GatewayServer:
+class GatewayServer(ServerProcess):
     """The example gateway (examples/gateway) under `opentelemetry-instrument uvicorn`."""
+
+    name = "gateway"
 
     def __init__(self, upstream_url: str, keys_file: Path, env=None, log_path: Path | None = None,
                  upstream_api_key: str | None = None):
@@ -120,33 +146,10 @@ class GatewayServer:
                     **({"GATEWAY_UPSTREAM_API_KEY": upstream_api_key} if upstream_api_key else {}), **(env or {})}
         self.command = [bin_path("opentelemetry-instrument"), bin_path("uvicorn"), "gateway:app",
                         "--app-dir", str(GATEWAY_DIR), "--host", "127.0.0.1", "--port", str(self.port)]
-        self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "GatewayServer":
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.process.returncode}; log: {self.log_path}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"gateway not listening after {timeout}s; log: {self.log_path}")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+    def ready(self) -> bool:
+        socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        return True
 
 
 def write_keys_file(path: Path, keys: dict[str, tuple[str, str | None]]) -> Path:
