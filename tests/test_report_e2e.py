@@ -1,0 +1,170 @@
+"""`otel-llm report` on real data: the instrumented vLLM CPU server serving our token counter on its
+own /metrics, a real Prometheus (Debian package) scraping it every second, several tenants
+(non-stream, n=2, streams, a prefix-cache hit, an aborted stream). The report must equal, per
+tenant and model, the `usage` the responses carried, and per model vLLM's own token counters."""
+
+import io
+import json
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+from conftest import start_server
+from helpers import LONG_PROMPT
+
+from otel_llm import report, semconv
+from otel_llm.devserver import PrometheusServer
+from otel_llm.tiny_model import MODEL_NAME
+
+
+
+@pytest.fixture(scope="module")
+def vllm(receiver, tmp_path_factory):
+    srv = start_server(receiver, tmp_path_factory, "report", extra_args=["--enable-prompt-tokens-details"],
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(vllm, tmp_path_factory):
+    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"))
+    prom.start()
+    yield prom
+    prom.stop()
+
+
+@pytest.fixture(scope="module")
+def traffic(vllm, prometheus):
+    """Requests per tenant; returns the usage the responses reported, per (tenant, token type)."""
+    started = time.time()
+    billed = Counter()
+    client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-report", max_retries=0)
+
+    def book(tenant, usage):
+        billed[(tenant, semconv.TOKEN_TYPE_INPUT)] += usage.prompt_tokens
+        billed[(tenant, semconv.TOKEN_TYPE_OUTPUT)] += usage.completion_tokens
+        details = usage.prompt_tokens_details
+        billed[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)] += (details.cached_tokens if details else 0) or 0
+
+    alpha = {"x-tenant-id": "alpha", "x-scene": "search"}
+    book("alpha", client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=7, extra_headers=alpha).usage)
+    two = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "two"}],
+                                         max_tokens=5, n=2, extra_headers=alpha).usage
+    book("alpha", two)
+    beta = {"x-tenant-id": "beta", "x-scene": "chatbot"}
+    for _ in range(2):  # the second one hits the prefix cache
+        chunks = list(client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=6, stream=True,
+                                                stream_options={"include_usage": True}, extra_headers=beta))
+        book("beta", chunks[-1].usage)
+    assert billed[("beta", semconv.TOKEN_TYPE_CACHED_INPUT)] > 0
+    # gamma stops reading a long stream: no usage reaches it, the engine still counted its tokens
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "long"}], "max_tokens": 400,
+            "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"x-tenant-id": "gamma", "x-scene": "batch"}) as response:
+        for index, _ in enumerate(response.iter_lines()):
+            if index == 6:
+                break
+    time.sleep(0.5)
+    # vLLM's own vllm:prompt_tokens_total counts an n=2 request's prompt twice (once per choice);
+    # usage, and so billing, counts it once
+    return SimpleNamespace(billed=billed, started=started, prompt_counted_twice=two.prompt_tokens)
+
+
+def run_report(prometheus, *argv, now=None):
+    parser_args = ["report", "--prometheus", prometheus.url, *argv]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    report.add_arguments(sub.add_parser("report"))
+    args = parser.parse_args(parser_args)
+    out, err = io.StringIO(), io.StringIO()
+    code = report.run(args, now=now or time.time(), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def vllm_total(prometheus, name):
+    return sum(int(float(r["value"][1])) for r in prometheus.query(name))
+
+
+def report_rows(prometheus, traffic, *extra):
+    code, out, err = run_report(prometheus, "--start", str(int(traffic.started) - 60), "--format", "json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_report_equals_usage_per_tenant_and_vllm_counters_per_model(prometheus, traffic):
+    expected_models = {
+        semconv.TOKEN_TYPE_INPUT: "vllm:prompt_tokens_total",
+        semconv.TOKEN_TYPE_OUTPUT: "vllm:generation_tokens_total",
+        semconv.TOKEN_TYPE_CACHED_INPUT: "vllm:prompt_tokens_cached_total",
+    }
+
+    def settled():
+        data = report_rows(prometheus, traffic, "--by", "tenant,model")
+        got = {(r["tenant"], t): n for r in data["rows"] for t, n in r["tokens"].items()}
+        ok = all(got.get(k) == v for k, v in traffic.billed.items())
+        totals = dict(data["total"]["tokens"])
+        totals[semconv.TOKEN_TYPE_INPUT] += traffic.prompt_counted_twice
+        engine = {t: vllm_total(prometheus, name) for t, name in expected_models.items()}
+        return (data, got) if ok and totals == engine else None
+
+    deadline = time.monotonic() + 30
+    result = settled()
+    while result is None and time.monotonic() < deadline:
+        time.sleep(1)
+        result = settled()
+    data = report_rows(prometheus, traffic, "--by", "tenant,model")
+    engine = {t: vllm_total(prometheus, name) for t, name in expected_models.items()}
+    if result is None:
+        pytest.fail(json.dumps({"rows": data["rows"], "total": data["total"], "engine": engine,
+                                "billed": {"/".join(k): v for k, v in traffic.billed.items()}}))
+    data, got = result
+    assert {r["model"] for r in data["rows"]} == {MODEL_NAME}
+    for key, tokens in traffic.billed.items():
+        assert got[key] == tokens, key
+    # gamma: no usage reached it, but the engine counted its prompt and what it generated
+    assert got[("gamma", semconv.TOKEN_TYPE_OUTPUT)] > 0
+    assert got[("gamma", semconv.TOKEN_TYPE_INPUT)] > 0
+
+
+def test_report_by_scene_and_day_with_prices(prometheus, traffic, tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"currency": "EUR", "models": {
+        MODEL_NAME: {"input": 2.0, "cached_input": 0.5, "output": 8.0}}}))
+    data = report_rows(prometheus, traffic, "--by", "tenant,scene,model,day", "--prices", str(prices))
+    assert data["currency"] == "EUR"
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    beta = [r for r in data["rows"] if r["tenant"] == "beta"]
+    assert [(r["scene"], r["day"]) for r in beta] == [("chatbot", today)]
+    t = beta[0]["tokens"]
+    assert t == {k[1]: v for k, v in traffic.billed.items() if k[0] == "beta"}
+    uncached = t["input"] - t["cached_input"]
+    assert beta[0]["cost"] == pytest.approx((uncached * 2.0 + t["cached_input"] * 0.5 + t["output"] * 8.0) / 1e6)
+    assert beta[0]["cache_savings"] == pytest.approx(t["cached_input"] * 1.5 / 1e6)
+    assert data["total"]["cost"] == pytest.approx(sum(r["cost"] for r in data["rows"]))
+
+
+def test_report_table_and_csv(prometheus, traffic):
+    code, out, _ = run_report(prometheus, "--start", str(int(traffic.started) - 60), "--by", "tenant",
+                              "--format", "csv")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0] == "tenant,input,cached_input,output"
+    assert lines[-1].startswith("TOTAL,")
+    alpha = [line for line in lines if line.startswith("alpha,")][0].split(",")
+    assert [int(x) for x in alpha[1:]] == [traffic.billed[("alpha", t)] for t in report.TOKEN_TYPES]
+    code, out, _ = run_report(prometheus, "--start", str(int(traffic.started) - 60), "--by", "tenant")
+    assert code == 0 and "alpha" in out and "TOTAL" in out
+
+
+def test_report_of_a_window_before_the_traffic_is_empty(prometheus, traffic):
+    data = report_rows(prometheus, SimpleNamespace(started=traffic.started - 3600), "--end",
+                       str(int(traffic.started) - 1800))
+    assert data["rows"] == [] and data["total"]["tokens"] == dict.fromkeys(report.TOKEN_TYPES, 0)
