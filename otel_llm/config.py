@@ -36,6 +36,11 @@ class Settings:
     scene_headers: tuple[str, ...] = ("x-scene",)
     tenant_baggage_keys: tuple[str, ...] = (semconv.TENANT_ID,)
     scene_baggage_keys: tuple[str, ...] = (semconv.TENANT_SCENE,)
+    cost_center_headers: tuple[str, ...] = ("x-cost-center",)
+    cost_center_baggage_keys: tuple[str, ...] = (semconv.TENANT_COST_CENTER,)
+    # JSON {"keys": [{"sha256": hex, "tenant": .., "scene": .., "cost_center": ..}]}: the API key in
+    # `Authorization: Bearer` names the tenant (before headers and baggage); keys are stored hashed
+    api_keys_file: str | None = None
     # Metric label guard: values in the allow-list keep their name; otherwise the first
     # `label_limit` distinct values seen keep theirs and the rest become "other".
     label_allow_list: tuple[str, ...] = ()
@@ -50,6 +55,9 @@ class Settings:
             scene_headers=_env_list("OTEL_LLM_SCENE_HEADERS", "x-scene"),
             tenant_baggage_keys=_env_list("OTEL_LLM_TENANT_BAGGAGE_KEYS", semconv.TENANT_ID),
             scene_baggage_keys=_env_list("OTEL_LLM_SCENE_BAGGAGE_KEYS", semconv.TENANT_SCENE),
+            cost_center_headers=_env_list("OTEL_LLM_COST_CENTER_HEADERS", "x-cost-center"),
+            cost_center_baggage_keys=_env_list("OTEL_LLM_COST_CENTER_BAGGAGE_KEYS", semconv.TENANT_COST_CENTER),
+            api_keys_file=os.environ.get("OTEL_LLM_API_KEYS_FILE") or None,
             label_allow_list=_env_list("OTEL_LLM_METRIC_LABEL_ALLOW_LIST"),
             label_limit=_env_int("OTEL_LLM_METRIC_LABEL_LIMIT", 50),
             phase_spans=_env_bool("OTEL_LLM_PHASE_SPANS", True),
@@ -81,3 +89,18 @@ class LabelGuard:
                 self._seen.add(value)
                 return value
         return semconv.LABEL_OTHER
+
+
+def load_api_keys(path: str) -> dict[str, tuple[str, str | None, str | None]]:
+    """sha256 hex digest of an API key -> (tenant, scene, cost center). Raises ValueError."""
+    import json
+
+    with open(path) as f:
+        entries = json.load(f)["keys"]
+    keys = {}
+    for entry in entries:
+        digest = str(entry["sha256"]).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"not a sha256 hex digest: {digest[:12]}...")
+        keys[digest] = (str(entry["tenant"]), entry.get("scene"), entry.get("cost_center"))
+    return keys

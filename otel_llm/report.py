@@ -28,6 +28,7 @@ TOKEN_METRIC = semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, semconv.UNIT_
 DIMENSIONS = {
     "tenant": semconv.prometheus_name(semconv.TENANT_ID),
     "scene": semconv.prometheus_name(semconv.TENANT_SCENE),
+    "cost_center": semconv.prometheus_name(semconv.TENANT_COST_CENTER),
     "model": semconv.prometheus_name(semconv.GEN_AI_REQUEST_MODEL),
     "operation": semconv.prometheus_name(semconv.GEN_AI_OPERATION_NAME),
     "instance": "instance",

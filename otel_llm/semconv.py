@@ -94,6 +94,7 @@ VLLM_PHASE_TIMING_UNAVAILABLE = "vllm.latency.unavailable"
 # Tenant attribution (spans carry the full value; metric labels are capped, see config)
 TENANT_ID = "tenant.id"
 TENANT_SCENE = "tenant.scene"
+TENANT_COST_CENTER = "tenant.cost_center"
 LABEL_OTHER = "other"
 
 # Resource attributes
@@ -116,6 +117,13 @@ SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
 SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 SERVER_TOKEN_USAGE = "gen_ai.server.token.usage"
+# requests by outcome (no convention exists): finished, aborted (client gone), error
+SERVER_REQUESTS = "otel_llm.server.requests"
+UNIT_REQUEST = "{request}"
+REQUEST_OUTCOME = "otel_llm.request.outcome"
+OUTCOME_FINISHED = "finished"
+OUTCOME_ABORTED = "aborted"
+OUTCOME_ERROR = "error"
 CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
 CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
 CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"

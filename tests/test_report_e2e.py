@@ -5,6 +5,7 @@ tenant and model, the `usage` the responses carried, and per model vLLM's own to
 
 import io
 import json
+import secrets
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -16,15 +17,24 @@ from conftest import start_server
 from helpers import LONG_PROMPT
 
 from otel_llm import report, semconv
-from otel_llm.devserver import PrometheusServer
+from otel_llm.devserver import PrometheusServer, write_keys_file
 from otel_llm.tiny_model import MODEL_NAME
 
 
 
+DELTA_KEY = f"sk-delta-{secrets.token_hex(12)}"  # mapped to tenant delta by OTEL_LLM_API_KEYS_FILE
+
+
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "report", extra_args=["--enable-prompt-tokens-details"],
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm"})
+    keys = write_keys_file(tmp_path_factory.mktemp("keys") / "api-keys.json", {DELTA_KEY: ("delta", "ops")})
+    data = json.loads(keys.read_text())
+    data["keys"][0]["cost_center"] = "cc-42"
+    keys.write_text(json.dumps(data))
+    # --max-model-len 2048: a stream long enough to be abandoned while the engine still generates
+    srv = start_server(receiver, tmp_path_factory, "report",
+                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_API_KEYS_FILE": str(keys)})
     yield srv
     srv.stop()
 
@@ -50,7 +60,7 @@ def traffic(vllm, prometheus):
         details = usage.prompt_tokens_details
         billed[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)] += (details.cached_tokens if details else 0) or 0
 
-    alpha = {"x-tenant-id": "alpha", "x-scene": "search"}
+    alpha = {"x-tenant-id": "alpha", "x-scene": "search", "x-cost-center": "cc-7"}
     book("alpha", client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=7, extra_headers=alpha).usage)
     two = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "two"}],
@@ -63,13 +73,19 @@ def traffic(vllm, prometheus):
         book("beta", chunks[-1].usage)
     assert billed[("beta", semconv.TOKEN_TYPE_CACHED_INPUT)] > 0
     # gamma stops reading a long stream: no usage reaches it, the engine still counted its tokens
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "long"}], "max_tokens": 400,
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "long"}], "max_tokens": 1900,
             "stream": True, "ignore_eos": True}
     with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=60,
                       headers={"x-tenant-id": "gamma", "x-scene": "batch"}) as response:
         for index, _ in enumerate(response.iter_lines()):
             if index == 6:
                 break
+    # delta is named by its API key alone (the key map wins over headers); one of its calls fails
+    delta = openai.OpenAI(base_url=vllm.url + "/v1", api_key=DELTA_KEY, max_retries=0)
+    book("delta", delta.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "d"}],
+                                                max_tokens=4, extra_headers={"x-tenant-id": "spoofed"}).usage)
+    with pytest.raises(openai.NotFoundError):
+        delta.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "d"}])
     time.sleep(0.5)
     # vLLM's own vllm:prompt_tokens_total counts an n=2 request's prompt twice (once per choice);
     # usage, and so billing, counts it once
@@ -168,3 +184,29 @@ def test_report_of_a_window_before_the_traffic_is_empty(prometheus, traffic):
     data = report_rows(prometheus, SimpleNamespace(started=traffic.started - 3600), "--end",
                        str(int(traffic.started) - 1800))
     assert data["rows"] == [] and data["total"]["tokens"] == dict.fromkeys(report.TOKEN_TYPES, 0)
+
+
+def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic):
+    name = semconv.prometheus_name(semconv.SERVER_REQUESTS, counter=True)
+    outcome, tenant, cost_center = (semconv.prometheus_name(a) for a in (
+        semconv.REQUEST_OUTCOME, semconv.TENANT_ID, semconv.TENANT_COST_CENTER))
+    expected = {("alpha", "finished", "cc-7"): 2, ("beta", "finished", "-"): 2, ("gamma", "aborted", "-"): 1,
+                ("delta", "finished", "cc-42"): 1, ("delta", "error", "cc-42"): 1}
+
+    def counted():
+        found = {}
+        for r in prometheus.query(f"sum by ({tenant}, {outcome}, {cost_center}) ({name})"):
+            m = r["metric"]
+            found[(m.get(tenant), m.get(outcome), m.get(cost_center, "-"))] = int(float(r["value"][1]))
+        return found
+
+    deadline = time.monotonic() + 20
+    while counted() != expected and time.monotonic() < deadline:
+        time.sleep(1)
+    assert counted() == expected
+    data = report_rows(prometheus, traffic, "--by", "tenant,cost_center")
+    assert {(r["tenant"], r["cost_center"]) for r in data["rows"]} == {
+        ("alpha", "cc-7"), ("beta", "-"), ("gamma", "-"), ("delta", "cc-42")}
+    # the API key is only ever hashed: not in any series Prometheus holds
+    series = json.dumps(prometheus.query('{__name__=~".+"}'))
+    assert DELTA_KEY not in series and "spoofed" not in series

@@ -30,7 +30,7 @@ from otel_llm import semconv
 DROPPED_HEADERS = {
     "authorization", "traceparent", "tracestate", "baggage", "host", "content-length",
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "accept-encoding", "x-tenant-id", "x-scene",
+    "transfer-encoding", "upgrade", "accept-encoding", "x-tenant-id", "x-scene", "x-cost-center",
 }
 
 meter = metrics.get_meter("otel_llm.examples.gateway")

@@ -70,7 +70,7 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request) -> Reque
     if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
         top_k = None
     headers = getattr(raw_request, "headers", None)
-    tenant, scene = tel.tenant_from(headers)
+    tenant, scene, cost_center = tel.attribution(headers)
     return RequestInfo(
         operation=operation,
         model=get("model"),
@@ -84,6 +84,7 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request) -> Reque
         frequency_penalty=get("frequency_penalty"),
         presence_penalty=get("presence_penalty"),
         tenant=tenant,
+        cost_center=cost_center,
         scene=scene,
     )
 
@@ -362,8 +363,8 @@ def validation_rejection(tel: Telemetry):
         operation = _OPERATION_BY_PATH.get(request.url.path)
         if operation is None:
             return
-        tenant, scene = tel.tenant_from(request.headers)
-        record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene))
+        tenant, scene, cost_center = tel.attribution(request.headers)
+        record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center))
         error_type = str(getattr(response, "status_code", "400"))
         try:
             error_type = json.loads(response.body)["error"]["type"] or error_type

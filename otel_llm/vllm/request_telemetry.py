@@ -8,6 +8,7 @@ nothing here runs per output token.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from contextvars import ContextVar
@@ -19,7 +20,7 @@ from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv
-from otel_llm.config import LabelGuard, Settings
+from otel_llm.config import LabelGuard, Settings, load_api_keys
 
 _log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class RequestInfo:
     presence_penalty: float | None = None
     tenant: str | None = None
     scene: str | None = None
+    cost_center: str | None = None
 
     @property
     def generates(self) -> bool:
@@ -66,6 +68,7 @@ class RequestInfo:
             (semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, self.presence_penalty),
             (semconv.TENANT_ID, self.tenant),
             (semconv.TENANT_SCENE, self.scene),
+            (semconv.TENANT_COST_CENTER, self.cost_center),
         )
         for key, value in optional:
             if value is not None:
@@ -92,6 +95,13 @@ class Telemetry:
         self.settings = settings
         self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
+        self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit)
+        self.api_keys = _load_api_keys(settings.api_keys_file)
+        self.requests = meter.create_counter(
+            semconv.SERVER_REQUESTS,
+            unit=semconv.UNIT_REQUEST,
+            description="Requests by outcome (finished, aborted, error), model, tenant and scene.",
+        )
         self.label_failed_model = LabelGuard(limit=20)
         self.request_duration = meter.create_histogram(
             semconv.SERVER_REQUEST_DURATION,
@@ -125,13 +135,15 @@ class Telemetry:
         self.by_engine_id: dict[str, RequestTelemetry] = {}
 
     def metric_attributes(self, key: tuple) -> dict[str, Any]:
-        """Attributes of a (operation, request model, response model, tenant, scene) series, cached."""
+        """Attributes of an (operation, request model, response model, tenant, scene, cost center)
+        series, cached."""
         attrs = self._metric_attributes.get(key)
         if attrs is None:
-            operation, model, response_model, tenant, scene = key
+            operation, model, response_model, tenant, scene, cost_center = key
             attrs = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM}
             for name, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_RESPONSE_MODEL, response_model),
-                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene)):
+                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene),
+                                (semconv.TENANT_COST_CENTER, cost_center)):
                 if value is not None:
                     attrs[name] = value
             if len(self._metric_attributes) > 10_000:  # models x guarded tenants never get here
@@ -153,21 +165,44 @@ class Telemetry:
         for (key, token_type), value in list(self._token_totals.items()):
             yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
 
-    def tenant_from(self, headers, ctx=None) -> tuple[str | None, str | None]:
-        """Tenant and scene from request headers (first match) or W3C baggage."""
-        tenant = _first_header(headers, self.settings.tenant_headers)
-        scene = _first_header(headers, self.settings.scene_headers)
-        if tenant is None or scene is None:
+    def attribution(self, headers, ctx=None) -> tuple[str | None, str | None, str | None]:
+        """(tenant, scene, cost center): from the API key map, else request headers (first match),
+        else W3C baggage."""
+        found: list[str | None] = [None, None, None]
+        if self.api_keys and headers is not None:
+            scheme, _, key = (headers.get("authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and key.strip():
+                entry = self.api_keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
+                if entry is not None:
+                    return entry
+        settings = self.settings
+        header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+        for index, names in enumerate(header_names):
+            found[index] = _first_header(headers, names)
+        if None in found:
             entries = baggage.get_all(ctx)
             if entries:
-                if tenant is None:
-                    tenant = _first_baggage(entries, self.settings.tenant_baggage_keys)
-                if scene is None:
-                    scene = _first_baggage(entries, self.settings.scene_baggage_keys)
-        return tenant, scene
+                baggage_keys = (settings.tenant_baggage_keys, settings.scene_baggage_keys,
+                                settings.cost_center_baggage_keys)
+                for index, keys in enumerate(baggage_keys):
+                    if found[index] is None:
+                        found[index] = _first_baggage(entries, keys)
+        return found[0], found[1], found[2]
 
     def start(self, info: RequestInfo, *, engine_owned: bool = False) -> "RequestTelemetry":
         return RequestTelemetry(self, info, engine_owned=engine_owned)
+
+
+def _load_api_keys(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        keys = load_api_keys(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _log.warning("otel-llm: OTEL_LLM_API_KEYS_FILE %s unusable (%s); tenants come from headers and baggage",
+                     path, exc)
+        return {}
+    return keys
 
 
 def _first_header(headers, names) -> str | None:
@@ -419,9 +454,13 @@ class RequestTelemetry:
         info = self.info
         # a failed request's model name is whatever the client sent: guard it like a tenant
         model = info.model if error_type is None else tel.label_failed_model(info.model)
-        key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene))
+        key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
+               tel.label_cost_center(info.cost_center))
         attrs = tel.metric_attributes(key)
         ctx = self.context  # exemplars link the points to this trace
+        outcome = semconv.OUTCOME_FINISHED if error_type is None else (
+            semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR)
+        tel.requests.add(1, {**attrs, semconv.REQUEST_OUTCOME: outcome}, context=ctx)
         if error_type is None:
             if timing.ttft is not None:
                 tel.time_to_first_token.record(timing.ttft, attrs, context=ctx)
