@@ -61,6 +61,23 @@ def doctor(out=sys.stdout) -> int:
     return 0
 
 
+def _budget_rules(args) -> int:
+    from otel_llm import budgets
+    from otel_llm.report import ReportError
+
+    try:
+        text = budgets.rules_yaml(budgets.load(args.budgets))
+    except ReportError as exc:
+        print(f"otel-llm budget-rules: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     report.add_arguments(sub.add_parser(
         "report", help="token usage and cost by tenant/scene/model/day, exact, from Prometheus",
         description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    rules = sub.add_parser("budget-rules", help="Prometheus alerting rules from a token budget file")
+    rules.add_argument("--budgets", required=True, help="budget file (see `otel-llm report --help`)")
+    rules.add_argument("--output", "-o", help="write the rules here (default: standard output)")
     args = parser.parse_args(argv)
+    if args.command == "budget-rules":
+        return _budget_rules(args)
     if args.command == "report":
         import time
 

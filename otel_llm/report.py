@@ -315,6 +315,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--end", help="window end (default now)")
     parser.add_argument("--prices", help="price file (JSON or YAML): per model, input / cached_input / output "
                                          "per million tokens")
+    parser.add_argument("--budgets", help="budget file: show consumption vs daily budget per tenant/scene "
+                                          "(window: the current UTC day unless --start/--range)")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus query")
 
@@ -325,17 +327,12 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
         if not by or unknown:
             raise ReportError(f"--by {args.by!r}: choose from {', '.join([*DIMENSIONS, 'day'])}")
+        if getattr(args, "budgets", None):
+            return _budget_view(args, now, out, err)
         start, end = time_range(args.start, args.end, args.range_, now)
         prices, currency = load_prices(args.prices) if args.prices else ({}, None)
 
-        def progress(step, steps, lo, hi):
-            if steps > 1:
-                err.write(f"\rreading {_day(lo)} ({step}/{steps})")
-                err.flush()
-                if step == steps:
-                    err.write("\n")
-
-        rows = collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=progress)
+        rows = collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=_progress(err))
         if prices:
             missing = price_rows(rows, by, prices)
             if missing:
@@ -345,3 +342,43 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
     except ReportError as exc:
         err.write(f"otel-llm report: {exc}\n")
         return 2
+
+
+def _progress(err):
+    def progress(step, steps, lo, hi):
+        if steps > 1:
+            err.write(f"\rreading {_day(lo)} ({step}/{steps})")
+            err.flush()
+            if step == steps:
+                err.write("\n")
+
+    return progress
+
+
+def _budget_view(args, now: float, out, err) -> int:
+    from otel_llm import budgets as budget_file
+
+    budgets = budget_file.load(args.budgets)
+    if args.start or args.range_:
+        start, end = time_range(args.start, args.end, args.range_, now)
+    else:
+        end = parse_time(args.end) if args.end else now
+        start = end - end % _DAY  # the current UTC day
+    rows = collect(Prometheus(args.prometheus, args.timeout), start, end, ["tenant", "scene"],
+                   progress=_progress(err))
+    result = budget_file.status(budgets, rows)
+    columns = ["tenant", "scene", "used", "budget", "share", "state"]
+    if args.format == "json":
+        out.write(json.dumps({"start": _iso(start), "end": _iso(end), "budgets": result}, indent=2) + "\n")
+    elif args.format == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(result)
+        out.write(buffer.getvalue())
+    else:
+        table = [columns] + [[str(r[c]) if c != "share" else f"{r[c]:.1%}" for c in columns] for r in result]
+        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+        out.write(f"daily token budgets {_iso(start)} .. {_iso(end)}\n")
+        out.write("\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in table) + "\n")
+    return 1 if any(r["state"] == "over" for r in result) else 0

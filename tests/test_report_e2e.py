@@ -210,3 +210,23 @@ def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic):
     # the API key is only ever hashed: not in any series Prometheus holds
     series = json.dumps(prometheus.query('{__name__=~".+"}'))
     assert DELTA_KEY not in series and "spoofed" not in series
+
+
+def test_budget_view_against_real_usage(prometheus, traffic, tmp_path):
+    path = tmp_path / "budgets.json"
+    path.write_text(json.dumps({"budgets": [
+        {"tenant": "alpha", "tokens_per_day": 10},
+        {"tenant": "beta", "scene": "chatbot", "tokens_per_day": 10**9},
+        {"tenant": "delta", "tokens_per_day": 10**9, "token_types": ["output"]}]}))
+    code, out, err = run_report(prometheus, "--budgets", str(path), "--start", str(int(traffic.started) - 60),
+                                "--format", "json")
+    assert code == 1, err  # a budget is over: non-zero, for scripts and cron
+    status = {b["tenant"]: b for b in json.loads(out)["budgets"]}
+    billed = traffic.billed
+    assert status["alpha"]["used"] == billed[("alpha", "input")] + billed[("alpha", "output")]
+    assert status["alpha"]["state"] == "over"
+    assert (status["beta"]["scene"], status["beta"]["state"]) == ("chatbot", "ok")
+    assert status["beta"]["used"] == billed[("beta", "input")] + billed[("beta", "output")]
+    assert status["delta"]["used"] == billed[("delta", "output")]
+    code, out, _ = run_report(prometheus, "--budgets", str(path), "--start", str(int(traffic.started) - 60))
+    assert code == 1 and "alpha" in out and "over" in out
