@@ -186,7 +186,7 @@ def test_report_of_a_window_before_the_traffic_is_empty(prometheus, traffic):
     assert data["rows"] == [] and data["total"]["tokens"] == dict.fromkeys(report.TOKEN_TYPES, 0)
 
 
-def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic):
+def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic, receiver):
     name = semconv.prometheus_name(semconv.SERVER_REQUESTS, counter=True)
     outcome, tenant, cost_center = (semconv.prometheus_name(a) for a in (
         semconv.REQUEST_OUTCOME, semconv.TENANT_ID, semconv.TENANT_COST_CENTER))
@@ -207,6 +207,11 @@ def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic):
     data = report_rows(prometheus, traffic, "--by", "tenant,cost_center")
     assert {(r["tenant"], r["cost_center"]) for r in data["rows"]} == {
         ("alpha", "cc-7"), ("beta", "-"), ("gamma", "-"), ("delta", "cc-42")}
+    # over OTLP the counter's points carry exemplars (in the export after each add): the traces of
+    # counted requests
+    points = [p for batch in receiver.metric_batches for p in batch if p.name == semconv.SERVER_REQUESTS]
+    exemplar_traces = {e["trace_id"] for p in points for e in p.exemplars}
+    assert exemplar_traces and exemplar_traces <= set(receiver.traces())
     # the API key is only ever hashed: not in any series Prometheus holds
     series = json.dumps(prometheus.query('{__name__=~".+"}'))
     assert DELTA_KEY not in series and "spoofed" not in series
