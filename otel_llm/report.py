@@ -36,6 +36,7 @@ DIMENSIONS = {
 TYPE_LABEL = semconv.prometheus_name(semconv.GEN_AI_TOKEN_TYPE)
 TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 UNSET = "-"
+BASE_LOOKBACK = "35d"
 _DAY = 86400
 
 
@@ -205,8 +206,11 @@ def collect(prom: Prometheus, start: float, end: float, by: list[str], chunk: in
             progress=None) -> dict[tuple[str, ...], Row]:
     """Exact token totals per `by` key over [start, end), from raw samples, a chunk at a time."""
     rows: dict[tuple[str, ...], Row] = {}
-    # the value each series had at the start of the window (instant query: last sample <= start)
-    bases = {_series_id(r["metric"]): float(r["value"][1]) for r in prom.query(TOKEN_METRIC, start)}
+    # the value each series had at the start of the window: its last sample before it, looking
+    # further back than PromQL's 5-minute staleness, so a scrape gap before the window does not
+    # make an old series look new (and count its whole total again)
+    bases = {_series_id(r["metric"]): float(r["value"][1])
+             for r in prom.query(f"last_over_time({TOKEN_METRIC}[{BASE_LOOKBACK}])", start)}
     last: dict[tuple, float | None] = {}
     steps = max(1, int((end - start + chunk - 1) // chunk))
     for step in range(steps):
