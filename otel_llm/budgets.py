@@ -15,12 +15,11 @@ The alerts look at the last 24 hours (a rolling day); the report at the current 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.report import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError
+from otel_llm.report import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, read_config
 
 DEFAULT_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 ALERT_NEAR = "TokenBudgetNearLimit"
@@ -42,20 +41,7 @@ class Budget:
 
 def load(path: str | Path) -> list[Budget]:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ReportError(f"budget file {path}: {exc.strerror or exc}") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the file's
-        raise ReportError(f"budget file {path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: "
-                          f"{exc}") from None
+    data = read_config(path, "budget file")
     entries = data.get("budgets") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ReportError(f'budget file {path}: expected {{"budgets": [{{"tenant": .., "tokens_per_day": ..}}]}}')

@@ -105,24 +105,28 @@ class Price:
     output: float
 
 
+def read_config(path: Path, what: str):
+    """A JSON or YAML (by suffix) file's content; ReportError naming `what` when unreadable."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ReportError(f"{what} {path}: {exc.strerror or exc}") from None
+    yaml_file = path.suffix in (".yaml", ".yml")
+    try:
+        if yaml_file:
+            import yaml
+
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is the file's
+        raise ReportError(f"{what} {path} is not valid {'YAML' if yaml_file else 'JSON'}: {exc}") from None
+
+
 def load_prices(path: str | Path) -> tuple[dict[str, Price], str]:
     """{"currency": "USD", "models": {"MODEL": {"input": .., "cached_input": .., "output": ..}}}
     (per million tokens; a model "*" is the default). JSON, or YAML when PyYAML is installed."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ReportError(f"price file {path}: {exc.strerror or exc}") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the file's
-        kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
-        raise ReportError(f"price file {path} is not valid {kind}: {exc}") from None
+    data = read_config(path, "price file")
     if not isinstance(data, dict) or not isinstance(data.get("models"), dict) or not data["models"]:
         raise ReportError(f'price file {path}: expected {{"models": {{"MODEL": {{"input": .., '
                           f'"cached_input": .., "output": ..}}}}}}')
