@@ -1,0 +1,223 @@
+"""The tail-sampling policies of collector-config/otelcol.yaml applied to REAL traces.
+
+One real `opentelemetry-instrument vllm serve` (tiny model, CPU) exports its spans to the in-test
+OTLP receiver. We produce one trace per case (normal, unknown model 404, aborted stream, slow,
+big prompt, cache miss on a long prompt and the cache hit of its second send), then run the same
+policy evaluator as tests/test_collector_config.py on the spans the server really exported.
+
+The policies are loaded from otelcol.yaml; only numeric thresholds are scaled down to values the
+tiny model reaches (max-model-len 2048). Names, types, attribute keys and OTTL conditions are the
+config's own, so this checks that the attributes the server really emits (names, int vs float
+types, presence on the right span) make each policy keep what it is meant to keep. The evaluator
+is our reading of the processor's semantics; the real otelcol decides (not runnable here).
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+
+import httpx
+import pytest
+import yaml
+from conftest import Traceparent, start_server
+from helpers import genai_spans, request_trace
+from test_collector_config import BASELINE, CONFIG_DIR, keeping_policies, parse_ottl, tail_sampling_policies
+
+from otel_llm import semconv
+from otel_llm.tiny_model import MODEL_NAME
+
+MAX_MODEL_LEN = 2048
+LONG_PROMPT_TOKENS = 600  # cache-miss case (> scaled cache-miss threshold, < big-input threshold)
+BIG_PROMPT_TOKENS = 1500  # big-input case
+SLOW_MAX_TOKENS = 1500
+ABORT_MAX_TOKENS = 1900
+
+# Scaled thresholds (the config's are for real models: 32k/8k tokens, 4000-token prompts, 30 s).
+SCALED = {
+    "big-input": 1000,  # numeric_attribute min_value on gen_ai.usage.input_tokens
+    "big-output": 1000,  # numeric_attribute min_value on gen_ai.usage.output_tokens
+    "cache-miss-long-prompt": 400,  # the input_tokens literal in the OTTL condition
+}
+
+# case -> policies that must keep it besides the probabilistic baseline, with SCALED thresholds.
+# A long prompt's first send is also a cache miss; a long generation is also a big output.
+EXPECTED = {
+    "normal": set(),
+    "error_404": {"errors-status", "errors-type"},
+    "aborted": {"aborted", "errors-type", "errors-status"},
+    "slow": {"slow-requests", "big-output"},
+    "big_input": {"big-input", "cache-miss-long-prompt"},
+    "cache_miss": {"cache-miss-long-prompt"},
+    "cache_hit": set(),
+}
+
+
+def scaled_policies(longest_other_ms: float) -> tuple[list[dict], dict[str, object]]:
+    """otelcol.yaml's policies with numeric thresholds scaled for the tiny model.
+
+    Returns (policies, {policy: new threshold}). slow-ttft keeps its config threshold (5 s): the
+    tiny model's TTFT never gets near it, so the test asserts it keeps nothing."""
+    policies = copy.deepcopy(tail_sampling_policies(yaml.safe_load((CONFIG_DIR / "otelcol.yaml").read_text())))
+    changed: dict[str, object] = {}
+    by_name = {p["name"]: p for p in policies}
+    for name in ("big-input", "big-output"):
+        by_name[name]["numeric_attribute"]["min_value"] = SCALED[name]
+        changed[name] = f"min_value {SCALED[name]}"
+    cond = by_name["cache-miss-long-prompt"]["ottl_condition"]["span"]
+    (original,) = cond
+    old = f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > 4000'
+    assert old in original, original
+    cond[0] = original.replace(old, f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > {SCALED["cache-miss-long-prompt"]}')
+    parse_ottl(cond[0])  # still inside the evaluator's OTTL subset
+    changed["cache-miss-long-prompt"] = cond[0]
+    # slow-requests: 4x the longest of the other (short) traces, at least 1 s.
+    threshold = max(1000, int(4 * longest_other_ms))
+    by_name["slow-requests"]["latency"]["threshold_ms"] = threshold
+    changed["slow-requests"] = f"threshold_ms {threshold}"
+    return policies, changed
+
+
+def as_eval_trace(spans) -> list[dict]:
+    return [{"name": s.name, "status": s.status, "start_ms": s.start_ns / 1e6, "end_ms": s.end_ns / 1e6,
+             "attributes": dict(s.attributes)} for s in spans]
+
+
+def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
+    """A prompt of about `tokens` tokens (counted by the server's /tokenize), starting with a
+    nonce so it shares no prefix-cache block with any other prompt."""
+
+    def count(text: str) -> int:
+        r = client.post("/tokenize", json={"model": MODEL_NAME, "prompt": text})
+        r.raise_for_status()
+        return r.json()["count"]
+
+    words = [f"{nonce}"] + [f"word{i % 97} tells about telemetry" for i in range(200)]
+    per_word = count(" ".join(words)) / len(words)
+    n = int(tokens / per_word)
+    text = " ".join([nonce] + [f"word{i % 97} tells about telemetry" for i in range(n)])
+    while count(text) > tokens:
+        text = text.rsplit(" ", 4)[0]
+    return text
+
+
+@pytest.fixture(scope="module")
+def server(receiver, tmp_path_factory):
+    srv = start_server(receiver, tmp_path_factory, "sampling",
+                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def traces(server, receiver):
+    """case -> list of the real spans of its trace (complete: HTTP, GenAI and phase spans)."""
+    ids: dict[str, Traceparent] = {}
+    responses: dict[str, dict] = {}
+    with httpx.Client(base_url=server.url, timeout=300) as c:
+
+        def complete(case, prompt, max_tokens, **extra):
+            tp = ids[case] = Traceparent()
+            r = c.post("/v1/completions", headers=tp.headers(),
+                       json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                             "temperature": 0, **extra})
+            assert r.status_code == 200, r.text
+            responses[case] = r.json()
+
+        complete("normal", "hello there", 8)
+
+        tp = ids["error_404"] = Traceparent()
+        r = c.post("/v1/chat/completions", headers=tp.headers(),
+                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 404, r.text
+
+        tp = ids["aborted"] = Traceparent()
+        received = 0
+        with c.stream("POST", "/v1/chat/completions", headers=tp.headers(),
+                      json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
+                            "max_tokens": ABORT_MAX_TOKENS, "stream": True, "ignore_eos": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    received += 1
+                if received == 4:
+                    break
+
+        complete("slow", "tell me everything", SLOW_MAX_TOKENS, ignore_eos=True)
+        complete("big_input", _prompt(c, secrets.token_hex(4), BIG_PROMPT_TOKENS), 4)
+        long_prompt = _prompt(c, secrets.token_hex(4), LONG_PROMPT_TOKENS)
+        complete("cache_miss", long_prompt, 4)
+        complete("cache_hit", long_prompt, 4)
+
+    result = {}
+    for case, tp in ids.items():
+        phases = 0 if case == "error_404" else 3
+        spans = request_trace(receiver, tp.trace_id, phases=phases, timeout=60)
+        result[case] = spans
+    # the server's own numbers, to be sure each case is what it claims to be
+    usage = {case: r["usage"] for case, r in responses.items()}
+    assert usage["big_input"]["prompt_tokens"] > SCALED["big-input"]
+    assert SCALED["cache-miss-long-prompt"] < usage["cache_miss"]["prompt_tokens"] < SCALED["big-input"]
+    assert usage["cache_miss"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert usage["cache_hit"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert usage["slow"]["completion_tokens"] == SLOW_MAX_TOKENS
+    return result
+
+
+@pytest.fixture(scope="module")
+def policies(traces):
+    durations = {case: (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) / 1e6
+                 for case, spans in traces.items()}
+    longest_other = max(d for case, d in durations.items() if case != "slow")
+    policies, changed = scaled_policies(longest_other)
+    print("\ntrace durations (ms):", {k: round(v, 1) for k, v in durations.items()})
+    print("scaled policy thresholds (otelcol.yaml otherwise unchanged):")
+    for name, what in changed.items():
+        print(f"  {name}: {what}")
+    return policies
+
+
+def test_policies_are_the_configs(policies):
+    config = tail_sampling_policies(yaml.safe_load((CONFIG_DIR / "otelcol.yaml").read_text()))
+    assert [(p["name"], p["type"]) for p in policies] == [(p["name"], p["type"]) for p in config]
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_real_trace_kept_by_its_policies(case, traces, policies):
+    spans = traces[case]
+    kept_by = keeping_policies(policies, as_eval_trace(spans))
+    (genai,) = genai_spans(spans)
+    print(f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
+          f"{ {k: v for k, v in genai.attributes.items() if k.startswith(('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error'))} }")
+    assert BASELINE in kept_by
+    assert kept_by - {BASELINE} == EXPECTED[case], f"{case}: kept by {sorted(kept_by)}"
+
+
+def test_cache_hit_is_not_a_cache_miss(traces, policies):
+    (hit,) = genai_spans(traces["cache_hit"])
+    (miss,) = genai_spans(traces["cache_miss"])
+    assert hit.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == miss.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    assert miss.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 0
+    assert hit.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] > 0
+    assert "cache-miss-long-prompt" not in keeping_policies(policies, as_eval_trace(traces["cache_hit"]))
+
+
+def test_real_attribute_types_match_policy_types(traces):
+    """numeric_attribute matches ints only and the TTFT OTTL literal is a float: the real spans
+    carry exactly those types."""
+    (genai,) = genai_spans(traces["slow"])
+    attrs = genai.attributes
+    for key in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+                semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS):
+        assert type(attrs[key]) is int, key
+    assert type(attrs[semconv.VLLM_TTFT_SECONDS]) is float
+    (aborted,) = genai_spans(traces["aborted"])
+    assert aborted.attributes[semconv.VLLM_ABORTED] is True
+    assert aborted.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < SCALED["big-output"]
+
+
+def test_slow_ttft_unscaled_keeps_no_tiny_model_trace(traces, policies):
+    """slow-ttft keeps its config threshold (5 s float): no tiny-model trace reaches it."""
+    (ttft,) = [p for p in policies if p["name"] == "slow-ttft"]
+    for case, spans in traces.items():
+        assert "slow-ttft" not in keeping_policies([ttft], as_eval_trace(spans)), case
