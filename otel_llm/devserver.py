@@ -182,7 +182,8 @@ class PrometheusServer(ServerProcess):
 
     name = "prometheus"
 
-    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s"):
+    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s",
+                 rule_files: list[Path] = ()):
         import shutil
 
         binary = shutil.which("prometheus")
@@ -195,7 +196,8 @@ class PrometheusServer(ServerProcess):
             "global:\n"
             f"  scrape_interval: {scrape_interval}\n"
             f"  evaluation_interval: {scrape_interval}\n"
-            "scrape_configs:\n"
+            + (f"rule_files: [{', '.join(repr(str(f)) for f in rule_files)}]\n" if rule_files else "")
+            + "scrape_configs:\n"
             "  - job_name: vllm\n"
             f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n")
         self.command = [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",

@@ -1,0 +1,161 @@
+"""Every PromQL query of every generated dashboard, and every rule of otel-llm-rules.yml, against a
+real Prometheus scraping the instrumented vLLM CPU server after some traffic: each must parse and
+return data (alerting rules: their left-hand side, since thresholds legitimately return nothing)."""
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import yaml
+from conftest import start_server
+from helpers import LONG_PROMPT
+
+from otel_llm import dashboards, rules
+from otel_llm.devserver import PrometheusServer
+from otel_llm.tiny_model import MODEL_NAME
+
+VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "__rate_interval": "1m", "__range": "5m",
+          "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}
+
+# Alerts whose left-hand side returns nothing here, and why; the listed expressions stand in for it.
+NO_DATA = {
+    # vLLM's default "request_tokens" buckets are 1-2-5 up to max_model_len: no bucket at 90 % of
+    # 8192 (7372) exists unless vLLM is started with --custom-histogram-buckets, so the subtraction
+    # matches nothing. Its +Inf halves must have data.
+    "LLMRequestNearMaxModelLen": [
+        f'sum by ({rules.VLLM_MODEL}) (increase({rules.VLLM_PROMPT_TOKENS}_bucket{{le="+Inf"}}[5m]))',
+        f'sum by ({rules.VLLM_MODEL}) (increase({rules.VLLM_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
+}
+
+
+def substitute(expr: str) -> str:
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: VALUES[m.group(1)], expr)
+
+
+def alert_sides(expr: str) -> list[str]:
+    """The left-hand sides of an alert's comparisons (`a > 1 and on (x) b > 2` -> [a, b])."""
+    parts = re.split(r"\s+and(?:\s+on\s*\([^)]*\))?\s+", expr)
+    return [re.split(r"\s+[<>]=?\s+", part, maxsplit=1)[0] for part in parts]
+
+
+@pytest.fixture(scope="module")
+def vllm(receiver, tmp_path_factory):
+    srv = start_server(receiver, tmp_path_factory, "dashboards", extra_args=["--enable-prompt-tokens-details"],
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def rules_file(tmp_path_factory):
+    """otel-llm-rules.yml with its group interval at 2 s instead of 1 m, so that recording rules
+    have data within the test; the expressions are the committed ones."""
+    data = yaml.safe_load(rules.RULES_FILE.read_text())
+    for group in data["groups"]:
+        group["interval"] = "2s"
+    path = tmp_path_factory.mktemp("rules") / "otel-llm-rules.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prometheus(vllm, rules_file, tmp_path_factory):
+    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"),
+                            rule_files=[rules_file])
+    prom.start()
+    yield prom
+    prom.stop()
+
+
+def query(prometheus, expr: str) -> dict:
+    url = f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read() or b"{}") | {"http_status": e.code}
+
+
+@pytest.fixture(scope="module")
+def traffic(vllm, prometheus):
+    started = time.monotonic()
+    client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-dashboards", max_retries=0)
+
+    def chat(tenant, scene, content, max_tokens=8, stream=False):
+        headers = {"x-tenant-id": tenant, "x-scene": scene}
+        kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+                      extra_headers=headers)
+        if stream:
+            return list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+        return client.chat.completions.create(**kwargs)
+
+    for i in range(6):
+        chat(("alpha", "beta", "gamma")[i % 3], ("search", "chatbot")[i % 2], f"hello {i}", stream=i % 2 == 0)
+    cached = 0
+    for _ in range(2):  # the second one hits the prefix cache
+        chunks = list(client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=6, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_headers={"x-tenant-id": "beta", "x-scene": "rag"}))
+        details = chunks[-1].usage.prompt_tokens_details
+        cached = (details.cached_tokens if details else 0) or 0
+    assert cached > 0
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
+                                       extra_headers={"x-tenant-id": "delta"})
+    # concurrent requests: some wait in vLLM's queue
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(lambda i: chat(f"tenant-{i % 4}", "batch", f"concurrent {i} " * 20, max_tokens=24,
+                                     stream=i % 3 == 0), range(24)))
+    while time.monotonic() - started < 30:  # keep a trickle going for ~30 s
+        chat("alpha", "search", "trickle", max_tokens=4)
+    time.sleep(5)  # a few scrapes and rule evaluations after the last request
+
+
+def dashboard_queries():
+    return [(name, title, expr) for name, board in dashboards.dashboards().items()
+            for title, expr in dashboards.promql_targets(board)]
+
+
+def test_every_dashboard_query_parses_and_returns_data(prometheus, traffic):
+    failures = []
+    for name, title, expr in dashboard_queries():
+        body = query(prometheus, substitute(expr))
+        if body.get("status") != "success" or not body["data"]["result"]:
+            failures.append({"dashboard": name, "panel": title, "expr": substitute(expr),
+                             "answer": {k: v for k, v in body.items() if k != "data"} | {
+                                 "result": body.get("data", {}).get("result")}})
+    assert not failures, json.dumps(failures, indent=1)
+    assert len(dashboard_queries()) > 40
+
+
+def test_every_rule_parses_and_returns_data(prometheus, traffic):
+    groups = yaml.safe_load(rules.RULES_FILE.read_text())["groups"]
+    failures, checked = [], 0
+    for rule in (r for g in groups for r in g["rules"]):
+        body = query(prometheus, rule["expr"])  # the whole expression must parse
+        if body.get("status") != "success":
+            failures.append({"rule": rule.get("record") or rule["alert"], "answer": body})
+            continue
+        if "record" in rule:
+            sides = [rule["expr"], rule["record"]]  # the expression, and the series Prometheus recorded
+        else:
+            sides = NO_DATA.get(rule["alert"]) or alert_sides(rule["expr"])
+        for expr in sides:
+            checked += 1
+            answer = query(prometheus, expr)
+            if answer.get("status") != "success" or not answer["data"]["result"]:
+                failures.append({"rule": rule.get("record") or rule["alert"], "expr": expr, "answer": answer})
+    assert not failures, json.dumps(failures, indent=1)
+    assert checked >= 2 * 13 + 8
+
+
+def test_alert_sides():
+    assert alert_sides("a{x=\"1\"} > 3") == ['a{x="1"}']
+    assert alert_sides("a < 0.2 and on (m) sum by (m) (rate(b[5m])) > 1") == ["a", "sum by (m) (rate(b[5m]))"]
+    assert alert_sides("r > 2 * (x + y) / 7") == ["r"]
