@@ -84,6 +84,10 @@ def query(prometheus, expr: str) -> dict:
 
 @pytest.fixture(scope="module")
 def traffic(vllm, prometheus):
+    deadline = time.monotonic() + 30  # the first scrape sees every counter before the traffic
+    while not query(prometheus, "up == 1")["data"]["result"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
     started = time.monotonic()
     client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-dashboards", max_retries=0)
 
@@ -99,15 +103,20 @@ def traffic(vllm, prometheus):
         chat(("alpha", "beta", "gamma")[i % 3], ("search", "chatbot")[i % 2], f"hello {i}", stream=i % 2 == 0)
     cached = 0
     for _ in range(2):  # the second one hits the prefix cache
+        time.sleep(2)  # a scrape between the two: rate() sees the cached tokens' increase from 0
         chunks = list(client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=6, stream=True,
                                                 stream_options={"include_usage": True},
                                                 extra_headers={"x-tenant-id": "beta", "x-scene": "rag"}))
         details = chunks[-1].usage.prompt_tokens_details
         cached = (details.cached_tokens if details else 0) or 0
     assert cached > 0
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
-                                       extra_headers={"x-tenant-id": "delta"})
+    # two 404s, a scrape apart: the first makes the error series (born at 1, which rate() cannot
+    # see as an increase), the second is an increase
+    for _ in range(2):
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
+                                           extra_headers={"x-tenant-id": "delta"})
+        time.sleep(2)
     # concurrent requests: some wait in vLLM's queue
     with ThreadPoolExecutor(12) as pool:
         list(pool.map(lambda i: chat(f"tenant-{i % 4}", "batch", f"concurrent {i} " * 20, max_tokens=24,
@@ -132,6 +141,30 @@ def test_every_dashboard_query_parses_and_returns_data(prometheus, traffic):
                                  "result": body.get("data", {}).get("result")}})
     assert not failures, json.dumps(failures, indent=1)
     assert len(dashboard_queries()) > 40
+
+
+def panel_values(prometheus, title, **values):
+    [expr] = [e for _, t, e in dashboard_queries() if t == title][:1]
+    old = dict(VALUES)
+    VALUES.update(values)
+    try:
+        body = query(prometheus, substitute(expr))
+    finally:
+        VALUES.clear()
+        VALUES.update(old)
+    return [float(r["value"][1]) for r in body["data"]["result"]]
+
+
+def test_panels_show_the_traffic(prometheus, traffic):
+    assert sum(panel_values(prometheus, "Requests/s by outcome")) > 0
+    assert len([v for v in panel_values(prometheus, "Tokens/s by type") if v > 0]) == 3
+    assert panel_values(prometheus, "Prefix cache hit rate")[0] > 0
+    assert panel_values(prometheus, "Time to first token")[0] > 0
+    assert max(panel_values(prometheus, "Cost in range")) > 0
+    assert max(panel_values(prometheus, "Cache savings in range")) > 0
+    # the 404 is counted under the model name the client sent, not under tiny-llama
+    assert panel_values(prometheus, "Error rate") == [0]
+    assert panel_values(prometheus, "Error rate", model=".*")[0] > 0
 
 
 def test_every_rule_parses_and_returns_data(prometheus, traffic):
