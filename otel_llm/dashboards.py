@@ -58,13 +58,7 @@ def emitted_metrics() -> set[str]:
 
 def vllm_missing() -> list[str]:
     """vLLM metric names above that the installed vLLM does not define (empty if vLLM is absent)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return []
-    source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
-    return [n for n in VLLM_METRICS.values() if f'"{n.removesuffix("_total")}"' not in source]
+    return rules.vllm_missing(VLLM_METRICS.values())
 
 
 _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",

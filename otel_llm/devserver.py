@@ -210,9 +210,7 @@ class PrometheusServer(ServerProcess):
             return r.status == 200
 
     def query(self, expr: str) -> list[dict]:
-        import json
-        import urllib.parse
+        """An instant query now (the same client `otel-llm report` uses)."""
+        from otel_llm.report import Prometheus
 
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
-                                    timeout=10) as r:
-            return json.load(r)["data"]["result"]
+        return Prometheus(self.url, timeout=10).query(expr, time.time())

@@ -40,6 +40,19 @@ VLLM_PROMPT_TOKENS = "vllm:request_prompt_tokens"  # histogram per request, buck
 VLLM_GENERATION_TOKENS = "vllm:request_generation_tokens"  # same bucket family
 VLLM_MODEL = "model_name"
 
+
+def vllm_missing(names) -> list[str]:
+    """The vLLM metric names among `names` that the installed vLLM does not define (its
+    vllm/v1/metrics/loggers.py, read, not imported: importing vLLM takes seconds); empty when vLLM
+    is not installed. A counter's name is defined without its `_total`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return []
+    source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
+    return [n for n in names if f'"{n.removesuffix("_total")}"' not in source]
+
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
 HIT_RATIO_BY_MODEL = f"{MODEL}:otel_llm_prefix_cache_hit_ratio:rate5m"
