@@ -1,4 +1,5 @@
-"""A local HTTP server that answers with recorded OpenAI API exchanges (shared/openai_cassettes).
+"""A local HTTP server that answers with recorded OpenAI API exchanges
+(tests/fixtures/openai_cassettes: a copy of shared/openai_cassettes, provenance in its README).
 
 The real openai client talks to it over real HTTP; it records what it received (headers, bodies),
 so tests can check the trace context, include_usage and that no secret went where it should not.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-CASSETTES = Path(__file__).resolve().parent.parent.parent / "shared" / "openai_cassettes"
+CASSETTES = Path(__file__).resolve().parent / "fixtures" / "openai_cassettes"
 _PASSED_HEADERS = ("content-type", "content-encoding", "x-request-id")
 
 

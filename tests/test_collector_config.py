@@ -3,7 +3,7 @@
 - every YAML under collector-config/ (except prometheus/) parses and is wired: each component a
   pipeline references is defined, each defined one is used, connectors are exporter in one
   pipeline and receiver in another, with the signals their metadata allows;
-- component types exist in otelcol-contrib (schemas in shared/collector_schemas, else the contrib
+- component types exist in otelcol-contrib (schemas in tests/fixtures/collector_schemas, else the contrib
   component list), and the names are the current ones for the stated range (v0.144+);
 - component config keys exist in the component's upstream config schema (recursively, following
   $ref / allOf), tail_sampling policy blocks included;
@@ -31,8 +31,8 @@ from otel_llm import semconv
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "collector-config"
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SCHEMAS = SHARED / "collector_schemas"
+# a copy of shared/collector_schemas (Apache-2.0; provenance in its README), so a clone is self-contained
+SCHEMAS = Path(__file__).resolve().parent / "fixtures" / "collector_schemas"
 
 CONFIG_FILES = sorted(
     p for p in CONFIG_DIR.rglob("*.y*ml") if "prometheus" not in p.relative_to(CONFIG_DIR).parts
