@@ -21,6 +21,13 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:
@@ -47,6 +54,12 @@ class Settings:
     label_limit: int = 50
     phase_spans: bool = True
     http_excluded_urls: str = "/metrics,/health,/ping,/load,/version,/server_info"
+    # Usage ledger (otel_llm/usage.py): spool directory, OTLP log events, fsync batching, rotation
+    usage_dir: str | None = None
+    usage_events: bool = False
+    usage_fsync_interval_s: float = 1.0
+    usage_max_bytes: int = 64 << 20
+    usage_max_age_s: float = 3600.0
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -61,6 +74,11 @@ class Settings:
             label_allow_list=_env_list("OTEL_LLM_METRIC_LABEL_ALLOW_LIST"),
             label_limit=_env_int("OTEL_LLM_METRIC_LABEL_LIMIT", 50),
             phase_spans=_env_bool("OTEL_LLM_PHASE_SPANS", True),
+            usage_dir=os.environ.get("OTEL_LLM_USAGE_DIR") or None,
+            usage_events=_env_bool("OTEL_LLM_USAGE_EVENTS", False),
+            usage_fsync_interval_s=_env_float("OTEL_LLM_USAGE_FSYNC_INTERVAL", 1.0),
+            usage_max_bytes=_env_int("OTEL_LLM_USAGE_MAX_FILE_BYTES", 64 << 20),
+            usage_max_age_s=_env_float("OTEL_LLM_USAGE_MAX_FILE_AGE", 3600.0),
             http_excluded_urls=os.environ.get(
                 "OTEL_PYTHON_FASTAPI_EXCLUDED_URLS",
                 os.environ.get("OTEL_PYTHON_EXCLUDED_URLS", cls.http_excluded_urls),

@@ -204,6 +204,7 @@ class Row:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_TYPES, 0))
     cost: float | None = None
     savings: float | None = None
+    requests: int | None = None  # known from the ledger, not from Prometheus
 
 
 def collect(prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY,
@@ -283,6 +284,7 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
         return json.dumps({
             "start": _iso(start), "end": _iso(end), "by": by, "currency": currency,
             "rows": [{**dict(zip(by, r.key)), "tokens": r.tokens,
+                      **({"requests": r.requests} if r.requests is not None else {}),
                       **({"cost": r.cost, "cache_savings": r.savings} if currency else {})} for r in ordered],
             "total": {"tokens": totals, **({"cost": cost, "cache_savings": savings} if currency else {})},
         }, indent=2)
@@ -314,10 +316,14 @@ def _money(value: float | None) -> str:
 # --- command line -------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--ledger", metavar="DIR|URL",
+                        help="read the usage ledger (the billing source of truth) instead of Prometheus: a spool "
+                             "directory (OTEL_LLM_USAGE_DIR), clickhouse://HOST:8123/DATABASE[?table=otel_logs] "
+                             "or chdb://SESSION_DIR")
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090",
                         help="Prometheus (or any PromQL API) base URL (default %(default)s)")
     parser.add_argument("--by", default="tenant,model",
-                        help=f"comma-separated, from: {', '.join([*DIMENSIONS, 'day'])} (default %(default)s)")
+                        help=f"comma-separated, from: {', '.join(_all_dimensions())} (default %(default)s)")
     parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (or now), e.g. 24h, 7d (default 24h)")
     parser.add_argument("--start", help="window start: 2026-12-01, 2026-12-01T08:00:00Z or Unix seconds")
     parser.add_argument("--end", help="window end (default now)")
@@ -329,18 +335,37 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus query")
 
 
+def _all_dimensions() -> list[str]:
+    from otel_llm import ledger
+
+    return [*dict.fromkeys([*DIMENSIONS, *ledger.DIMENSIONS]), "day"]
+
+
+def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple[str, ...], Row]:
+    """Token totals per `by` key: from the ledger with --ledger, else from Prometheus."""
+    if getattr(args, "ledger", None):
+        from otel_llm import ledger
+
+        return ledger.open_ledger(args.ledger, args.timeout).usage(start, end, by)
+    unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
+    if unknown:
+        raise ReportError(f"--by {','.join(unknown)} needs --ledger (Prometheus labels: "
+                          f"{', '.join([*DIMENSIONS, 'day'])})")
+    return collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=_progress(err))
+
+
 def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
     try:
         by = [d.strip() for d in args.by.split(",") if d.strip()]
-        unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
+        unknown = [d for d in by if d not in _all_dimensions()]
         if not by or unknown:
-            raise ReportError(f"--by {args.by!r}: choose from {', '.join([*DIMENSIONS, 'day'])}")
+            raise ReportError(f"--by {args.by!r}: choose from {', '.join(_all_dimensions())}")
         if getattr(args, "budgets", None):
             return _budget_view(args, now, out, err)
         start, end = time_range(args.start, args.end, args.range_, now)
         prices, currency = load_prices(args.prices) if args.prices else ({}, None)
 
-        rows = collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=_progress(err))
+        rows = usage_rows(args, start, end, by, err)
         if prices:
             missing = price_rows(rows, by, prices)
             if missing:
@@ -372,8 +397,7 @@ def _budget_view(args, now: float, out, err) -> int:
     else:
         end = parse_time(args.end) if args.end else now
         start = end - end % _DAY  # the current UTC day
-    rows = collect(Prometheus(args.prometheus, args.timeout), start, end, ["tenant", "scene"],
-                   progress=_progress(err))
+    rows = usage_rows(args, start, end, ["tenant", "scene"], err)
     result = budget_file.status(budgets, rows)
     columns = ["tenant", "scene", "used", "budget", "share", "state"]
     if args.format == "json":

@@ -101,6 +101,31 @@ LABEL_OTHER = "other"
 SERVICE_NAME_DEFAULT = "vllm"
 RESOURCE_SERVED_MODEL = "vllm.served_model"
 
+# --- Usage ledger (billing): one record per request that reached the engine ----------------
+# A record is a flat JSON object in the spool (otel_llm/usage.py) and the attributes of an OTel
+# log record (event USAGE_EVENT) over OTLP; in ClickHouse's otel_logs table they are LogAttributes.
+USAGE_EVENT = "otel_llm.usage"
+USAGE_ID = "otel_llm.usage.id"  # idempotency key: instance + "/" + vLLM's internal request id
+USAGE_DURATION = "otel_llm.usage.duration"  # seconds from arrival to the end of the request
+USAGE_SCHEMA_VERSION = "otel_llm.usage.schema"
+USAGE_SCHEMA = 1
+SERVICE_NAME = "service.name"
+SERVICE_INSTANCE_ID = "service.instance.id"
+VLLM_LORA_NAME = "vllm.lora.name"
+# spool-only fields (over OTLP they are the log record's own timestamp and trace context)
+USAGE_TIME = "time_unix_nano"
+USAGE_TRACE_ID = "trace_id"
+USAGE_SPAN_ID = "span_id"
+# token fields of a record, in the report's order: (record field, report token type)
+USAGE_TOKEN_FIELDS = (
+    (GEN_AI_USAGE_INPUT_TOKENS, TOKEN_TYPE_INPUT),
+    (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, TOKEN_TYPE_CACHED_INPUT),
+    (GEN_AI_USAGE_OUTPUT_TOKENS, TOKEN_TYPE_OUTPUT),
+)
+# records that could not be written (disk full, unwritable directory)
+USAGE_RECORDS_DROPPED = "otel_llm.usage.records.dropped"
+UNIT_RECORD = "{record}"
+
 # --- Span names ---------------------------------------------------------------------------
 SPAN_QUEUE = "queue"
 SPAN_PREFILL = "prefill"

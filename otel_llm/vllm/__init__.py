@@ -34,8 +34,11 @@ class VLLMInstrumentor(BaseInstrumentor):
 
         tracer = trace.get_tracer("otel_llm.vllm", __version__, kwargs.get("tracer_provider"))
         meter = metrics.get_meter("otel_llm.vllm", __version__, kwargs.get("meter_provider"))
-        telemetry = Telemetry(tracer, meter, Settings.from_env())
-        _warn_unknown_service(kwargs.get("tracer_provider") or trace.get_tracer_provider())
+        provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
+        resource = getattr(provider, "resource", None)
+        telemetry = Telemetry(tracer, meter, Settings.from_env(),
+                              resource_attributes=resource.attributes if resource is not None else None)
+        _warn_unknown_service(provider)
         patcher = Patcher(telemetry)
         patcher.install()
         VLLMInstrumentor._patcher = patcher

@@ -100,6 +100,9 @@ def _error_of(result) -> tuple[str, str] | None:
     return None
 
 
+_SSE_DONE = "data: [DONE]\n\n"  # the last chunk of every OpenAI-style SSE stream vLLM sends
+
+
 class _StreamTelemetry:
     """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
 
@@ -122,10 +125,15 @@ class _StreamTelemetry:
         record = self._record
         if self._started:
             try:
-                return await self._inner.__anext__()
+                chunk = await self._inner.__anext__()
             except BaseException as exc:
                 _end_with_exception(record, exc)
                 raise
+            if chunk == _SSE_DONE:
+                # the client holds a complete response once this is sent: end (and bill) it now,
+                # so a server killed before the generator's own end loses no usage record
+                record.end()
+            return chunk
         # first chunk: the engine request is added now, in whatever task iterates us
         tokens = attach(record)
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv
 from otel_llm.config import LabelGuard, Settings, load_api_keys
+from otel_llm.usage import UsageLedger
 
 _log = logging.getLogger(__name__)
 
@@ -85,14 +87,24 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    # prefix-cache hits that came from another node's KV transfer (P/D), where vLLM says so
+    external_cached_input_tokens: int | None = None
 
 
 class Telemetry:
     """Tracer, instruments and settings shared by all requests of one process."""
 
-    def __init__(self, tracer: trace.Tracer, meter, settings: Settings):
+    def __init__(self, tracer: trace.Tracer, meter, settings: Settings, resource_attributes=None):
         self.tracer = tracer
         self.settings = settings
+        resource_attributes = resource_attributes or {}
+        self.ledger = UsageLedger(
+            meter, directory=settings.usage_dir, events=settings.usage_events,
+            instance=str(resource_attributes.get(semconv.SERVICE_INSTANCE_ID) or socket.gethostname()),
+            service=str(resource_attributes.get(semconv.SERVICE_NAME) or semconv.SERVICE_NAME_DEFAULT),
+            fsync_interval_s=settings.usage_fsync_interval_s, max_bytes=settings.usage_max_bytes,
+            max_age_s=settings.usage_max_age_s)
         self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit)
@@ -336,9 +348,53 @@ class RequestTelemetry:
         if error_type is not None:
             attrs[semconv.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_message or error_type))
+        if self.engine_states and self.telemetry.ledger.enabled:
+            # before the span ends, and whether or not the trace is sampled
+            self._write_usage(usage, finish_reasons, error_type, response, response_model, end_ns)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         self._record_metrics(usage, timing, error_type, response_model, (end_ns - self.start_ns) / 1e9)
+
+    def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int) -> None:
+        """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
+        info = self.info
+        first = self.engine_states[0]
+        parent = first.parent_req
+        ledger = self.telemetry.ledger
+        fields: dict[str, Any] = {
+            semconv.USAGE_ID: ledger.key(parent.request_id if parent is not None else first.request_id),
+            semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
+            semconv.SERVICE_NAME: ledger.service,
+            semconv.SERVICE_INSTANCE_ID: ledger.instance,
+            semconv.VLLM_REQUEST_ID: first.external_req_id,
+            semconv.GEN_AI_OPERATION_NAME: info.operation,
+            semconv.REQUEST_OUTCOME: _outcome(error_type),
+            semconv.USAGE_DURATION: (end_ns - self.start_ns) / 1e9,
+            semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+            semconv.GEN_AI_REQUEST_CHOICE_COUNT: info.choice_count or 1,
+        }
+        served = getattr(first, "lora_name", None)
+        optional = (
+            (semconv.GEN_AI_REQUEST_MODEL, info.model),
+            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or info.model),
+            (semconv.VLLM_LORA_NAME, served),
+            (semconv.GEN_AI_RESPONSE_ID, self.response_id or getattr(response, "id", None)),
+            (semconv.TENANT_ID, info.tenant),
+            (semconv.TENANT_SCENE, info.scene),
+            (semconv.TENANT_COST_CENTER, info.cost_center),
+            (semconv.ERROR_TYPE, error_type),
+            (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
+            (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens),
+            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, _reasoning_tokens(response)),
+        )
+        for key, value in optional:
+            if value is not None:
+                fields[key] = value
+        if finish_reasons and info.generates:
+            fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
+        ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 
     def _usage(self) -> Usage:
         usage = Usage()
@@ -356,6 +412,10 @@ class RequestTelemetry:
             seen_prompts.add(prompt_key)
             usage.input_tokens += state.prompt_len or 0
             usage.cached_input_tokens += state.num_cached_tokens or 0
+            usage.cache_creation_input_tokens += getattr(state, "num_cache_creation_tokens", 0) or 0
+            remote = getattr(state, "remote_prefill_cached_tokens", None)
+            if remote is not None:
+                usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + remote
         return usage
 
     def _finish_reasons(self, response, failed: bool) -> list[str]:
@@ -458,9 +518,7 @@ class RequestTelemetry:
                tel.label_cost_center(info.cost_center))
         attrs = tel.metric_attributes(key)
         ctx = self.context  # exemplars link the points to this trace
-        outcome = semconv.OUTCOME_FINISHED if error_type is None else (
-            semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR)
-        tel.requests.add(1, {**attrs, semconv.REQUEST_OUTCOME: outcome}, context=ctx)
+        tel.requests.add(1, {**attrs, semconv.REQUEST_OUTCOME: _outcome(error_type)}, context=ctx)
         if error_type is None:
             if timing.ttft is not None:
                 tel.time_to_first_token.record(timing.ttft, attrs, context=ctx)
@@ -471,6 +529,18 @@ class RequestTelemetry:
         if self.engine_states:
             tel.add_tokens(key, usage)
         tel.request_duration.record(duration, attrs, context=ctx)
+
+
+def _outcome(error_type: str | None) -> str:
+    if error_type is None:
+        return semconv.OUTCOME_FINISHED
+    return semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR
+
+
+def _reasoning_tokens(response) -> int | None:
+    details = getattr(getattr(response, "usage", None), "completion_tokens_details", None)
+    value = getattr(details, "reasoning_tokens", None)
+    return value if isinstance(value, int) else None
 
 
 class _Timing:

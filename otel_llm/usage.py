@@ -1,0 +1,240 @@
+"""The billing ledger's writing side: one usage record per request that reached the engine.
+
+A record is written when the request ends (finished, aborted by the client, or failed after the
+engine accepted it), before its span ends, whether or not the trace is sampled. It goes to
+
+- the spool (`OTEL_LLM_USAGE_DIR`): each process appends JSON lines to its own file,
+  `usage-<host>-<pid>-<start ms>-<seq>.jsonl`, with one `os.write` per record. Once `write`
+  returns the line is the kernel's, so a SIGKILL of the server loses nothing written; a
+  machine crash (power, kernel) loses what was not yet fsynced: a background thread fsyncs
+  every `OTEL_LLM_USAGE_FSYNC_INTERVAL` seconds (default 1) when something was written.
+  Files rotate by size and age; readers take every `usage-*.jsonl` and skip a torn last line.
+- OTLP (`OTEL_LLM_USAGE_EVENTS=true` and an SDK LoggerProvider, e.g. OTEL_LOGS_EXPORTER=otlp):
+  the same fields as the attributes of a log record with event name `otel_llm.usage`.
+
+Nothing here may fail or slow a request: every error becomes one warning and a count in
+`otel_llm.usage.records.dropped`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from otel_llm import semconv
+
+_log = logging.getLogger(__name__)
+
+SPOOL_PREFIX = "usage-"
+SPOOL_SUFFIX = ".jsonl"
+
+
+class Spool:
+    """Append-only JSON-lines files in one directory, one file at a time per process."""
+
+    RETRY_OPEN_S = 10.0
+
+    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
+                 fsync_interval_s: float = 1.0, on_drop=None):
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.fsync_interval_s = fsync_interval_s
+        self.on_drop = on_drop or (lambda reason: None)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+        self._path: str | None = None
+        self._size = 0
+        self._opened_at = 0.0
+        self._seq = 0
+        self._dirty = False
+        self._torn = False  # the last write stopped inside a line: the next one starts a new line
+        self._failed_open_at: float | None = None
+        self._warned: set[str] = set()
+        self._fsync_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def path(self) -> str | None:
+        return self._path
+
+    def write(self, line: bytes) -> bool:
+        """Append one line (ending in a newline). False when it was dropped."""
+        with self._lock:
+            try:
+                fd = self._file()
+            except OSError as exc:
+                self._drop("open", f"cannot open a usage spool file in {self.directory}: {exc}")
+                return False
+            data = b"\n" + line if self._torn else line
+            try:
+                written = os.write(fd, data)
+                while written < len(data):  # short write: the disk filled up mid-line
+                    self._torn = True
+                    written += os.write(fd, data[written:])
+            except OSError as exc:
+                what = "disk full" if exc.errno == errno.ENOSPC else "write"
+                self._drop(what, f"cannot write the usage spool {self._path}: {exc}")
+                return False
+            self._torn = False
+            self._size += written
+            self._dirty = True
+            return True
+
+    def _file(self) -> int:
+        now = time.monotonic()
+        if self._fd is not None and self._pid != os.getpid():
+            # a forked child (vLLM's engine core) must not share the parent's file
+            self._fd, self._path, self._fsync_thread = None, None, None
+        if self._fd is not None and (self._size >= self.max_bytes or now - self._opened_at >= self.max_age_s):
+            self._close_file()
+        if self._fd is None:
+            if self._failed_open_at is not None and now - self._failed_open_at < self.RETRY_OPEN_S:
+                raise OSError(errno.EAGAIN, "opening failed moments ago; retrying later")
+            try:
+                self._open(now)
+            except OSError:
+                self._failed_open_at = now
+                raise
+            self._failed_open_at = None
+        return self._fd
+
+    def _open(self, now: float) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        self._pid = os.getpid()
+        self._seq += 1
+        name = f"{SPOOL_PREFIX}{_safe_host()}-{self._pid}-{int(time.time() * 1000)}-{self._seq:04d}{SPOOL_SUFFIX}"
+        path = os.path.join(self.directory, name)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._path, self._size, self._opened_at, self._torn = path, 0, now, False
+        self._start_fsync_thread()
+
+    def _close_file(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        os.close(fd)
+        self._dirty = False
+
+    def _start_fsync_thread(self) -> None:
+        if self._fsync_thread is not None or self.fsync_interval_s <= 0:
+            return
+        self._fsync_thread = threading.Thread(target=self._fsync_loop, name="otel-llm-usage-fsync", daemon=True)
+        self._fsync_thread.start()
+
+    def _fsync_loop(self) -> None:
+        pid = os.getpid()
+        while not self._stop.wait(self.fsync_interval_s) and os.getpid() == pid:
+            self.sync()
+
+    def sync(self) -> None:
+        """fsync what was written since the last sync (the background thread calls this)."""
+        with self._lock:
+            if not self._dirty or self._fd is None or self._pid != os.getpid():
+                return
+            fd = self._fd
+            self._dirty = False
+        try:
+            os.fsync(fd)  # outside the lock: a request never waits for the disk
+        except OSError as exc:
+            self._warn_once("fsync", f"otel-llm: fsync of the usage spool failed ({exc}); records are written "
+                                     "but a machine crash may lose the last seconds of them")
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._pid == os.getpid():
+                self._close_file()
+
+    def _drop(self, reason: str, message: str) -> None:
+        self._warn_once(reason, f"otel-llm: usage record dropped: {message}. Requests are served; further "
+                                f"drops are counted in {semconv.USAGE_RECORDS_DROPPED}.")
+        self.on_drop(reason)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(message)
+
+
+def _safe_host() -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
+
+
+class UsageLedger:
+    """Writes each record to the spool and/or as an OTLP log event. Never raises."""
+
+    def __init__(self, meter, *, directory: str | None, events: bool, instance: str, service: str,
+                 fsync_interval_s: float = 1.0, max_bytes: int = 64 << 20, max_age_s: float = 3600.0):
+        self.instance = instance
+        self.service = service
+        self._dropped = meter.create_counter(
+            semconv.USAGE_RECORDS_DROPPED, unit=semconv.UNIT_RECORD,
+            description="Usage (billing) records that could not be written, by reason.")
+        self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
+                           on_drop=self._count_drop) if directory else None
+        self._event_logger = _event_logger() if events else None
+        self._warned = False
+        if self.spool is not None:
+            atexit.register(self.spool.close)
+
+    @property
+    def enabled(self) -> bool:
+        return self.spool is not None or self._event_logger is not None
+
+    def _count_drop(self, reason: str) -> None:
+        try:
+            self._dropped.add(1, {"reason": reason})
+        except Exception:  # noqa: BLE001
+            pass
+
+    def key(self, engine_request_id: str) -> str:
+        return f"{self.instance}/{engine_request_id}"
+
+    def write(self, fields: dict[str, Any], end_ns: int, span_context, context=None) -> None:
+        try:
+            if self.spool is not None:
+                line = dict(fields)
+                line[semconv.USAGE_TIME] = end_ns
+                if span_context is not None and span_context.is_valid:
+                    line[semconv.USAGE_TRACE_ID] = format(span_context.trace_id, "032x")
+                    line[semconv.USAGE_SPAN_ID] = format(span_context.span_id, "016x")
+                self.spool.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+            if self._event_logger is not None:
+                self._event_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
+                                        event_name=semconv.USAGE_EVENT, attributes=fields)
+        except Exception:  # noqa: BLE001 - a usage record never breaks serving
+            self._count_drop("error")
+            if not self._warned:
+                self._warned = True
+                _log.warning("otel-llm: writing a usage record failed", exc_info=True)
+
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+
+
+def _event_logger():
+    """The global OTel logger, or None (with one info line) when no SDK LoggerProvider is set."""
+    from opentelemetry import _logs
+
+    provider = _logs.get_logger_provider()
+    if type(provider).__module__.startswith("opentelemetry._logs"):  # the API's no-op/proxy
+        _log.warning("otel-llm: OTEL_LLM_USAGE_EVENTS is on but no OTel LoggerProvider is configured "
+                     "(set OTEL_LOGS_EXPORTER=otlp); usage events are not sent")
+        return None
+    from otel_llm import __version__
+
+    return provider.get_logger(semconv.USAGE_EVENT, __version__)
