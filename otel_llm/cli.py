@@ -1,5 +1,6 @@
 """`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), report (token usage and
-cost from Prometheus), demo."""
+cost from the usage ledger or Prometheus), reconcile (ledger vs vLLM's counters), export (ledger
+records as Lago / Stripe events or CSV), budget-rules, demo."""
 
 from __future__ import annotations
 
@@ -78,6 +79,51 @@ def _budget_rules(args) -> int:
     return 0
 
 
+def _export_arguments(parser) -> None:
+    from otel_llm.billing_export import FORMATS
+
+    parser.add_argument("--ledger", required=True, metavar="DIR|URL",
+                        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR")
+    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (default 24h)")
+    parser.add_argument("--start")
+    parser.add_argument("--end")
+    parser.add_argument("--customers", help='JSON/YAML {"customers": {"TENANT": "ID"}}: Lago subscription or Stripe '
+                                            "customer per tenant (default: the tenant itself); others are left out")
+    parser.add_argument("--lago-code", default="llm_tokens", help="Lago billable metric code (default %(default)s)")
+    parser.add_argument("--stripe-event-prefix", default="llm_",
+                        help="Stripe meter event names are PREFIX + input|cached_input|output + _tokens")
+    parser.add_argument("--output", "-o", help="write here (default: standard output)")
+    parser.add_argument("--timeout", type=float, default=60.0)
+
+
+def _export(args) -> int:
+    import time
+
+    from otel_llm import billing_export, ledger
+    from otel_llm.report import ReportError, time_range
+
+    try:
+        start, end = time_range(args.start, args.end, args.range_, time.time())
+        customers = billing_export.load_customers(args.customers)
+        records = ledger.open_ledger(args.ledger, args.timeout).records(start, end)
+        text, missing = billing_export.render(records, args.format, customers, lago_code=args.lago_code,
+                                              stripe_prefix=args.stripe_event_prefix)
+    except ReportError as exc:
+        print(f"otel-llm export: {exc}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"warning: no customer for tenant(s) {', '.join(sorted(missing))} in {args.customers}; "
+              "their records were left out", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    print(f"exported {len(records)} record(s)", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     report.add_arguments(sub.add_parser(
         "report", help="token usage and cost by tenant/scene/model/day, exact, from Prometheus",
         description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    from otel_llm import reconcile
+
+    reconcile.add_arguments(sub.add_parser(
+        "reconcile", help="usage ledger totals vs vLLM's own token counters, per instance and model",
+        description=reconcile.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    _export_arguments(sub.add_parser(
+        "export", help="usage ledger records as Lago / Stripe usage events or CSV (idempotent)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__import__("otel_llm.billing_export", fromlist=["x"]).__doc__))
     rules = sub.add_parser("budget-rules", help="Prometheus alerting rules from a token budget file")
     rules.add_argument("--budgets", required=True, help="budget file (see `otel-llm report --help`)")
     rules.add_argument("--output", "-o", help="write the rules here (default: standard output)")
@@ -98,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         import time
 
         return report.run(args, now=time.time())
+    if args.command == "reconcile":
+        import time
+
+        return reconcile.run(args, now=time.time())
+    if args.command == "export":
+        return _export(args)
     if args.command == "doctor":
         return doctor()
     if args.command == "demo":

@@ -105,6 +105,17 @@ def usage_sql(source: str, start: float, end: float, by: list[str]) -> str:
             f"GROUP BY {groups} ORDER BY {groups}")
 
 
+def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
+    """Token sums per `by` key, plus the prompt tokens vLLM's counter adds for n > 1 (it counts the
+    prompt once per choice; usage and the ledger count it once)."""
+    dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
+    sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
+    groups = ", ".join(f"d{i}" for i in range(len(by)))
+    return (f"SELECT {dims}, {sums}, sum(input * (greatest(n, 1) - 1)) AS extra_choice_prompts, "
+            f"countIf(n > 1) AS multi_choice_requests, count() AS requests "
+            f"FROM ({_deduplicated(source, start, end)}) GROUP BY {groups} ORDER BY {groups}")
+
+
 def records_sql(source: str, start: float, end: float) -> str:
     return f"SELECT * FROM ({_deduplicated(source, start, end)}) ORDER BY ts, key"
 
@@ -112,33 +123,37 @@ def records_sql(source: str, start: float, end: float) -> str:
 # --- executors ------------------------------------------------------------------------------------
 
 class ChdbExecutor:
-    """Runs SQL in the embedded ClickHouse engine (chDB), in this process."""
+    """Runs SQL in the embedded ClickHouse engine (chDB), in this process.
+
+    chDB holds one embedded server per process, bound to one data path: a session on a table's
+    path replaces any other, and file() queries over a spool run in whatever session is open."""
+
+    _open: list = []  # [(path, session)]: the process's one chDB session
 
     def __init__(self, session_path: str | None = None):
         try:
-            import chdb  # noqa: F401
+            from chdb import session
         except ImportError:
             raise ReportError("reading the ledger needs the embedded ClickHouse engine: "
                               "pip install 'otel-llm[ledger]' (chdb)") from None
-        self.session = None
-        if session_path is not None:
-            from chdb import session
-
-            self.session = session.Session(session_path)
+        opened = ChdbExecutor._open
+        if opened and session_path is not None and opened[0][0] != session_path:
+            opened.pop()[1].close()
+        if not opened:
+            opened.append((session_path, session.Session(session_path)))
+        self.session = opened[0][1]
 
     def rows(self, sql: str) -> list[dict]:
-        import chdb
-
         sql += " SETTINGS input_format_allow_errors_num = 1000000000, input_format_allow_errors_ratio = 1"
         try:
-            result = self.session.query(sql, "JSON") if self.session else chdb.query(sql, "JSON")
+            result = self.session.query(sql, "JSON")
         except Exception as exc:  # noqa: BLE001 - chDB raises RuntimeError with ClickHouse's message
             raise ReportError(f"ledger query failed: {str(exc).splitlines()[0]}") from None
         text = result.bytes() if hasattr(result, "bytes") else bytes(result)
         return json.loads(text)["data"] if text.strip() else []
 
     def execute(self, sql: str) -> None:
-        (self.session.query if self.session else __import__("chdb").query)(sql)
+        self.session.query(sql)
 
 
 class ClickHouseHTTP:
@@ -189,6 +204,10 @@ class Ledger:
             row.requests = int(item["requests"])
             rows[key] = row
         return rows
+
+    def reconcile_totals(self, start: float, end: float, by: list[str]) -> dict[tuple[str, ...], dict]:
+        return {tuple(str(item[f"d{i}"]) for i in range(len(by))): item
+                for item in self.executor.rows(reconcile_sql(self.source, start, end, by))}
 
     def records(self, start: float, end: float) -> list[dict]:
         return self.executor.rows(records_sql(self.source, start, end))

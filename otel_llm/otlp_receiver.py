@@ -1,6 +1,6 @@
 """A small in-process OTLP/HTTP (protobuf) receiver: the demo's and the tests' collector.
 
-It accepts /v1/traces and /v1/metrics, decodes them with the official protobuf bindings and
+It accepts /v1/traces, /v1/metrics and /v1/logs, decodes them with the official protobuf bindings and
 keeps plain Python records. Not a production collector: use otelcol-contrib for that.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -55,6 +56,17 @@ class Span:
 
 
 @dataclass
+class LogRecord:
+    event_name: str
+    time_ns: int
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
+
+
+@dataclass
 class MetricPoint:
     name: str
     unit: str
@@ -75,6 +87,7 @@ class Receiver:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, grpc: bool = True):
         self.spans: list[Span] = []
         self.metric_batches: list[list[MetricPoint]] = []
+        self.logs: list[LogRecord] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -87,6 +100,8 @@ class Receiver:
                     receiver._traces(body)
                 elif self.path.endswith("/v1/metrics"):
                     receiver._metrics(body)
+                elif self.path.endswith("/v1/logs"):
+                    receiver._logs(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -200,6 +215,20 @@ class Receiver:
                                 resource=resource))
         with self._lock:
             self.metric_batches.append(points)
+
+    def _logs(self, body: bytes) -> None:
+        request = ExportLogsServiceRequest.FromString(body)
+        records = []
+        for rl in request.resource_logs:
+            resource = attributes(rl.resource.attributes)
+            for sl in rl.scope_logs:
+                for r in sl.log_records:
+                    records.append(LogRecord(
+                        event_name=r.event_name, time_ns=r.time_unix_nano, trace_id=r.trace_id.hex(),
+                        span_id=r.span_id.hex(), attributes=attributes(r.attributes), resource=resource,
+                        scope=sl.scope.name))
+        with self._lock:
+            self.logs.extend(records)
 
     # --- queries -------------------------------------------------------------------------
     def traces(self) -> dict[str, list[Span]]:

@@ -39,6 +39,10 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # Counter "vllm:num_preemptions
 VLLM_PROMPT_TOKENS = "vllm:request_prompt_tokens"  # histogram per request, buckets "request_tokens"
 VLLM_GENERATION_TOKENS = "vllm:request_generation_tokens"  # same bucket family
 VLLM_MODEL = "model_name"
+# the engine's own token counters, which `otel-llm reconcile` compares the usage ledger with
+VLLM_PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"  # Counter "vllm:prompt_tokens": per engine request
+VLLM_GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+VLLM_PROMPT_TOKENS_CACHED_TOTAL = "vllm:prompt_tokens_cached_total"
 
 
 def vllm_missing(names) -> list[str]:

@@ -1,0 +1,121 @@
+"""`otel-llm reconcile`: the usage ledger's totals against vLLM's own token counters.
+
+Per instance and model (or per model, `--by model`, when the ledger's `service.instance.id` and
+Prometheus' `instance` label name servers differently), over one window:
+
+    ledger input tokens        vs  vllm:prompt_tokens_total
+    ledger cached input tokens vs  vllm:prompt_tokens_cached_total
+    ledger output tokens       vs  vllm:generation_tokens_total
+
+Known, explained differences: vLLM counts the prompt of an n > 1 request once per choice (each
+choice is an engine request), `usage` and the ledger once; the ledger knows n, so the expected
+engine figure is input + input x (n - 1). Anything else is flagged and the command exits 1: a
+dropped record, a server without OTEL_LLM_USAGE_DIR, or a request in flight across the window's
+edges (the engine counts tokens as it computes them, the ledger when the request ends: choose
+windows whose edges are quiet, or allow for it with --tolerance).
+
+Ledger instances are matched to Prometheus instances by name, else by port when that port is
+unique on both sides (`host:8000` vs `10.0.0.5:8000`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from otel_llm import ledger as ledger_module, rules
+from otel_llm import report
+from otel_llm.report import UNSET, Prometheus, ReportError, _iso, time_range
+
+ENGINE_COUNTERS = (  # (ledger token type, vLLM counter)
+    ("input", rules.VLLM_PROMPT_TOKENS_TOTAL),
+    ("cached_input", rules.VLLM_PROMPT_TOKENS_CACHED_TOTAL),
+    ("output", rules.VLLM_GENERATION_TOKENS_TOTAL),
+)
+BY_CHOICES = ("instance,model", "model")
+
+
+def _match_instances(ledger_instances: set[str], engine_instances: set[str]) -> dict[str, str]:
+    """ledger instance -> Prometheus instance."""
+    mapping = {i: i for i in ledger_instances & engine_instances}
+    left = ledger_instances - set(mapping)
+    right = engine_instances - set(mapping.values())
+
+    def port(name: str) -> str:
+        return name.rpartition(":")[2]
+
+    for name in left:
+        same_port = [r for r in right if port(r) == port(name)]
+        if len(same_port) == 1 and sum(port(n) == port(name) for n in left) == 1:
+            mapping[name] = same_port[0]
+    return mapping
+
+
+def reconcile(ledger: ledger_module.Ledger, prom: Prometheus, start: float, end: float, by_instance: bool,
+              tolerance: int = 0) -> list[dict]:
+    by = ["instance", "model"] if by_instance else ["model"]
+    ours = ledger.reconcile_totals(start, end, by)
+    engine_by = ["instance", rules.VLLM_MODEL] if by_instance else [rules.VLLM_MODEL]
+    engine = {token_type: report.exact_increase(prom, counter, start, end, engine_by)
+              for token_type, counter in ENGINE_COUNTERS}
+    if by_instance:
+        mapping = _match_instances({k[0] for k in ours}, {k[0] for c in engine.values() for k in c})
+        ours = {(mapping.get(k[0], k[0]), *k[1:]): v for k, v in ours.items()}
+    keys = sorted(set(ours) | {k for counter in engine.values() for k in counter})
+    rows = []
+    for key in keys:
+        item = ours.get(key, {})
+        for token_type, counter in ENGINE_COUNTERS:
+            billed = int(item.get(token_type, 0))
+            counted = int(round(engine[token_type].get(key, 0)))
+            explained, why = 0, ""
+            if token_type == "input" and int(item.get("extra_choice_prompts", 0)):
+                explained = int(item["extra_choice_prompts"])
+                why = (f"vLLM counts the prompt once per choice: {item['multi_choice_requests']} "
+                       f"request(s) with n > 1 add {explained}")
+            unexplained = counted - billed - explained
+            state = "ok" if abs(unexplained) <= tolerance else "MISMATCH"
+            if not item and counted:
+                why = "no ledger records for this server/model (is OTEL_LLM_USAGE_DIR set there?)"
+            rows.append({**dict(zip(by, key)), "tokens": token_type, "ledger": billed, "engine": counted,
+                         "engine_metric": counter, "explained": explained, "unexplained": unexplained,
+                         "state": state, "note": why})
+    return rows
+
+
+def render(rows: list[dict], by: list[str], fmt: str, start: float, end: float) -> str:
+    if fmt == "json":
+        return json.dumps({"start": _iso(start), "end": _iso(end), "rows": rows}, indent=2)
+    columns = [*by, "tokens", "ledger", "engine", "explained", "unexplained", "state", "note"]
+    table = [columns] + [[str(r.get(c, UNSET)) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    lines = [f"ledger vs engine counters {_iso(start)} .. {_iso(end)}"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--ledger", required=True, metavar="DIR|URL",
+                        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR")
+    parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus scraping vLLM's /metrics")
+    parser.add_argument("--by", choices=BY_CHOICES, default="instance,model")
+    parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (default 24h)")
+    parser.add_argument("--start")
+    parser.add_argument("--end")
+    parser.add_argument("--tolerance", type=int, default=0,
+                        help="tokens of difference per row still called ok (requests in flight at the edges)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--timeout", type=float, default=30.0)
+
+
+def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
+    try:
+        start, end = time_range(args.start, args.end, args.range_, now)
+        ledger = ledger_module.open_ledger(args.ledger, args.timeout)
+        by_instance = args.by == "instance,model"
+        rows = reconcile(ledger, Prometheus(args.prometheus, args.timeout), start, end, by_instance, args.tolerance)
+    except ReportError as exc:
+        err.write(f"otel-llm reconcile: {exc}\n")
+        return 2
+    out.write(render(rows, args.by.split(","), args.format, start, end) + "\n")
+    return 1 if any(r["state"] != "ok" for r in rows) else 0
