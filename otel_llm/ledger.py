@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 from otel_llm import semconv
 from otel_llm.report import UNSET, ReportError, Row
+from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
+SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
 TOKEN_TYPES = tuple(token_type for _, token_type in semconv.USAGE_TOKEN_FIELDS)
 
 # normalized column -> (record field, ClickHouse type); the token columns are named by token type
@@ -61,7 +63,7 @@ def _literal(text: str) -> str:
 
 def spool_source(directory: str) -> str:
     """The records of a spool directory, through ClickHouse's file() table function."""
-    pattern = os.path.join(os.path.abspath(directory), "usage-*.jsonl")
+    pattern = os.path.join(os.path.abspath(directory), SPOOL_GLOB)
     structure = ", ".join(
         [f"{_ident(field)} String" for field in _STRING_FIELDS.values()]
         + [f"{_ident(field)} UInt64" for field in _INT_FIELDS.values()]
@@ -194,6 +196,16 @@ class Ledger:
     source: str
     executor: object
     description: str
+    spool_pattern: str | None = None
+
+    def unreadable_lines(self) -> int:
+        """Spool lines that are not whole JSON records (a line torn by a machine crash or a full
+        disk); the report skips them and says how many."""
+        if self.spool_pattern is None:
+            return 0
+        rows = self.executor.rows(f"SELECT count() AS n FROM file({_literal(self.spool_pattern)}, 'LineAsString') "
+                                  f"WHERE NOT isValidJSON(line)")
+        return int(rows[0]["n"]) if rows else 0
 
     def usage(self, start: float, end: float, by: list[str]) -> dict[tuple[str, ...], Row]:
         rows = {}
@@ -231,9 +243,10 @@ def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
         raise ReportError(f"--ledger {where!r}: use a spool directory, clickhouse://HOST:PORT/DB or chdb://PATH")
     if not os.path.isdir(where):
         raise ReportError(f"--ledger {where}: no such directory (the OTEL_LLM_USAGE_DIR of the servers)")
-    if not glob.glob(os.path.join(where, "usage-*.jsonl")):
+    if not glob.glob(os.path.join(where, SPOOL_GLOB)):
         raise ReportError(f"--ledger {where}: no usage-*.jsonl files (is OTEL_LLM_USAGE_DIR set on the servers?)")
-    return Ledger(spool_source(where), ChdbExecutor(), f"spool {os.path.abspath(where)}")
+    return Ledger(spool_source(where), ChdbExecutor(), f"spool {os.path.abspath(where)}",
+                  spool_pattern=os.path.join(os.path.abspath(where), SPOOL_GLOB))
 
 
 def otel_logs_ddl(database: str = "default", table: str = "otel_logs") -> str:
@@ -297,7 +310,7 @@ def insert_records_sql(records: list[dict], table: str = "otel_logs") -> str:
 def read_spool(directory: str) -> list[dict]:
     """Every whole record line of a spool directory (a torn last line is skipped), in Python."""
     records = []
-    for path in sorted(glob.glob(os.path.join(directory, "usage-*.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(directory, SPOOL_GLOB))):
         with open(path, "rb") as f:
             for line in f:
                 try:

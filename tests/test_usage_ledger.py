@@ -246,3 +246,19 @@ def test_reconcile_matches_instances_by_name_then_by_unique_port():
     mapping = reconcile._match_instances({"vm:8000", "vm:8001", "a:9000", "b:9000"},
                                          {"vm:8000", "127.0.0.1:8001", "10.0.0.1:9000", "10.0.0.2:9000"})
     assert mapping == {"vm:8000": "vm:8000", "vm:8001": "127.0.0.1:8001"}
+
+
+def test_the_report_says_how_many_torn_lines_it_skipped(spool_dir):
+    import argparse
+    import io
+
+    from otel_llm import report
+
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    args = parser.parse_args(["--ledger", str(spool_dir), "--start", str(T0), "--end", str(T0 + DAY),
+                              "--by", "tenant", "--format", "json"])
+    out, err = io.StringIO(), io.StringIO()
+    assert report.run(args, now=T0 + 2 * DAY, out=out, err=err) == 0
+    assert "warning: 1 unreadable line(s)" in err.getvalue()
+    assert json.loads(out.getvalue())["total"]["tokens"] == {"input": 30, "cached_input": 8, "output": 15}
