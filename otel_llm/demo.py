@@ -39,12 +39,31 @@ def _trace_of(receiver: Receiver, response_id: str, timeout: float = 20.0):
                      if any(s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id for s in spans)), [])
 
 
+def _print_ledger(spool: Path) -> None:
+    """The bill of the demo's calls, from the usage ledger the server wrote."""
+    import argparse
+
+    from otel_llm import report
+
+    print(f"== usage ledger (the source of bills): otel-llm report --ledger {spool} --by tenant,scene,model")
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    try:
+        report.run(parser.parse_args(["--ledger", str(spool), "--by", "tenant,scene,model", "--range", "1h"]),
+                   now=time.time())
+    except Exception as exc:  # noqa: BLE001 - the demo's traces were shown; the ledger is a bonus
+        print(f"   (ledger report unavailable: {exc})")
+    print()
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="otel-llm-demo-"))
     with Receiver() as receiver:
         print(f"OTLP receiver on {receiver.endpoint}; starting `opentelemetry-instrument vllm serve` "
               f"(tiny model, CPU; ~40 s; logs in {work})", flush=True)
-        server = VLLMServer(env=otlp_env(receiver.endpoint), log_path=work / "vllm.log",
+        spool = work / "usage"
+        server = VLLMServer(env={**otlp_env(receiver.endpoint), "OTEL_LLM_USAGE_DIR": str(spool)},
+                            log_path=work / "vllm.log",
                             extra_args=["--enable-prompt-tokens-details"])
         started = time.monotonic()
         server.start()
@@ -72,6 +91,7 @@ def main() -> int:
         finally:
             gateway.stop()
             server.stop()
+    _print_ledger(spool)
     print("Point the exporters at a real collector, Jaeger or Tempo instead:\n"
           "  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 opentelemetry-instrument vllm serve MODEL")
     return 0
