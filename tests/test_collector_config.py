@@ -14,18 +14,30 @@
 - a small evaluator applies the policies to synthetic traces: each special case is kept by its
   policy, a normal request only by the probabilistic baseline. The real processor decides; this
   only checks our policy logic against our attribute names.
+- the usage ledger (billing) pipeline: never sampled, never batched before it is on disk, straight to
+  ClickHouse (the agent too; the samplers have none); the spool receiver keeps read offsets in
+  file_storage, maps the spool-only fields (semconv.USAGE_TIME, USAGE_TRACE_ID, USAGE_SPAN_ID) onto
+  the record's timestamp and trace context and removes them, and names only semconv fields; OTLP
+  logs pass a filter that keeps only records with semconv.USAGE_ID. Stanza operators are checked
+  against a hand-written allow-list (upstream has no schema for them). A small model of those
+  operators turns a spool line written by otel_llm.usage into the OTLP record's attributes, end
+  time and span; again, the real receiver decides.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from opentelemetry.metrics import NoOpMeter
 from opentelemetry.semconv.attributes import http_attributes, url_attributes
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_llm import semconv
 
@@ -80,6 +92,9 @@ ALLOWED_DEPRECATED = {
     # renamed to load_balancing by PR #48533 (2026-05), after v0.144: the old name loads on the
     # whole supported range, the new one only on recent releases.
     "loadbalancing",
+    # renamed file_log by PR #46750 (2026, after v0.144): the same reason. Keep the receiver ID
+    # filelog/usage: its read offsets in file_storage are stored under it.
+    "filelog",
 }
 
 
@@ -191,6 +206,13 @@ def check_against_schema(value, node: dict, directory: Path, where: str, errors:
         node, directory = target
         if "$ref" in node:
             return check_against_schema(value, node, directory, where, errors)
+    if isinstance(value, dict) and "x-discriminator" in node:
+        # a list of alternatives chosen by one key (stanza operators by `type`; config.keys.json)
+        key, variants = node["x-discriminator"], node["x-types"]
+        if value.get(key) not in variants:
+            errors.append(f"{where}: {key} {value.get(key)!r} is not one of {sorted(variants)}")
+            return
+        return check_against_schema(value, variants[value[key]], directory, where, errors)
     if isinstance(value, dict):
         props = node_properties(node, directory)
         if props is OPEN:
@@ -459,11 +481,155 @@ def check_other_attributes(cfg: dict) -> list[str]:
             for key in OTTL_ATTR.findall(cond):
                 if key not in HTTP_NAMES and key not in SEMCONV_NAMES:
                     errors.append(f"processors.{pid}: attribute {key!r} is neither ours nor HTTP semconv")
+        for cond in ((conf or {}).get("logs") or {}).get("log_record") or []:
+            for key in OTTL_ATTR.findall(cond):
+                if key not in SEMCONV_NAMES:
+                    errors.append(f"processors.{pid}: attribute {key!r} is not a name in otel_llm/semconv.py")
+    return errors
+
+
+# ---- the usage ledger (billing) pipeline ------------------------------------------------------
+# Usage records (otel_llm/usage.py) reach ClickHouse's otel_logs from the spool (filelog receiver)
+# or over OTLP (log event otel_llm.usage). They are never sampled, and the spool path must give
+# LogAttributes equal to the OTLP record's: the spool-only fields become the timestamp and trace
+# context and are removed.
+
+SAMPLING_TYPES = {"tail_sampling", "probabilistic_sampler"}
+SPOOL_ONLY = (semconv.USAGE_TIME, semconv.USAGE_TRACE_ID, semconv.USAGE_SPAN_ID)
+FILELOG_TYPES = {"filelog", "file_log"}
+# stanza field syntax, the subset the configs use: attributes.key, attributes["a.b"], resource[...], body
+STANZA_FIELD = re.compile(
+    r'^(?P<root>attributes|resource|body)(?:\.(?P<plain>[A-Za-z0-9_]+)|\["(?P<quoted>[^"]+)"\])?$')
+STANZA_IF = re.compile(r'^"(?P<key>[^"]+)" in attributes$')
+
+
+def parse_field(text: str) -> tuple[str, str | None]:
+    """(root, key) of a stanza field. A dot in a plain key would mean nesting, so it is refused."""
+    m = STANZA_FIELD.match(text)
+    if not m:
+        raise ValueError(f"field outside the checked subset: {text!r}")
+    return m["root"], m["plain"] or m["quoted"]
+
+
+def operator_fields(op: dict):
+    """(where, field text) of every field an operator reads or writes."""
+    for key in ("parse_from", "parse_to", "field", "from", "to"):
+        if isinstance(op.get(key), str):
+            yield key, op[key]
+    for key in ("timestamp", "severity", "scope_name"):
+        if isinstance(op.get(key), dict) and "parse_from" in op[key]:
+            yield f"{key}.parse_from", op[key]["parse_from"]
+    trace = op.get("trace") if op.get("type") != "trace_parser" else op
+    for key in ("trace_id", "span_id", "trace_flags"):
+        if isinstance((trace or {}).get(key), dict) and "parse_from" in trace[key]:
+            yield f"{key}.parse_from", trace[key]["parse_from"]
+
+
+def usage_pipelines(cfg: dict) -> dict[str, dict]:
+    """The pipelines that carry usage records: a filelog receiver in, or a clickhouse exporter out."""
+    pipelines = (cfg.get("service") or {}).get("pipelines") or {}
+    return {pid: p for pid, p in pipelines.items()
+            if any(ctype(r) in FILELOG_TYPES for r in p.get("receivers") or [])
+            or any(ctype(e) == "clickhouse" for e in p.get("exporters") or [])}
+
+
+def filter_drops(conf: dict, attributes: dict) -> bool:
+    """Our reading of a filter processor's logs.log_record conditions: True if the record is dropped."""
+    conds = [parse_ottl(c) for c in ((conf or {}).get("logs") or {}).get("log_record") or []]
+    return any(all(_ottl_term(attributes, *term) for term in ands) for cond in conds for ands in cond)
+
+
+def check_spool_receiver(rid: str, conf: dict, cfg: dict) -> list[str]:
+    """A filelog receiver on the spool: checkpoints on disk, every line read, the spool-only
+    fields mapped onto timestamp / trace context and removed, fields named as in semconv."""
+    errors, where = [], f"receivers.{rid}"
+    storage = conf.get("storage")
+    if not storage or ctype(storage) != "file_storage" or storage not in (cfg.get("extensions") or {}):
+        errors.append(f"{where}: storage must be a file_storage extension (read offsets survive restarts)")
+    if conf.get("start_at") != "beginning":
+        errors.append(f"{where}: start_at must be beginning (a new spool file is read from its first line)")
+    if conf.get("include_file_name", True) or conf.get("include_file_path", False):
+        errors.append(f"{where}: include_file_name/include_file_path add log.file.* to LogAttributes")
+    ops = conf.get("operators") or []
+    mapped: dict[str, tuple[str, str | None]] = {}  # record part -> field it is taken from
+    removed: set[tuple[str, str | None]] = set()
+    for i, op in enumerate(ops):
+        at = f"{where}.operators[{i}]"
+        fields = {}
+        for name, text in operator_fields(op):
+            try:
+                fields[name] = parse_field(text)
+            except ValueError as exc:
+                errors.append(f"{at}.{name}: {exc}")
+        if op.get("if") is not None:
+            m = STANZA_IF.match(op["if"])
+            if m:
+                fields["if"] = ("attributes", m["key"])
+            else:
+                errors.append(f"{at}.if: outside the checked subset: {op['if']!r}")
+        for name, (root, key) in fields.items():
+            if root in ("attributes", "resource") and key is not None and key not in SEMCONV_NAMES:
+                errors.append(f"{at}.{name}: {root} key {key!r} is not a name in otel_llm/semconv.py")
+        if op.get("type") == "json_parser":
+            if not op.get("parse_ints"):
+                errors.append(f"{at}: parse_ints must be true (epoch nanoseconds do not fit a float64)")
+            ts = op.get("timestamp") or {}
+            if (ts.get("layout_type"), ts.get("layout")) != ("epoch", "ns"):
+                errors.append(f"{at}.timestamp: {semconv.USAGE_TIME} is epoch nanoseconds "
+                              "(layout_type epoch, layout ns)")
+        if "timestamp.parse_from" in fields:
+            mapped["timestamp"] = fields["timestamp.parse_from"]
+        for part in ("trace_id", "span_id"):
+            if f"{part}.parse_from" in fields:
+                mapped[part] = fields[f"{part}.parse_from"]
+        if op.get("type") == "remove" and "field" in fields:
+            removed.add(fields["field"])
+    for part, name in (("timestamp", semconv.USAGE_TIME), ("trace_id", semconv.USAGE_TRACE_ID),
+                       ("span_id", semconv.USAGE_SPAN_ID)):
+        if mapped.get(part) != ("attributes", name):
+            errors.append(f"{where}: the record's {part} must be taken from attributes {name!r}, "
+                          f"got {mapped.get(part)}")
+        if ("attributes", name) not in removed:
+            errors.append(f"{where}: spool-only field {name!r} is not removed (it would stay in LogAttributes)")
+    return errors
+
+
+def check_usage(cfg: dict) -> list[str]:
+    errors = []
+    processors = cfg.get("processors") or {}
+    for pid, p in usage_pipelines(cfg).items():
+        where = f"pipeline {pid} (usage ledger)"
+        if signal_of(pid) != "logs":
+            errors.append(f"{where}: usage records are logs")
+        for x in p.get("processors") or []:
+            if ctype(x) in SAMPLING_TYPES:
+                errors.append(f"{where}: {x!r} samples; usage records are invoices and are never sampled")
+            elif ctype(x) == "batch":
+                errors.append(f"{where}: {x!r} acknowledges records before they are on disk; batch in the "
+                              "exporter's sending_queue instead")
+        for e in p.get("exporters") or []:
+            if ctype(e) != "clickhouse":
+                errors.append(f"{where}: exports to {e!r}; usage records go straight to ClickHouse")
+        if "otlp" in (p.get("receivers") or []):
+            filters = [processors.get(x) for x in p.get("processors") or [] if ctype(x) == "filter"]
+            usage, other = {semconv.USAGE_ID: "i/1"}, {semconv.SERVICE_NAME: "vllm"}
+            try:
+                keeps_usage = not any(filter_drops(f, usage) for f in filters)
+                drops_other = any(filter_drops(f, other) for f in filters)
+            except ValueError as exc:
+                errors.append(f"{where}: {exc}")
+                continue
+            if not (keeps_usage and drops_other):
+                errors.append(f"{where}: OTLP logs need a filter that keeps only records with {semconv.USAGE_ID!r}")
+    for rid, conf in (cfg.get("receivers") or {}).items():
+        if ctype(rid) in FILELOG_TYPES:
+            errors += check_spool_receiver(rid, conf or {}, cfg)
     return errors
 
 
 def check_all(cfg: dict) -> list[str]:
-    return check_wiring(cfg) + check_components(cfg) + check_policy_attributes(cfg) + check_other_attributes(cfg)
+    return (check_wiring(cfg) + check_components(cfg) + check_policy_attributes(cfg) + check_other_attributes(cfg)
+            + check_usage(cfg))
 
 
 # --------------------------------------------------------------------------------------------
@@ -768,3 +934,347 @@ def test_negative_scalar_types(cfg):
     assert any("decision_wait: 600 is not a valid" in e for e in errors), errors
     assert any("sampling_strategy: 'trace-completed'" in e for e in errors), errors
     assert any("exemplars.enabled: 'yes' is not a valid boolean" in e for e in errors), errors
+
+
+# ---- the usage ledger pipeline ------------------------------------------------------------------
+
+USAGE_LAYOUTS = ["otelcol.yaml", "agent.yaml"]
+DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(text: str) -> float:
+    assert DURATION.match(text), text
+    return sum(float(n) * DURATION_UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text))
+
+
+def spool_receivers(cfg: dict) -> dict[str, dict]:
+    return {rid: conf for rid, conf in cfg["receivers"].items() if ctype(rid) in FILELOG_TYPES}
+
+
+def spool_operator(receiver: dict, op_type: str) -> dict:
+    ops = [op for op in receiver["operators"] if op["type"] == op_type]
+    assert len(ops) == 1, f"expected one {op_type} operator"
+    return ops[0]
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_usage_pipeline_reads_spool_and_otlp_into_clickhouse(name):
+    cfg = load(name)
+    pipes = usage_pipelines(cfg)
+    assert list(pipes) == ["logs/usage"]
+    usage = pipes["logs/usage"]
+    assert set(usage["receivers"]) == {"filelog/usage", "otlp"}
+    assert usage["exporters"] == ["clickhouse/usage"]
+    assert cfg["receivers"]["filelog/usage"]["storage"] in cfg["service"]["extensions"]
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_usage_pipeline_has_no_sampling_processor(name):
+    for pid, p in usage_pipelines(load(name)).items():
+        assert not {ctype(x) for x in p.get("processors", [])} & SAMPLING_TYPES, pid
+
+
+def test_agent_sends_usage_straight_to_clickhouse():
+    cfg = load("agent.yaml")
+    for pid, p in cfg["service"]["pipelines"].items():
+        if "loadbalancing" in p["exporters"]:
+            assert pid == "traces" and not set(p["receivers"]) & set(spool_receivers(cfg)), pid
+    assert all(ctype(e) == "clickhouse" for p in usage_pipelines(cfg).values() for e in p["exporters"])
+
+
+def test_sampler_has_no_usage_pipeline():
+    """Usage records never reach the sampling tier: the agents write them to ClickHouse."""
+    cfg = load("sampler.yaml")
+    assert not usage_pipelines(cfg)
+    assert not any(pid.startswith("logs") for pid in cfg["service"]["pipelines"])
+    assert not any(ctype(e) == "clickhouse" for e in cfg["exporters"])
+
+
+def test_usage_components_identical_in_both_layouts():
+    one, agent = load("otelcol.yaml"), load("agent.yaml")
+    for kind, cid in (("receivers", "filelog/usage"), ("processors", "filter/usage"),
+                      ("exporters", "clickhouse/usage"), ("extensions", "file_storage/usage")):
+        assert agent[kind][cid] == one[kind][cid], cid
+    assert agent["service"]["pipelines"]["logs/usage"] == one["service"]["pipelines"]["logs/usage"]
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_spool_fields_mapped_and_removed(name):
+    receiver = load(name)["receivers"]["filelog/usage"]
+    parser = spool_operator(receiver, "json_parser")
+    assert parser["parse_ints"] is True
+    ts = parser["timestamp"]
+    assert parse_field(ts["parse_from"]) == ("attributes", semconv.USAGE_TIME)
+    assert (ts["layout_type"], ts["layout"]) == ("epoch", "ns")
+    assert parse_field(parser["trace"]["trace_id"]["parse_from"]) == ("attributes", semconv.USAGE_TRACE_ID)
+    assert parse_field(parser["trace"]["span_id"]["parse_from"]) == ("attributes", semconv.USAGE_SPAN_ID)
+    removed = {parse_field(op["field"]) for op in receiver["operators"] if op["type"] == "remove"}
+    assert {("attributes", key) for key in SPOOL_ONLY} <= removed
+    assert receiver["include_file_name"] is False
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_spool_receiver_reads_every_spool_file_once(name):
+    from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX, Spool
+
+    receiver = load(name)["receivers"]["filelog/usage"]
+    (pattern,) = receiver["include"]
+    assert pattern.endswith(f"/{SPOOL_PREFIX}*{SPOOL_SUFFIX}")
+    assert pattern.startswith("${env:OTEL_LLM_USAGE_DIR:-")  # the servers' variable
+    assert receiver["start_at"] == "beginning" and receiver["force_flush_period"] == "0s"
+    # a file left out for its age is finished: a server rotates a file that old before writing again
+    excluded_after = duration_seconds(receiver["exclude_older_than"])
+    assert excluded_after > inspect.signature(Spool).parameters["max_age_s"].default
+    retry = receiver["retry_on_failure"]
+    assert retry["enabled"] is True and retry["max_elapsed_time"] == "0s"
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_usage_filter_keeps_only_usage_records(name):
+    cfg = load(name)
+    conf = cfg["processors"]["filter/usage"]
+    assert "filter/usage" in cfg["service"]["pipelines"]["logs/usage"]["processors"]
+    assert not filter_drops(conf, {semconv.USAGE_ID: "host/cmpl-1", semconv.TENANT_ID: "acme"})
+    assert filter_drops(conf, {semconv.SERVICE_NAME: "vllm", semconv.TENANT_ID: "acme"})
+    assert filter_drops(conf, {})
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_usage_export_is_durable_and_matches_the_ledger(name):
+    from otel_llm import ledger
+
+    cfg = load(name)
+    ch = cfg["exporters"]["clickhouse/usage"]
+    # the table `otel-llm report --ledger clickhouse://HOST:8123/otel` reads by default
+    assert ch["logs_table_name"] == inspect.signature(ledger.otel_logs_source).parameters["table"].default
+    assert ch["database"] == "otel" and ch["create_schema"] is True
+    assert ch["endpoint"].startswith("${env:CLICKHOUSE_ENDPOINT:-")
+    assert ch["retry_on_failure"]["enabled"] is True and ch["retry_on_failure"]["max_elapsed_time"] == "0s"
+    queue = ch["sending_queue"]
+    assert queue["enabled"] is True and queue["block_on_overflow"] is True
+    assert queue["storage"] == cfg["receivers"]["filelog/usage"]["storage"]
+    assert ctype(queue["storage"]) == "file_storage" and queue["storage"] in cfg["service"]["extensions"]
+    assert cfg["extensions"][queue["storage"]]["fsync"] is True
+
+
+# A small model of the stanza operators the spool receiver uses: our reading of upstream
+# (pkg/stanza/operator/parser/json, helper/time.go epoch layouts, helper/trace.go,
+# transformer/remove, transformer/copy, fileconsumer attrs). The real receiver decides.
+
+EPOCH_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _field_get(entry: dict, text: str):
+    root, key = parse_field(text)
+    if root == "body":
+        return (entry["body"], entry["body"] is not None) if key is None else (None, False)
+    return entry[root].get(key), key in entry[root]
+
+
+def _apply_trace(entry: dict, conf: dict) -> None:
+    for part in ("trace_id", "span_id"):
+        value, found = _field_get(entry, (conf.get(part) or {}).get("parse_from") or f"body.{part}")
+        if found:
+            entry[part] = bytes.fromhex(str(value)).hex()
+
+
+def run_operators(line: str, receiver: dict, path: str) -> dict | None:
+    """The log record a spool line becomes (None: dropped)."""
+    entry = {"body": line, "attributes": {}, "resource": {}, "timestamp": None, "trace_id": None, "span_id": None}
+    if receiver.get("include_file_name", True):
+        entry["attributes"]["log.file.name"] = os.path.basename(path)
+    if receiver.get("include_file_path", False):
+        entry["attributes"]["log.file.path"] = path
+    for op in receiver.get("operators") or []:
+        if op.get("if") is not None and STANZA_IF.match(op["if"])["key"] not in entry["attributes"]:
+            continue
+        try:
+            if op["type"] == "json_parser":
+                value, _ = _field_get(entry, op.get("parse_from", "body"))
+                parsed = json.loads(value, parse_int=None if op.get("parse_ints") else float)
+                if not isinstance(parsed, dict):
+                    raise ValueError("not a JSON object")
+                assert parse_field(op.get("parse_to", "attributes")) == ("attributes", None)
+                entry["attributes"].update(parsed)  # stanza merges a map into the attributes
+                if op.get("timestamp"):
+                    ts = op["timestamp"]
+                    assert ts["layout_type"] == "epoch", "the model knows epoch layouts only"
+                    stamp, found = _field_get(entry, ts["parse_from"])
+                    if not found:
+                        raise ValueError("no timestamp field")
+                    entry["timestamp"] = int(stamp) * EPOCH_NS[ts["layout"]]
+                if op.get("trace"):
+                    _apply_trace(entry, op["trace"])
+            elif op["type"] == "trace_parser":
+                _apply_trace(entry, op)
+            elif op["type"] == "remove":
+                root, key = parse_field(op["field"])
+                if root == "body":
+                    entry["body"] = None
+                elif entry[root].pop(key, KeyError) is KeyError:
+                    raise ValueError(f"remove: field does not exist: {op['field']}")
+            elif op["type"] == "copy":
+                value, found = _field_get(entry, op["from"])
+                if not found:
+                    raise ValueError(f"copy: no {op['from']}")
+                root, key = parse_field(op["to"])
+                entry[root][key] = value
+            else:
+                raise AssertionError(f"the model does not know operator type {op['type']!r}")
+        except ValueError:
+            if op.get("on_error", "send").startswith("drop"):
+                return None
+    return entry
+
+
+def write_spool(directory) -> tuple[str, list[tuple[dict, int, SpanContext | None]]]:
+    """Records written by the server's own code (otel_llm.usage): one with trace context, one without."""
+    from otel_llm.usage import UsageLedger
+
+    usage = UsageLedger(NoOpMeter("test"), directory=str(directory), events=False, instance="node-1:8000",
+                        service="vllm", fsync_interval_s=0)
+    fields = {
+        semconv.USAGE_ID: usage.key("cmpl-7f3a-0"),
+        semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
+        semconv.SERVICE_NAME: usage.service,
+        semconv.SERVICE_INSTANCE_ID: usage.instance,
+        semconv.VLLM_REQUEST_ID: "chatcmpl-7f3a",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.REQUEST_OUTCOME: semconv.OUTCOME_FINISHED,
+        semconv.USAGE_DURATION: 1.2345,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 600,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 512,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 150,
+        semconv.GEN_AI_REQUEST_CHOICE_COUNT: 1,
+        semconv.GEN_AI_REQUEST_MODEL: "llama-3-8b",
+        semconv.GEN_AI_RESPONSE_MODEL: "llama-3-8b",
+        semconv.TENANT_ID: "acme",
+        semconv.TENANT_SCENE: "support",
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
+    }
+    aborted = {**fields, semconv.USAGE_ID: usage.key("cmpl-9c1e-0"), semconv.REQUEST_OUTCOME: semconv.OUTCOME_ABORTED,
+               semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 3}
+    span = SpanContext(trace_id=0x5B8EFFF798038103D269B633813FC60C, span_id=0xEEE19B7EC3C1B174, is_remote=False,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    # epoch nanoseconds above 2**53: a float64 cannot hold them exactly
+    written = [(fields, 1_767_225_600_123_456_789, span), (aborted, 1_767_225_601_987_654_321, None)]
+    for record, end_ns, ctx in written:
+        usage.write(record, end_ns, ctx)
+    usage.close()
+    return usage.spool.path, written
+
+
+@pytest.mark.parametrize("name", USAGE_LAYOUTS)
+def test_spool_line_becomes_the_otlp_record(name, tmp_path):
+    """Through the configured operators, a spool line has the OTLP record's attributes (the fields
+    the server passes to both; otel_llm/usage.py), its end time and its span."""
+    receiver = load(name)["receivers"]["filelog/usage"]
+    path, written = write_spool(tmp_path)
+    lines = Path(path).read_text().splitlines()
+    assert len(lines) == len(written)
+    for line, (fields, end_ns, span) in zip(lines, written):
+        entry = run_operators(line, receiver, path)
+        assert set(entry["attributes"]) == set(json.loads(line)) - set(SPOOL_ONLY)
+        assert entry["attributes"] == fields  # the OTLP path: logger.emit(attributes=fields)
+        assert entry["timestamp"] == end_ns
+        assert entry["trace_id"] == (format(span.trace_id, "032x") if span else None)
+        assert entry["span_id"] == (format(span.span_id, "016x") if span else None)
+        assert entry["body"] is None  # as a usage event's
+        assert entry["resource"] == {semconv.SERVICE_NAME: fields[semconv.SERVICE_NAME]}
+        assert not filter_drops(load(name)["processors"]["filter/usage"], entry["attributes"])
+    assert run_operators(lines[0][:57], receiver, path) is None  # a torn line is no record
+
+
+# ---- negative tests on the usage pipeline -------------------------------------------------------
+
+def test_negative_sampling_in_usage_pipeline(cfg):
+    cfg["processors"]["probabilistic_sampler/usage"] = {"sampling_percentage": 50}
+    cfg["service"]["pipelines"]["logs/usage"]["processors"].append("probabilistic_sampler/usage")
+    errors = check_usage(cfg)
+    assert any("'probabilistic_sampler/usage' samples" in e for e in errors), errors
+    cfg["service"]["pipelines"]["logs/usage"]["processors"].insert(0, "tail_sampling")
+    assert any("'tail_sampling' samples" in e for e in check_usage(cfg))
+
+
+def test_negative_batch_processor_in_usage_pipeline(cfg):
+    cfg["service"]["pipelines"]["logs/usage"]["processors"].append("batch")
+    assert any("'batch' acknowledges records before they are on disk" in e for e in check_usage(cfg))
+
+
+def test_negative_usage_through_loadbalancing():
+    cfg = copy.deepcopy(load("agent.yaml"))
+    cfg["service"]["pipelines"]["logs/usage"]["exporters"] = ["loadbalancing"]
+    cfg["exporters"].pop("clickhouse/usage")
+    assert not check_wiring(cfg)  # well wired, wrong design
+    assert any("exports to 'loadbalancing'" in e for e in check_usage(cfg))
+
+
+def test_negative_otlp_usage_without_the_right_filter(cfg):
+    wrong = copy.deepcopy(cfg)
+    cfg["service"]["pipelines"]["logs/usage"]["processors"].remove("filter/usage")
+    del cfg["processors"]["filter/usage"]
+    assert not check_wiring(cfg)
+    assert any("need a filter that keeps only records with" in e for e in check_usage(cfg))
+    # a filter on another attribute lets other logs through or drops usage records
+    wrong["processors"]["filter/usage"]["logs"]["log_record"] = [f'attributes["{semconv.TENANT_ID}"] == nil']
+    assert any("need a filter that keeps only records with" in e for e in check_usage(wrong))
+
+
+def test_negative_wrong_operator_key(cfg):
+    ops = cfg["receivers"]["filelog/usage"]["operators"]
+    ops[0]["timestamp"]["parse_form"] = ops[0]["timestamp"].pop("parse_from")
+    ops[1]["fields"] = ops[1].pop("field")
+    ops.append({"type": "json_parse"})
+    errors = check_components(cfg)
+    assert any("operators[0].timestamp: unknown key 'parse_form'" in e for e in errors), errors
+    assert any("operators[1]: unknown key 'fields'" in e for e in errors), errors
+    assert any("type 'json_parse' is not one of" in e for e in errors), errors
+
+
+def test_negative_spool_field_kept_or_misread(cfg):
+    receiver = cfg["receivers"]["filelog/usage"]
+    receiver["operators"] = [op for op in receiver["operators"]
+                             if op.get("field") != f"attributes.{semconv.USAGE_SPAN_ID}"]
+    receiver["operators"][0]["parse_ints"] = False
+    receiver["operators"][0]["timestamp"]["layout"] = "ms"
+    receiver["include_file_name"] = True
+    errors = check_usage(cfg)
+    assert any(f"spool-only field {semconv.USAGE_SPAN_ID!r} is not removed" in e for e in errors), errors
+    assert any("parse_ints must be true" in e for e in errors), errors
+    assert any("epoch nanoseconds (layout_type epoch, layout ns)" in e for e in errors), errors
+    assert any("add log.file.* to LogAttributes" in e for e in errors), errors
+
+
+def test_negative_usage_attribute_not_in_semconv(cfg):
+    ops = cfg["receivers"]["filelog/usage"]["operators"]
+    ops[0]["trace"]["trace_id"]["parse_from"] = "attributes.traceid"
+    next(op for op in ops if op["type"] == "copy")["from"] = 'attributes["service_name"]'
+    ops[0]["timestamp"]["parse_from"] = f"attributes.{semconv.USAGE_ID}"  # dots nest in stanza
+    cfg["processors"]["filter/usage"]["logs"]["log_record"] = ['attributes["otel_llm.usage_id"] == nil']
+    errors = check_usage(cfg) + check_other_attributes(cfg)
+    assert any("attributes key 'traceid' is not a name" in e for e in errors), errors
+    assert any("attributes key 'service_name' is not a name" in e for e in errors), errors
+    assert any(f"field outside the checked subset: 'attributes.{semconv.USAGE_ID}'" in e for e in errors), errors
+    assert any("attribute 'otel_llm.usage_id' is not a name" in e for e in errors), errors
+
+
+def test_negative_export_and_storage_keys(cfg):
+    ch = cfg["exporters"]["clickhouse/usage"]
+    ch["sending_queue"]["storge"] = ch["sending_queue"].pop("storage")
+    ch["ttl"] = 30
+    ch["retry_on_failure"]["max_elapsed"] = "0s"
+    cfg["extensions"]["file_storage/usage"]["fsynk"] = True
+    errors = check_components(cfg)
+    assert any("clickhouse/usage.sending_queue: unknown key 'storge'" in e for e in errors), errors
+    assert any("clickhouse/usage.ttl: 30 is not a valid duration" in e for e in errors), errors
+    assert any("clickhouse/usage.retry_on_failure: unknown key 'max_elapsed'" in e for e in errors), errors
+    assert any("file_storage/usage: unknown key 'fsynk'" in e for e in errors), errors
+
+
+def test_negative_without_parse_ints_the_timestamp_is_wrong(tmp_path):
+    """Why parse_ints: stanza's JSON parser otherwise makes every number a float64."""
+    receiver = copy.deepcopy(load("otelcol.yaml")["receivers"]["filelog/usage"])
+    spool_operator(receiver, "json_parser")["parse_ints"] = False
+    path, written = write_spool(tmp_path)
+    entry = run_operators(Path(path).read_text().splitlines()[0], receiver, path)
+    assert entry["timestamp"] != written[0][1]

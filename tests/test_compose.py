@@ -12,13 +12,18 @@
   (exemplar link, tracesToMetrics, serviceMap) exist;
 - images are pinned (no :latest, no untagged image), the collector version is inside the range
   collector-config/README.md states, and otelcol.yaml merged with the Jaeger overlay passes the
-  same static checks as collector-config/ (tests/test_collector_config.py).
+  same static checks as collector-config/ (tests/test_collector_config.py);
+- the usage ledger: a pinned ClickHouse service; one named spool volume, mounted by the vLLM
+  services at their OTEL_LLM_USAGE_DIR and read-only by the collector at the path its filelog
+  receiver reads (the config's ${env:...} expanded with the collector's environment); file_storage
+  on a volume; the collector's ClickHouse endpoint names the compose service.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 import shlex
 from pathlib import Path
@@ -57,6 +62,22 @@ def volumes() -> list[tuple[str, str, str]]:
             if host.startswith((".", "/", "~", "$")):  # bind mounts; named volumes skipped
                 result.append((name, host, container))
     return result
+
+
+def named_mounts(service: str) -> dict[str, tuple[str, bool]]:
+    """container path -> (named volume, read-only) of a service's named-volume mounts."""
+    result = {}
+    for vol in SERVICES[service].get("volumes") or []:
+        parts = vol.split(":")
+        if not parts[0].startswith((".", "/", "~", "$")):
+            result[parts[1]] = (parts[0], len(parts) > 2 and "ro" in parts[2].split(","))
+    return result
+
+
+def expand_otelcol(value: str, env: dict) -> str:
+    """The collector's ${env:VAR:-default} substitution, with a service's environment."""
+    return re.sub(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}",
+                  lambda m: str(env.get(m[1], m[2] or "")), value)
 
 
 def mounted(service: str, container_path: str) -> Path:
@@ -340,3 +361,52 @@ def test_prometheus_config_passes_promtool(tmp_path):
     cfg.write_text(yaml.safe_dump(prom))
     result = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- usage ledger: spool -> collector -> ClickHouse ------------------------------------------------
+
+VLLM_SERVICES = ("vllm", "vllm-cpu")
+CLICKHOUSE_NATIVE_PORT = 9000  # clickhouse-server's default tcp_port (the exporter's tcp:// endpoint)
+CLICKHOUSE_HTTP_PORT = 8123    # its HTTP interface (otel-llm report --ledger clickhouse://...)
+
+
+def test_clickhouse_service_pinned():
+    image = SERVICES["clickhouse"]["image"]
+    repo, _, tag = image.rpartition(":")
+    assert repo == "clickhouse/clickhouse-server"
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)*", tag), f"{image}: pin a version, not a moving tag"
+    assert f"127.0.0.1:{CLICKHOUSE_HTTP_PORT}:{CLICKHOUSE_HTTP_PORT}" in SERVICES["clickhouse"]["ports"]
+
+
+def test_usage_spool_shared_by_vllm_and_collector():
+    env = SERVICES["otel-collector"]["environment"]
+    (pattern,) = collector_config()["receivers"]["filelog/usage"]["include"]
+    spool_dir = posixpath.dirname(expand_otelcol(pattern, env))
+    volume, read_only = named_mounts("otel-collector")[spool_dir]
+    assert read_only, "the collector only reads the spool"
+    for name in VLLM_SERVICES:
+        svc_env = SERVICES[name]["environment"]
+        assert svc_env["OTEL_LLM_USAGE_DIR"] == spool_dir, name
+        assert named_mounts(name).get(spool_dir) == (volume, False), f"{name}: spool volume not mounted at {spool_dir}"
+
+
+def test_collector_file_storage_on_a_volume():
+    env = SERVICES["otel-collector"]["environment"]
+    directory = expand_otelcol(collector_config()["extensions"]["file_storage/usage"]["directory"], env)
+    volume, read_only = named_mounts("otel-collector")[directory]
+    assert not read_only and volume in COMPOSE["volumes"]
+
+
+def test_collector_emits_spool_records_synchronously():
+    """Without this gate the filelog receiver batches records in memory after moving its offsets."""
+    gates = [a.split("=", 1)[1] for a in command_args(SERVICES["otel-collector"]) if a.startswith("--feature-gates=")]
+    assert "stanza.synchronousLogEmitter" in ",".join(gates).split(",")
+
+
+def test_collector_clickhouse_endpoint_is_the_compose_service():
+    env = SERVICES["otel-collector"]["environment"]
+    endpoint = expand_otelcol(collector_config()["exporters"]["clickhouse/usage"]["endpoint"], env)
+    assert endpoint == env["CLICKHOUSE_ENDPOINT"]
+    assert host_port(endpoint) == ("clickhouse", CLICKHOUSE_NATIVE_PORT) and "clickhouse" in SERVICES
+    assert SERVICES["otel-collector"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+
