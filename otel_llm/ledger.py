@@ -113,9 +113,10 @@ def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    return (f"SELECT {dims}, {sums}, sum(input * (greatest(n, 1) - 1)) AS extra_choice_prompts, "
-            f"countIf(n > 1) AS multi_choice_requests, count() AS requests "
-            f"FROM ({_deduplicated(source, start, end)}) GROUP BY {groups} ORDER BY {groups}")
+    per_request = (f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi "
+                   f"FROM ({_deduplicated(source, start, end)})")
+    return (f"SELECT {dims}, {sums}, sum(extra) AS extra_choice_prompts, sum(multi) AS multi_choice_requests, "
+            f"count() AS requests FROM ({per_request}) GROUP BY {groups} ORDER BY {groups}")
 
 
 def records_sql(source: str, start: float, end: float) -> str:

@@ -1,10 +1,12 @@
 """`otel-llm report`: token usage and cost per tenant / scene / model / day, from Prometheus.
 
 Billing must equal what the engine counted, to the token, so totals are not taken from PromQL's
-`increase()` (which extrapolates to the window's edges and returns fractions). The raw samples of
-`gen_ai.server.token.usage` are fetched instead, and each series' increments are added up here:
-a counter reset (a restarted server) starts from zero again, and a series first seen inside the
-window (a server started inside it) counts from zero.
+`increase()` (which extrapolates to the window's edges and returns fractions). Each series' increments
+between raw samples of `gen_ai.server.token.usage` are added up instead (`increments()`): a counter
+reset (a restarted server) starts from zero again, and a series first seen inside the window (a server
+started inside it) counts from zero. `exact_increase()` gets those sums from a few values per series
+and chunk of the window, without fetching the samples. The usage ledger (`--ledger`) is what bills
+come from; without it the report warns where Prometheus' numbers fall short (`prometheus_warnings()`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import csv
 import datetime as dt
 import io
 import json
+import math
 import re
 import sys
 import urllib.error
@@ -147,6 +150,9 @@ def load_prices(path: str | Path) -> tuple[dict[str, Price], str]:
 
 # --- Prometheus ---------------------------------------------------------------------------------
 
+_MAX_GET = 6000  # longer queries go in a POST body (proxies cap URLs)
+
+
 class Prometheus:
     """The few calls of the Prometheus HTTP API we need (any PromQL-compatible server)."""
 
@@ -156,7 +162,12 @@ class Prometheus:
 
     def query(self, expr: str, at: float) -> list[dict]:
         params = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
-        request = urllib.request.Request(f"{self.url}/api/v1/query?{params}", headers={"Accept": "application/json"})
+        headers = {"Accept": "application/json"}
+        if len(params) <= _MAX_GET:
+            request = urllib.request.Request(f"{self.url}/api/v1/query?{params}", headers=headers)
+        else:
+            request = urllib.request.Request(f"{self.url}/api/v1/query", data=params.encode(), headers={
+                **headers, "Content-Type": "application/x-www-form-urlencoded"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = json.load(response)
@@ -181,6 +192,29 @@ def _json_or_none(exc):
         return None
 
 
+def _quote(value: str) -> str:
+    """A PromQL string literal."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _re_escape(value: str) -> str:
+    """value as a literal in an RE2 regular expression (PromQL's =~)."""
+    return re.sub(r"[][\\.+*?(){}|^$]", lambda m: "\\" + m.group(), value)
+
+
+def _selector(metric: str, label_sets: list[dict]) -> str:
+    """A selector matching (at least) the series with these label sets: per label the values they have,
+    leaving out labels with many values, which only widens the match."""
+    matchers = []
+    for name in sorted({n for labels in label_sets for n in labels if n != "__name__"}):
+        values = sorted({labels.get(name, "") for labels in label_sets})
+        if len(values) == 1:
+            matchers.append(f"{name}={_quote(values[0])}")
+        elif len(values) <= 16:
+            matchers.append(f"{name}=~{_quote('|'.join(map(_re_escape, values)))}")
+    return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
 # --- the arithmetic -----------------------------------------------------------------------------
 
 def increments(base: float | None, samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -198,6 +232,175 @@ def increments(base: float | None, samples: list[tuple[float, float]]) -> list[t
     return result
 
 
+# `increments()` over every raw sample is the definition; fetching them all costs memory and time in
+# proportion to the samples (a day of 9,000 series at 15 s is 52 M). The same sums come from a few
+# range functions per series and window (lo, hi], one value each:
+#   last = last_over_time, low = min_over_time, resets = resets (drops between consecutive samples),
+#   peak = max_over_time where it is above last (only after a drop)
+# With base the series' value before the window (None: it had none) and the samples s1..last:
+#   increments() adds last - base, plus at each drop the value it dropped from (the counter started
+#   from zero again), base too when s1 < base (a drop at the window's edge; with no base, from 0)
+#   resets == 0: s1 is low, so: low >= base (or no base): last - base; low < base: last
+#   resets == 1, peak present: the samples rose to peak, dropped, rose to last: last - base + peak
+#               (+ base for a drop at the edge: no drop when low >= base; else known only inside)
+# Any other window is halved and each half settled the same way: the halves' resets and the whole
+# window's give the drops at their shared edge. A reset falls on an edge after ~log2(window / scrape
+# interval) halvings at most, each a query for the series with resets only; one restart in a window
+# (the usual case) mostly settles in one or two.
+# A sample on a window's lower edge (Prometheus 2 range selectors include it, 3 not) changes none of
+# this: its value is base, a first step of 0. Where no method that reads counters can see a reset
+# (the counter restarted and grew past its old value between two scrapes) this one, like
+# increments(), counts the difference.
+
+_STAT, _PART = "otel_llm_stat", "otel_llm_part"  # labels telling apart the parts of one query's answer
+
+
+@dataclass
+class _Window:
+    labels: dict
+    last: float = 0.0
+    low: float = 0.0
+    resets: float = 0.0
+    peak: float | None = None
+
+    def settle(self, base: float | None, drop: bool | None) -> float | None:
+        """Tokens added in the window from base, or None when this window's values can't tell.
+        drop: whether the first sample is below base (None: not known)."""
+        if not self.resets:
+            return self.last if base is None or self.low < base else self.last - base
+        if base is None or self.low >= base:
+            drop = False
+        if self.resets == 1 and self.peak is not None and drop is not None:
+            return self.last - (base or 0.0) + (base if drop else 0.0) + self.peak
+        return None
+
+
+def _ms(ts: float) -> int:
+    return int(round(ts * 1000))
+
+
+def _windows(prom: Prometheus, selector: str, parts: list[tuple[int, int]],
+             peaks: bool = True) -> list[dict[tuple, _Window]]:
+    """Per part (a, b] (ms, in order): last value, minimum, resets and (peaks) peak of each series with
+    samples there."""
+    at = parts[-1][1]
+    exprs = []
+    for index, (a, b) in enumerate(parts):
+        window = f"{selector}[{b - a}ms]" + (f" offset {at - b}ms" if b != at else "")
+        stats = [("last", f"last_over_time({window})"), ("low", f"min_over_time({window})"),
+                 ("resets", f"resets({window}) > 0")]
+        if peaks:
+            stats.append(("peak", f"max_over_time({window}) > last_over_time({window})"))
+        for stat, expr in stats:
+            exprs.append(f'label_replace(label_replace({expr}, "{_STAT}", "{stat}", "", ""), '
+                         f'"{_PART}", "{index}", "", "")')
+    found: list[dict[tuple, _Window]] = [{} for _ in parts]
+    for series in prom.query(" or ".join(exprs), at / 1000):
+        labels = {k: v for k, v in series["metric"].items() if k not in (_STAT, _PART, "__name__")}
+        window = found[int(series["metric"][_PART])].setdefault(_series_id(labels), _Window(labels))
+        setattr(window, series["metric"][_STAT], float(series["value"][1]))
+    return found
+
+
+# series id -> (labels, base, drop at the window's edge (None: not known), resets in the window)
+_Open = dict[tuple, tuple[dict, "float | None", "bool | None", float]]
+
+
+def _split(prom: Prometheus, metric: str, a: int, b: int, series: _Open) -> dict[tuple, float]:
+    """Tokens added in (a, b] to series whose window did not settle."""
+    if not series:
+        return {}
+    if b - a < 2:  # can't halve a millisecond: at most the samples on its two edges
+        return {sid: _raw_increase(prom, metric, labels, a, b, base)
+                for sid, (labels, base, _, _) in series.items()}
+    halves = [(a, (a + b) // 2), ((a + b) // 2, b)]
+    found = _windows(prom, _selector(metric, [labels for labels, *_ in series.values()]), halves)
+    added = dict.fromkeys(series, 0.0)
+    inner: list[_Open] = [{}, {}]
+    for sid, (labels, base, drop, resets) in series.items():
+        first, second = (windows.get(sid) for windows in found)
+        # a drop at the halves' shared edge is one of the window's resets that neither half has
+        edges = (drop, drop if first is None else resets > (first.resets + (second.resets if second else 0)))
+        for index, window in enumerate((first, second)):
+            if window is None:
+                continue
+            settled = window.settle(base, edges[index])
+            if settled is None:
+                inner[index][sid] = (labels, base, edges[index], window.resets)
+            else:
+                added[sid] += settled
+            base = window.last
+    for (lo, hi), unsettled in zip(halves, inner):
+        for sid, tokens in _split(prom, metric, lo, hi, unsettled).items():
+            added[sid] += tokens
+    return added
+
+
+def _raw_increase(prom: Prometheus, metric: str, labels: dict, a: int, b: int, base: float | None) -> float:
+    sid = _series_id(labels)
+    samples = [(ts, float(v)) for series in prom.query(f"{_selector(metric, [labels])}[{b - a}ms]", b / 1000)
+               if _series_id(series["metric"]) == sid
+               for ts, v in series["values"] if a < _ms(float(ts)) <= b]
+    return sum(added for _, added in increments(base, samples))
+
+
+def _chunks(start: int, end: int, chunk: int, split_days: bool) -> list[tuple[int, int]]:
+    """(lo, hi] windows in ms covering (start, end]. split_days: none spans two UTC days, so each holds
+    samples of one day (they are cut 1 ms before midnight: a sample at 00:00:00 is the new day's)."""
+    if split_days:
+        day = _DAY * 1000
+        midnight = start - start % day
+        cuts = {t - 1 if t % day == 0 else t for t in range(midnight + chunk, end + 1, chunk)}
+        cuts |= set(range(midnight + day - 1, end, day))
+    else:
+        cuts = set(range(start + chunk, end, chunk))
+    points = [start, *sorted(t for t in cuts if start < t < end), end]
+    return list(zip(points, points[1:]))
+
+
+def exact_increase(prom: Prometheus, metric: str, start: float, end: float, by: list[str], *,
+                   chunk: int = _DAY, progress=None) -> dict[tuple[str, ...], float]:
+    """What counter `metric` counted in (start, end], per `by` key, exactly as increments() adds up its
+    raw samples (a reset counts from zero, a series first seen in the window from zero) at a cost that
+    grows with series and chunks, not samples.
+
+    by: label names, and "day" (the UTC date of each increment's sample); keys are tuples of label values
+    (UNSET where a series lacks the label); only keys with tokens added. progress(step, steps, lo, hi)
+    is called before each chunk."""
+    start_ms, end_ms = _ms(start), _ms(end)
+    # each series' value at the window's start: its last sample before it, looking further back than
+    # PromQL's 5-minute staleness, so a scrape gap before the window does not make an old series look
+    # new (and count its whole total again)
+    values: dict[tuple, float] = {_series_id(r["metric"]): float(r["value"][1])
+                                  for r in prom.query(f"last_over_time({metric}[{BASE_LOOKBACK}])", start_ms / 1000)}
+    totals: dict[tuple[str, ...], float] = {}
+
+    def add(labels: dict, day: str, tokens: float) -> None:
+        if tokens:
+            key = tuple(day if name == "day" else labels.get(name, UNSET) for name in by)
+            totals[key] = totals.get(key, 0.0) + tokens
+
+    chunks = _chunks(start_ms, end_ms, max(1, _ms(chunk)), "day" in by)
+    for step, (lo, hi) in enumerate(chunks, 1):
+        if progress:
+            progress(step, len(chunks), lo / 1000, hi / 1000)
+        day = _day((lo + 1) / 1000)
+        reset: _Open = {}
+        # no peaks here: they'd cost the server two more passes over every sample, and rarely settle a
+        # window whose edge is not known
+        for sid, window in _windows(prom, metric, [(lo, hi)], peaks=False)[0].items():
+            base = values.get(sid)
+            settled = window.settle(base, None)
+            if settled is None:
+                reset[sid] = (window.labels, base, None, window.resets)
+            else:
+                add(window.labels, day, settled)
+            values[sid] = window.last
+        for sid, tokens in _split(prom, metric, lo, hi, reset).items():
+            add(reset[sid][0], day, tokens)
+    return totals
+
+
 @dataclass
 class Row:
     key: tuple[str, ...]
@@ -209,40 +412,64 @@ class Row:
 
 def collect(prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY,
             progress=None) -> dict[tuple[str, ...], Row]:
-    """Exact token totals per `by` key over [start, end), from raw samples, a chunk at a time."""
+    """Exact token totals per `by` key over (start, end] (see exact_increase), a chunk at a time."""
+    labels = ["day" if d == "day" else DIMENSIONS[d] for d in by]
     rows: dict[tuple[str, ...], Row] = {}
-    # the value each series had at the start of the window: its last sample before it, looking
-    # further back than PromQL's 5-minute staleness, so a scrape gap before the window does not
-    # make an old series look new (and count its whole total again)
-    bases = {_series_id(r["metric"]): float(r["value"][1])
-             for r in prom.query(f"last_over_time({TOKEN_METRIC}[{BASE_LOOKBACK}])", start)}
-    last: dict[tuple, float | None] = {}
-    steps = max(1, int((end - start + chunk - 1) // chunk))
-    for step in range(steps):
-        lo, hi = start + step * chunk, min(end, start + (step + 1) * chunk)
-        if progress:
-            progress(step + 1, steps, lo, hi)
-        # raw samples in (lo, hi]
-        window = max(1, int(round(hi - lo)))
-        for series in prom.query(f"{TOKEN_METRIC}[{window}s]", hi):
-            metric = series["metric"]
-            sid = _series_id(metric)
-            samples = [(float(ts), float(v)) for ts, v in series["values"] if lo < float(ts) <= hi]
-            base = last.get(sid, bases.get(sid))
-            if samples:
-                last[sid] = samples[-1][1]
-            token_type = metric.get(TYPE_LABEL)
-            if token_type not in TOKEN_TYPES:
-                continue
-            for ts, added in increments(base, samples):
-                key = tuple(_day(ts) if d == "day" else metric.get(DIMENSIONS[d], UNSET) for d in by)
-                row = rows.setdefault(key, Row(key))
-                row.tokens[token_type] += int(round(added))
+    for key, tokens in exact_increase(prom, TOKEN_METRIC, start, end, [*labels, TYPE_LABEL], chunk=chunk,
+                                      progress=progress).items():
+        *row_key, token_type = key
+        if token_type in TOKEN_TYPES:
+            row = rows.setdefault(tuple(row_key), Row(tuple(row_key)))
+            row.tokens[token_type] += int(round(tokens))
     return rows
 
 
 def _series_id(metric: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def prometheus_warnings(prom: Prometheus, start: float, end: float, metric: str = TOKEN_METRIC) -> list[str]:
+    """Why a report of (start, end] from Prometheus can fall short of the bills: the window starts before
+    the oldest sample it holds of `metric`, or tenants went over the label cap. A few one-value queries."""
+    found = []
+    first = _first_sample(prom, metric, start, end)
+    if first is not None:
+        if first == math.inf:
+            found.append(f"Prometheus holds no data for {metric} from {_iso(start - parse_duration(BASE_LOOKBACK))}"
+                         f" to {_iso(end)}: the report is empty; use --ledger for bills")
+        else:
+            found.append(f"Prometheus holds data for {metric} only from {_iso(first)}: the report covers "
+                         f"{_iso(first)}..{_iso(end)}; use --ledger for bills")
+    tenant = DIMENSIONS["tenant"]
+    if _has_samples(prom, f"{metric}{{{tenant}={_quote(semconv.LABEL_OTHER)}}}", _ms(start), _ms(end)):
+        found.append(f"{tenant}={_quote(semconv.LABEL_OTHER)} in {metric}: tenants past "
+                     f"OTEL_LLM_METRIC_LABEL_LIMIT are merged into it and cannot be billed from metrics; "
+                     f"use --ledger for bills")
+    return found
+
+
+def _has_samples(prom: Prometheus, selector: str, a: int, b: int) -> bool:
+    """Whether any series of selector has a sample in (a, b] (ms; a sample exactly at a may count)."""
+    return bool(prom.query(f"count(last_over_time({selector}[{b - a}ms]))", b / 1000))
+
+
+def _first_sample(prom: Prometheus, metric: str, start: float, end: float) -> float | None:
+    """None when Prometheus holds a sample of metric up to BASE_LOOKBACK before start; else the time of
+    its first sample in (start, end], to the second (inf when there is none)."""
+    start_ms, end_ms = _ms(start), _ms(end)
+    for lookback in (3600, _DAY, parse_duration(BASE_LOOKBACK)):  # short first: usually enough
+        if _has_samples(prom, metric, start_ms - lookback * 1000, start_ms):
+            return None
+    lo, hi = start_ms, end_ms  # no sample at or before lo, the first one in (lo, hi]
+    if not _has_samples(prom, metric, lo, hi):
+        return math.inf
+    while hi - lo > 1000:
+        mid = (lo + hi) // 2
+        if _has_samples(prom, metric, lo, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi / 1000
 
 
 def price_rows(rows: dict[tuple, Row], by: list[str], prices: dict[str, Price]) -> list[str]:
@@ -346,7 +573,12 @@ def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple
     if getattr(args, "ledger", None):
         from otel_llm import ledger
 
-        return ledger.open_ledger(args.ledger, args.timeout).usage(start, end, by)
+        source = ledger.open_ledger(args.ledger, args.timeout)
+        skipped = source.unreadable_lines()
+        if skipped:
+            err.write(f"warning: {skipped} unreadable line(s) in the spool skipped (torn by a machine crash or a "
+                      f"full disk; whole records are all counted)\n")
+        return source.usage(start, end, by)
     unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
     if unknown:
         raise ReportError(f"--by {','.join(unknown)} needs --ledger (Prometheus labels: "
@@ -366,6 +598,7 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         prices, currency = load_prices(args.prices) if args.prices else ({}, None)
 
         rows = usage_rows(args, start, end, by, err)
+        _warn(args, start, end, err)
         if prices:
             missing = price_rows(rows, by, prices)
             if missing:
@@ -377,10 +610,17 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         return 2
 
 
+def _warn(args, start: float, end: float, err) -> None:
+    """Without --ledger: what makes the Prometheus numbers fall short of the bills (prometheus_warnings)."""
+    if not getattr(args, "ledger", None):
+        for line in prometheus_warnings(Prometheus(args.prometheus, args.timeout), start, end):
+            err.write(f"warning: {line}\n")
+
+
 def _progress(err):
     def progress(step, steps, lo, hi):
         if steps > 1:
-            err.write(f"\rreading {_day(lo)} ({step}/{steps})")
+            err.write(f"\rreading {_day(lo + 0.001)} ({step}/{steps})")
             err.flush()
             if step == steps:
                 err.write("\n")
@@ -398,6 +638,7 @@ def _budget_view(args, now: float, out, err) -> int:
         end = parse_time(args.end) if args.end else now
         start = end - end % _DAY  # the current UTC day
     rows = usage_rows(args, start, end, ["tenant", "scene"], err)
+    _warn(args, start, end, err)
     result = budget_file.status(budgets, rows)
     columns = ["tenant", "scene", "used", "budget", "share", "state"]
     if args.format == "json":
