@@ -47,3 +47,21 @@ class Traceparent:
 @pytest.fixture
 def traceparent():
     return Traceparent()
+
+
+def start_prometheus(vllm, tmp_path_factory, **options):
+    """A real Prometheus scraping the server every second, returned after its first scrape of vLLM's
+    counters: traffic sent before it would be missed (a series' first sample counts from zero)."""
+    import time
+
+    from otel_llm.devserver import PrometheusServer
+
+    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"), **options)
+    prom.start()
+    deadline = time.monotonic() + 60
+    while not prom.query("vllm:generation_tokens_total"):
+        if time.monotonic() > deadline:
+            prom.stop()
+            raise TimeoutError("Prometheus never scraped vLLM")
+        time.sleep(0.5)
+    return prom

@@ -18,11 +18,10 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from conftest import start_server
+from conftest import start_prometheus, start_server
 from helpers import LONG_PROMPT
 
 from otel_llm import billing_export, ledger, reconcile, report, semconv
-from otel_llm.devserver import PrometheusServer
 from otel_llm.tiny_model import MODEL_NAME
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
@@ -49,14 +48,7 @@ def vllm(receiver, tmp_path_factory, spool):
 
 @pytest.fixture(scope="module")
 def prometheus(vllm, tmp_path_factory):
-    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"))
-    prom.start()
-    # the engine counters' first scrape must come before any traffic: a series' first sample
-    # counts from zero
-    deadline = time.monotonic() + 60
-    while not prom.query("vllm:generation_tokens_total"):
-        assert time.monotonic() < deadline, "Prometheus never scraped vLLM"
-        time.sleep(0.5)
+    prom = start_prometheus(vllm, tmp_path_factory)
     yield prom
     prom.stop()
 

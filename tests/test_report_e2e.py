@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from conftest import start_server
+from conftest import start_prometheus, start_server
 from helpers import LONG_PROMPT
 
 from otel_llm import report, semconv
-from otel_llm.devserver import PrometheusServer, write_keys_file
+from otel_llm.devserver import write_keys_file
 from otel_llm.tiny_model import MODEL_NAME
 
 
@@ -41,8 +41,7 @@ def vllm(receiver, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prometheus(vllm, tmp_path_factory):
-    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"))
-    prom.start()
+    prom = start_prometheus(vllm, tmp_path_factory)
     yield prom
     prom.stop()
 
