@@ -60,6 +60,7 @@ class Spool:
         self._failed_open_at: float | None = None
         self._warned: set[str] = set()
         self._fsync_thread: threading.Thread | None = None
+        self._retired: list[int] = []  # rotated files the fsync thread syncs and closes
         self._stop = threading.Event()
 
     @property
@@ -93,7 +94,7 @@ class Spool:
         now = time.monotonic()
         if self._fd is not None and self._pid != os.getpid():
             # a forked child (vLLM's engine core) must not share the parent's file
-            self._fd, self._path, self._fsync_thread = None, None, None
+            self._fd, self._path, self._fsync_thread, self._retired = None, None, None, []
         if self._fd is not None and (self._size >= self.max_bytes or now - self._opened_at >= self.max_age_s):
             self._close_file()
         if self._fd is None:
@@ -117,16 +118,17 @@ class Spool:
         self._path, self._size, self._opened_at, self._torn = path, 0, now, False
         self._start_fsync_thread()
 
-    def _close_file(self) -> None:
+    def _close_file(self, *, now: bool = False) -> None:
+        """Rotation hands the old file to the fsync thread (a request never waits for fsync);
+        close() and a spool without the thread fsync and close it here."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        os.close(fd)
         self._dirty = False
+        if now or self._fsync_thread is None:
+            _fsync_and_close(fd)
+        else:
+            self._retired.append(fd)
 
     def _start_fsync_thread(self) -> None:
         if self._fsync_thread is not None or self.fsync_interval_s <= 0:
@@ -142,10 +144,16 @@ class Spool:
     def sync(self) -> None:
         """fsync what was written since the last sync (the background thread calls this)."""
         with self._lock:
+            retired, self._retired = self._retired, []
             if not self._dirty or self._fd is None or self._pid != os.getpid():
-                return
-            fd = self._fd
-            self._dirty = False
+                fd = None
+            else:
+                fd = self._fd
+                self._dirty = False
+        for old in retired:
+            _fsync_and_close(old)
+        if fd is None:
+            return
         try:
             os.fsync(fd)  # outside the lock: a request never waits for the disk
         except OSError as exc:
@@ -156,7 +164,10 @@ class Spool:
         self._stop.set()
         with self._lock:
             if self._pid == os.getpid():
-                self._close_file()
+                self._close_file(now=True)
+                retired, self._retired = self._retired, []
+                for fd in retired:
+                    _fsync_and_close(fd)
 
     def _drop(self, reason: str, message: str) -> None:
         self._warn_once(reason, f"otel-llm: usage record dropped: {message}. Requests are served; further "
@@ -167,6 +178,14 @@ class Spool:
         if key not in self._warned:
             self._warned.add(key)
             _log.warning(message)
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def _safe_host() -> str:

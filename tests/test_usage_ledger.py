@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import threading
 import time
 
 import pytest
@@ -262,3 +263,22 @@ def test_the_report_says_how_many_torn_lines_it_skipped(spool_dir):
     assert report.run(args, now=T0 + 2 * DAY, out=out, err=err) == 0
     assert "warning: 1 unreadable line(s)" in err.getvalue()
     assert json.loads(out.getvalue())["total"]["tokens"] == {"input": 30, "cached_input": 8, "output": 15}
+
+
+def test_rotated_files_are_synced_and_closed_by_the_fsync_thread_not_the_request(tmp_path, monkeypatch):
+    real_fsync, synced_in = os.fsync, []
+    monkeypatch.setattr(usage.os, "fsync", lambda fd: (synced_in.append(threading.current_thread().name),
+                                                       real_fsync(fd)))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    spool = usage.Spool(str(tmp_path), max_bytes=200, fsync_interval_s=0.02)
+    for i in range(12):
+        spool.write(line(record(f"k{i}")))
+    assert len(files(tmp_path)) >= 4
+    assert set(synced_in) <= {"otel-llm-usage-fsync"}  # nothing on the writing thread
+    deadline = time.monotonic() + 30
+    while spool._retired or len(os.listdir("/proc/self/fd")) > fds_before + 1:
+        assert time.monotonic() < deadline, "rotated files were never closed"
+        time.sleep(0.01)
+    spool.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert len(ledger.read_spool(str(tmp_path))) == 12
