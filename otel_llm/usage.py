@@ -62,6 +62,13 @@ class Spool:
         self._fsync_thread: threading.Thread | None = None
         self._retired: list[int] = []  # rotated files the fsync thread syncs and closes
         self._stop = threading.Event()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child (vLLM's engine core) gets its own file, lock and fsync thread: the parent's
+        lock may have been held by another thread at the fork."""
+        self._lock = threading.Lock()
+        self._fd, self._path, self._fsync_thread, self._retired, self._dirty = None, None, None, [], False
 
     @property
     def path(self) -> str | None:
@@ -92,9 +99,6 @@ class Spool:
 
     def _file(self) -> int:
         now = time.monotonic()
-        if self._fd is not None and self._pid != os.getpid():
-            # a forked child (vLLM's engine core) must not share the parent's file
-            self._fd, self._path, self._fsync_thread, self._retired = None, None, None, []
         if self._fd is not None and (self._size >= self.max_bytes or now - self._opened_at >= self.max_age_s):
             self._close_file()
         if self._fd is None:
