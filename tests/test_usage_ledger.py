@@ -282,3 +282,34 @@ def test_rotated_files_are_synced_and_closed_by_the_fsync_thread_not_the_request
     spool.close()
     assert len(os.listdir("/proc/self/fd")) == fds_before
     assert len(ledger.read_spool(str(tmp_path))) == 12
+
+
+def test_budgets_and_prices_read_the_ledger_too(spool_dir, tmp_path):
+    import argparse
+    import io
+
+    from otel_llm import report
+
+    budgets = tmp_path / "budgets.json"
+    budgets.write_text(json.dumps({"budgets": [{"tenant": "acme", "tokens_per_day": 16},
+                                               {"tenant": "beta", "tokens_per_day": 10}]}))
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"*": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}}))
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+
+    def run(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        code = report.run(parser.parse_args(["--ledger", str(spool_dir), "--format", "json", *argv]),
+                          now=T0 + 2 * DAY, out=out, err=err)
+        return code, json.loads(out.getvalue())
+
+    code, view = run("--budgets", str(budgets), "--start", str(T0), "--end", str(T0 + DAY))
+    assert code == 1  # one budget is over; each tenant used 10 input + 5 output tokens that day
+    assert [(b["tenant"], b["used"], b["state"]) for b in view["budgets"]] == [("acme", 15, "near"),
+                                                                             ("beta", 15, "over")]
+    code, priced = run("--prices", str(prices), "--start", str(T0), "--end", str(T0 + 2 * DAY), "--by", "tenant")
+    assert code == 0
+    acme = next(r for r in priced["rows"] if r["tenant"] == "acme")
+    # 20 input of which 8 cached, 12 output: (12 x 1.0 + 8 x 0.5 + 12 x 2.0) per million
+    assert acme["cost"] == pytest.approx(40 / 1e6) and acme["requests"] == 2
