@@ -90,6 +90,8 @@ VLLM_LOCAL_CACHED_TOKENS = "vllm.usage.cache_read.local_input_tokens"
 VLLM_EXTERNAL_CACHED_TOKENS = "vllm.usage.cache_read.external_input_tokens"
 VLLM_STREAM_TTFT_SECONDS = "vllm.latency.time_to_first_chunk_sent"
 VLLM_PHASE_TIMING_UNAVAILABLE = "vllm.latency.unavailable"
+# engine requests of an n > 1 request whose queue/prefill/decode child spans were not made
+VLLM_PHASE_SPANS_OMITTED = "vllm.latency.phase_spans_omitted"
 
 # Tenant attribution (spans carry the full value; metric labels are capped, see config)
 TENANT_ID = "tenant.id"

@@ -125,6 +125,33 @@ def test_n_greater_than_one(server, client, receiver, traceparent):
     assert sorted(s.name for s in phases) == sorted(semconv.PHASE_SPANS * 2)
     # one queue/prefill/decode chain per engine request, told apart by its id
     assert len({s.attributes[semconv.VLLM_REQUEST_ID] for s in phases}) == 2
+    # the request's latency, not the sum over its engine requests: phases that follow each other
+    # inside the span, and decode from the first token of any choice to the last token of any
+    queue, prefill, decode = (attrs[k] for k in (semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS,
+                                                 semconv.VLLM_DECODE_SECONDS))
+    assert queue + prefill + decode <= genai.duration_s
+    decodes = [s for s in phases if s.name == semconv.SPAN_DECODE]
+    union = (max(s.end_ns for s in decodes) - min(s.start_ns for s in decodes)) / 1e9
+    assert abs(decode - union) < 2e-6
+    assert semconv.VLLM_PHASE_SPANS_OMITTED not in attrs
+
+
+def test_many_choices_make_a_bounded_number_of_phase_spans(server, client, receiver, traceparent):
+    from otel_llm.vllm.request_telemetry import MAX_PHASE_SPAN_CHAINS
+
+    n = MAX_PHASE_SPAN_CHAINS + 6
+    client.completions.create(model=MODEL_NAME, prompt="many", max_tokens=2, n=n, temperature=0.8,
+                              extra_headers=traceparent.headers())
+    spans = request_trace(receiver, traceparent.trace_id, phases=3 * MAX_PHASE_SPAN_CHAINS)
+    (genai,) = genai_spans(spans)
+    assert genai.attributes[semconv.VLLM_ENGINE_REQUESTS] == n
+    assert genai.attributes[semconv.VLLM_PHASE_SPANS_OMITTED] == n - MAX_PHASE_SPAN_CHAINS
+    time.sleep(1)  # (any late phase span would be exported within the 200 ms batch delay)
+    phases = [s for s in receiver.traces()[traceparent.trace_id] if s.parent_span_id == genai.span_id]
+    assert len(phases) == 3 * MAX_PHASE_SPAN_CHAINS
+    attrs = genai.attributes
+    assert (attrs[semconv.VLLM_QUEUE_SECONDS] + attrs[semconv.VLLM_PREFILL_SECONDS]
+            + attrs[semconv.VLLM_DECODE_SECONDS]) <= genai.duration_s
 
 
 def test_prefix_cache_hits_equal_usage_cached_tokens(server, client, receiver):

@@ -170,6 +170,32 @@ def test_stream_closed_early_is_an_abort(fake_record):
     assert fake_record.calls == [{"aborted": True}]
 
 
+def test_a_failing_first_chunk_hook_does_not_stop_the_stream(fake_record):
+    def boom():
+        raise RuntimeError("injected")
+
+    fake_record.on_first_chunk = boom
+
+    async def run():
+        return [c async for c in hooks._StreamTelemetry(_chunks(3), fake_record)]
+
+    assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
+    assert fake_record.calls == [{}]
+
+
+def test_the_done_chunk_ends_the_record_before_it_is_sent(fake_record):
+    async def done_stream():
+        yield "data: 0\n\n"
+        yield "data: [DONE]\n\n"
+        assert fake_record.calls == [{}], "ended (and billed) before [DONE] left"
+
+    async def run():
+        return [c async for c in hooks._StreamTelemetry(done_stream(), fake_record)]
+
+    assert asyncio.run(run())[-1] == "data: [DONE]\n\n"
+    assert fake_record.calls == [{}]
+
+
 def test_error_responses_are_recognised():
     error = SimpleNamespace(error=SimpleNamespace(code=404, type="NotFoundError", message="no model"))
     assert hooks._error_of(error) == ("NotFoundError", "no model")

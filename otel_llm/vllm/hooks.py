@@ -145,7 +145,7 @@ class _StreamTelemetry:
             detach(tokens)
         self._started = True
         if self._sse:
-            record.on_first_chunk()
+            _first_chunk(record)
         return chunk
 
     async def aclose(self):
@@ -161,6 +161,9 @@ class _StreamTelemetry:
         record = self._record
         if not record.ended:
             record.end(aborted=True)
+
+
+_first_chunk = _safe("recording a stream's first chunk")(lambda record: record.on_first_chunk())
 
 
 def _end_with_exception(record, exc: BaseException) -> None:

@@ -26,6 +26,10 @@ from otel_llm.usage import UsageLedger
 
 _log = logging.getLogger(__name__)
 
+# Phase child spans are made for this many engine requests of one request at most (n > 1 makes one
+# engine request per choice; n may be 16384): the rest are counted in VLLM_PHASE_SPANS_OMITTED.
+MAX_PHASE_SPAN_CHAINS = 4
+
 # The request being served in the current task; the engine hooks attach to it.
 CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
 
@@ -432,7 +436,10 @@ class RequestTelemetry:
         return reasons
 
     def _phases(self, end_ns: int) -> "_Timing":
-        """Queue / prefill / decode child spans from the engine's monotonic timestamps."""
+        """Queue / prefill / decode of the request, and child spans from the engine's monotonic
+        timestamps. With n > 1 (one engine request per choice) the request's phases span its
+        engine requests: queue until the first was scheduled, prefill until the first token,
+        decode until the last token of any; child spans for the first MAX_PHASE_SPAN_CHAINS."""
         timing = _Timing()
         states = [s for s in self.engine_states if s.stats is not None]
         if len(states) < len(self.engine_states) or not states:
@@ -442,12 +449,13 @@ class RequestTelemetry:
         # The engine core stamps time.monotonic(); on one host that clock is shared by all
         # processes, so wall = monotonic + (time.time() - time.monotonic()) here.
         offset = time.time() - time.monotonic()
-        queue = prefill = decode = 0.0
+        queued = scheduled = first = last = 0.0
         ttft = None
         preemptions = gen_tokens = 0
         have_events = True
         # an unsampled request (head sampling) pays for no child spans
         make_spans = self.telemetry.settings.phase_spans and self.span.is_recording()
+        chains = 0
         for state in states:
             stats = state.stats
             preemptions += stats.num_preemptions
@@ -455,7 +463,8 @@ class RequestTelemetry:
             if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
                 ttft = stats.first_token_latency
             if stats.first_token_ts and stats.last_token_ts:
-                decode += stats.last_token_ts - stats.first_token_ts
+                first = _earliest(first, stats.first_token_ts)
+                last = max(last, stats.last_token_ts)
             bounds = _phase_bounds(stats)
             if bounds is None:
                 # no QUEUED event: the engine core records none when it was started with
@@ -464,20 +473,21 @@ class RequestTelemetry:
                 if stats.first_token_ts:
                     _warn_no_engine_events()
                 continue
-            q0, q1, p1, _ = bounds
-            if q1:
-                queue += q1 - q0
-                if p1:
-                    prefill += p1 - q1
-            if make_spans:
+            queued = _earliest(queued, bounds[0])
+            scheduled = _earliest(scheduled, bounds[1])
+            if make_spans and chains < MAX_PHASE_SPAN_CHAINS:
+                chains += 1
                 self._phase_spans(state, bounds, offset, end_ns, len(states) > 1)
         if have_events:
-            timing.attributes[semconv.VLLM_QUEUE_SECONDS] = queue
-            timing.attributes[semconv.VLLM_PREFILL_SECONDS] = prefill
+            timing.attributes[semconv.VLLM_QUEUE_SECONDS] = scheduled - queued if scheduled else 0.0
+            timing.attributes[semconv.VLLM_PREFILL_SECONDS] = first - scheduled if scheduled and first else 0.0
         else:
             timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
+        decode = last - first if first else 0.0
         if self.info.generates:
             timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
+        if make_spans and len(states) > chains and have_events:
+            timing.attributes[semconv.VLLM_PHASE_SPANS_OMITTED] = len(states) - chains
         timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
         if ttft is not None:
             timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
@@ -563,6 +573,11 @@ def _warn_no_engine_events() -> None:
             "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
             "child spans. Drop --disable-log-stats to get them."
         )
+
+
+def _earliest(current: float, candidate: float) -> float:
+    """The earlier of two engine timestamps, 0 meaning none yet."""
+    return candidate if not current or (candidate and candidate < current) else current
 
 
 def _phase_bounds(stats):
