@@ -241,7 +241,8 @@ def traces() -> dict:
         panel("Request duration (exemplars link to traces)", quantiles(DURATION, OURS), "s"),
         traceql("Slow requests: time to first token over 2 s",
                 f'{{ span.{semconv.VLLM_TTFT_SECONDS} > 2 && span.{semconv.TENANT_ID} =~ "$tenant" }}'),
-        traceql("Slow requests: end to end over 30 s", f"{{ span.{semconv.VLLM_E2E_SECONDS} > 30 }}"),
+        traceql("Slow requests: end to end over 30 s",
+                f'{{ span.{semconv.GEN_AI_OPERATION_NAME} != nil && duration > 30s }}'),
         traceql("Large requests: over 4000 input tokens", f"{{ span.{semconv.GEN_AI_USAGE_INPUT_TOKENS} > 4000 }}"),
         traceql("Failed requests", f'{{ span.{semconv.ERROR_TYPE} != nil && span.{semconv.TENANT_ID} =~ "$tenant" }}'),
     ])
@@ -254,6 +255,17 @@ def dashboards() -> dict[str, dict]:
 def promql_targets(board: dict) -> list[tuple[str, str]]:
     """(panel title, expr) of every Prometheus query of a dashboard."""
     return [(p["title"], t["expr"]) for p in board["panels"] for t in p["targets"] if "expr" in t]
+
+
+def traceql_targets(board: dict) -> list[tuple[str, str]]:
+    """(panel title, query) of every TraceQL query of a dashboard."""
+    return [(p["title"], t["query"]) for p in board["panels"] for t in p["targets"]
+            if t.get("queryType") == "traceql"]
+
+
+def traceql_span_attributes(query: str) -> set[str]:
+    """The span attributes (`span.NAME`) a TraceQL query reads."""
+    return set(re.findall(r"\bspan\.([A-Za-z_][\w.]*)", query))
 
 
 def render(board: dict) -> str:

@@ -127,7 +127,7 @@ def traces(server, receiver):
         complete("normal", "hello there", 8)
 
         tp = ids["error_404"] = Traceparent()
-        r = c.post("/v1/chat/completions", headers=tp.headers(),
+        r = c.post("/v1/chat/completions", headers=tp.headers(**{"x-tenant-id": "acme"}),
                    json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 404, r.text
 
@@ -221,3 +221,18 @@ def test_slow_ttft_unscaled_keeps_no_tiny_model_trace(traces, policies):
     (ttft,) = [p for p in policies if p["name"] == "slow-ttft"]
     for case, spans in traces.items():
         assert "slow-ttft" not in keeping_policies([ttft], as_eval_trace(spans)), case
+
+
+def test_every_span_attribute_a_traceql_panel_reads_is_on_real_spans(traces):
+    """The Traces dashboard's TraceQL tables can only match attributes the server really emits (a
+    panel on an attribute nothing emits shows an empty table forever)."""
+    from otel_llm import dashboards
+
+    emitted = {key for spans in traces.values() for s in spans for key in s.attributes}
+    read = {(name, title, attr) for name, board in dashboards.dashboards().items()
+            for title, query in dashboards.traceql_targets(board)
+            for attr in dashboards.traceql_span_attributes(query)}
+    assert read, "no TraceQL panel found"
+    assert [(name, title, attr) for name, title, attr in sorted(read) if attr not in emitted] == []
+    # and the check can fail: the panel the fault-and-fuzz run found reading nothing
+    assert semconv.VLLM_E2E_SECONDS not in emitted
