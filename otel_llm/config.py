@@ -52,6 +52,9 @@ class Settings:
     # `label_limit` distinct values seen keep theirs and the rest become "other".
     label_allow_list: tuple[str, ...] = ()
     label_limit: int = 50
+    # Tenant / scene / cost-center values from headers or baggage longer than this, or holding
+    # control characters, are ignored (see attribution_value)
+    attribution_max_length: int = 128
     phase_spans: bool = True
     http_excluded_urls: str = "/metrics,/health,/ping,/load,/version,/server_info"
     # Usage ledger (otel_llm/usage.py): spool directory, OTLP log events, fsync batching, rotation
@@ -73,6 +76,7 @@ class Settings:
             api_keys_file=os.environ.get("OTEL_LLM_API_KEYS_FILE") or None,
             label_allow_list=_env_list("OTEL_LLM_METRIC_LABEL_ALLOW_LIST"),
             label_limit=_env_int("OTEL_LLM_METRIC_LABEL_LIMIT", 50),
+            attribution_max_length=_env_int("OTEL_LLM_ATTRIBUTION_MAX_LENGTH", 128),
             phase_spans=_env_bool("OTEL_LLM_PHASE_SPANS", True),
             usage_dir=os.environ.get("OTEL_LLM_USAGE_DIR") or None,
             usage_events=_env_bool("OTEL_LLM_USAGE_EVENTS", False),
@@ -84,6 +88,28 @@ class Settings:
                 os.environ.get("OTEL_PYTHON_EXCLUDED_URLS", cls.http_excluded_urls),
             ),
         )
+
+
+def attribution_value(raw, max_length: int) -> str | None:
+    """A tenant / scene / cost-center value as a client sent it, or None when it is not one.
+
+    HTTP headers arrive decoded as latin-1 (the ASGI rule): UTF-8 sent by the client is decoded as
+    UTF-8 again (`租户-é`, not `ç§\x9fæ\x88·-Ã©`). Surrounding blanks are dropped. A value longer
+    than max_length characters or holding control / format characters is refused whole (cut, two
+    tenants could become one bill)."""
+    if not isinstance(raw, str):
+        return None
+    value = raw.strip()
+    if not value.isascii():
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass  # not UTF-8 sent as bytes: keep it as it came
+    if not value or len(value) > max_length:
+        return None
+    if not value.isprintable():  # control, format, separators other than the plain space
+        return None
+    return value
 
 
 @dataclass

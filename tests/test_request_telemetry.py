@@ -205,3 +205,32 @@ def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
     assert calls == ["chat m"]  # no work spent on phase spans nobody will see
     (duration,) = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
     assert duration.count == 1
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("acme", "acme"),
+    ("  acme  ", "acme"),
+    ("租户-é".encode().decode("latin-1"), "租户-é"),  # UTF-8 bytes as the ASGI server hands them over
+    ("café", "café"),  # latin-1 that is not UTF-8 stays as sent
+    ("a" * 128, "a" * 128),
+    ("a" * 129, None),  # too long: refused whole, never cut
+    ("ac\x00me", None),
+    ("ac\nme", None),
+    ("ac\u200bme", None),  # a zero-width (format) character
+    ("", None),
+    ("   ", None),
+])
+def test_attribution_values_are_checked(raw, expected):
+    from otel_llm.config import attribution_value
+
+    assert attribution_value(raw, 128) == expected
+
+
+def test_an_invalid_header_falls_back_to_baggage_and_warns_once(env, caplog):
+    from opentelemetry import baggage as otel_baggage
+
+    ctx = otel_baggage.set_baggage(semconv.TENANT_ID, "from-baggage")
+    with caplog.at_level("WARNING", logger="otel_llm"):
+        for _ in range(3):
+            assert env.tel.attribution({"x-tenant-id": "x" * 16384}, ctx) == ("from-baggage", None, None)
+    assert len([r for r in caplog.records if "was ignored" in r.message]) == 1

@@ -306,6 +306,19 @@ def test_tenant_from_header_and_baggage_on_spans_and_metrics(server, client, rec
     assert found[("t-beta", semconv.TOKEN_TYPE_CACHED_INPUT)] == 0
 
 
+def test_utf8_tenants_arrive_intact_and_oversized_ones_are_ignored(server, receiver):
+    # (control characters and 16 KB headers never get past the HTTP server: it answers 400 itself)
+    cases = [("租户-é".encode(), "租户-é"), (b"x" * 4096, None)]
+    for raw, expected in cases:
+        tp = Traceparent()
+        r = httpx.post(server.url + "/v1/completions", timeout=60,
+                       headers={**tp.headers(), "x-tenant-id": raw},
+                       json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        (genai,) = genai_spans(request_trace(receiver, tp.trace_id))
+        assert genai.attributes.get(semconv.TENANT_ID) == expected
+
+
 def test_metrics_buckets_exemplars_and_resource(server, client, receiver):
     client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4,
                                    extra_body={"ignore_eos": True})

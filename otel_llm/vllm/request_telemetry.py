@@ -21,7 +21,7 @@ from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import semconv
-from otel_llm.config import LabelGuard, Settings, load_api_keys
+from otel_llm.config import LabelGuard, Settings, attribution_value, load_api_keys
 from otel_llm.usage import UsageLedger
 
 _log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Telemetry:
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.api_keys = _load_api_keys(settings.api_keys_file)
+        self._warned_invalid = False
         self.requests = meter.create_counter(
             semconv.SERVER_REQUESTS,
             unit=semconv.UNIT_REQUEST,
@@ -192,9 +193,10 @@ class Telemetry:
                 if entry is not None:
                     return entry
         settings = self.settings
+        limit = settings.attribution_max_length
         header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
         for index, names in enumerate(header_names):
-            found[index] = _first_header(headers, names)
+            found[index] = self._valid(_first_header(headers, names), limit)
         if None in found:
             entries = baggage.get_all(ctx)
             if entries:
@@ -202,8 +204,19 @@ class Telemetry:
                                 settings.cost_center_baggage_keys)
                 for index, keys in enumerate(baggage_keys):
                     if found[index] is None:
-                        found[index] = _first_baggage(entries, keys)
+                        found[index] = self._valid(_first_baggage(entries, keys), limit)
         return found[0], found[1], found[2]
+
+    def _valid(self, raw: str | None, limit: int) -> str | None:
+        if raw is None:
+            return None
+        value = attribution_value(raw, limit)
+        if value is None and not self._warned_invalid:
+            self._warned_invalid = True
+            _log.warning("otel-llm: a tenant/scene/cost-center value was ignored (over %d characters, or control "
+                         "characters; OTEL_LLM_ATTRIBUTION_MAX_LENGTH): such requests are attributed to no "
+                         "tenant. Further ones are not logged.", limit)
+        return value
 
     def start(self, info: RequestInfo, *, engine_owned: bool = False) -> "RequestTelemetry":
         return RequestTelemetry(self, info, engine_owned=engine_owned)
