@@ -114,10 +114,13 @@ def attribution_value(raw, max_length: int) -> str | None:
 
 @dataclass
 class LabelGuard:
-    """Keeps a metric label low-cardinality: allow-list, else first N distinct values, else 'other'."""
+    """Keeps a metric label low-cardinality: values in the allow-list keep their name; without one,
+    the first N distinct values do, among those the API-key map vouches for when there is one (so
+    clients sending made-up tenant headers cannot take the slots of real tenants); the rest 'other'."""
 
     allow_list: tuple[str, ...] = ()
     limit: int = 50
+    vouched: frozenset[str] | None = None
     _seen: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -126,6 +129,8 @@ class LabelGuard:
             return None
         if self.allow_list:
             return value if value in self.allow_list else semconv.LABEL_OTHER
+        if self.vouched is not None and value not in self.vouched:
+            return semconv.LABEL_OTHER
         if value in self._seen:
             return value
         with self._lock:

@@ -34,7 +34,10 @@ def vllm(receiver, tmp_path_factory):
     # --max-model-len 2048: a stream long enough to be abandoned while the engine still generates
     srv = start_server(receiver, tmp_path_factory, "report",
                        extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_API_KEYS_FILE": str(keys)})
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_API_KEYS_FILE": str(keys),
+                            # with a key map, only what it names gets labels unless an allow-list says more
+                            "OTEL_LLM_METRIC_LABEL_ALLOW_LIST": "alpha,beta,gamma,delta,search,chatbot,batch,ops,"
+                                                                "cc-7,cc-42"})
     yield srv
     srv.stop()
 

@@ -234,3 +234,27 @@ def test_an_invalid_header_falls_back_to_baggage_and_warns_once(env, caplog):
         for _ in range(3):
             assert env.tel.attribution({"x-tenant-id": "x" * 16384}, ctx) == ("from-baggage", None, None)
     assert len([r for r in caplog.records if "was ignored" in r.message]) == 1
+
+
+def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_path):
+    import hashlib
+    import json
+
+    from otel_llm.config import LabelGuard
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme",
+                                          "scene": "support"}]}))
+    reader = InMemoryMetricReader()
+    tel = Telemetry(TracerProvider().get_tracer("t"), MeterProvider(metric_readers=[reader]).get_meter("t"),
+                    Settings(api_keys_file=str(keys), label_limit=50))
+    # 60 made-up tenants from headers cannot take the slots: they are all "other"
+    assert {tel.label_tenant(f"junk-{i}") for i in range(60)} == {semconv.LABEL_OTHER}
+    assert tel.label_tenant("acme") == "acme" and tel.label_scene("support") == "support"
+    assert tel.label_scene("made-up") == semconv.LABEL_OTHER
+    assert tel.label_cost_center("cc-1") == semconv.LABEL_OTHER  # the map names no cost center
+    # without a map: the first N; with an allow-list: only it
+    first_n = LabelGuard(limit=2)
+    assert [first_n(v) for v in ("a", "b", "c", "a")] == ["a", "b", semconv.LABEL_OTHER, "a"]
+    listed = LabelGuard(allow_list=("x",), vouched=frozenset({"acme"}))
+    assert (listed("x"), listed("acme")) == ("x", semconv.LABEL_OTHER)

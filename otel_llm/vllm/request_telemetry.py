@@ -109,10 +109,13 @@ class Telemetry:
             service=str(resource_attributes.get(semconv.SERVICE_NAME) or semconv.SERVICE_NAME_DEFAULT),
             fsync_interval_s=settings.usage_fsync_interval_s, max_bytes=settings.usage_max_bytes,
             max_age_s=settings.usage_max_age_s)
-        self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit)
-        self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit)
-        self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit)
         self.api_keys = _load_api_keys(settings.api_keys_file)
+        # with an API-key map, only the tenants, scenes and cost centers it names get metric labels
+        vouched = [frozenset(v for v in values if v) for values in zip(*self.api_keys.values())] \
+            if self.api_keys else [None, None, None]
+        self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[0])
+        self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[1])
+        self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[2])
         self._warned_invalid = False
         self.requests = meter.create_counter(
             semconv.SERVER_REQUESTS,
