@@ -9,6 +9,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_llm import semconv
 from otel_llm.openai import OpenAIInstrumentor
 
+# A stream a test abandons asks vLLM for one chunk per this many tokens (`stream_interval`), so the
+# serving task waits between chunks and Starlette's disconnect listener runs. With a chunk per token
+# on a busy 2-core machine the task always finds the next chunk ready, never yields, and the engine
+# generated to the end although the client had left (seen in CI runs of the abort tests).
+ABORT_STREAM_INTERVAL = 50
+
 # A prompt long enough to fill several KV blocks: the second send hits the prefix cache.
 LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
 

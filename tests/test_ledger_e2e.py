@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from conftest import start_prometheus, start_server
-from helpers import LONG_PROMPT
+from helpers import ABORT_STREAM_INTERVAL, LONG_PROMPT
 
 from otel_llm import billing_export, ledger, reconcile, report, semconv
 from otel_llm.tiny_model import MODEL_NAME
@@ -104,10 +104,11 @@ def traffic(vllm, prometheus, spool):
         return tenant, calls
 
     def abandon(tenant):
-        """Stops reading a long stream: billed with what the engine generated. Sent alone: among
-        concurrent requests the server has been seen to notice the client leave only at the end."""
+        """Stops reading a long stream: billed with what the engine generated (see
+        ABORT_STREAM_INTERVAL for why the server can see the client leave)."""
         trace_id, tp = _traceparent()
-        body = {"model": MODEL_NAME, "messages": chat, "max_tokens": 1900, "stream": True, "ignore_eos": True}
+        body = {"model": MODEL_NAME, "messages": chat, "max_tokens": 1900, "stream": True, "ignore_eos": True,
+                "stream_interval": ABORT_STREAM_INTERVAL}
         with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=60,
                           headers={"x-tenant-id": tenant, **tp}) as response:
             for line_no, _ in enumerate(response.iter_lines()):
@@ -207,6 +208,8 @@ def test_records_carry_full_fields_and_the_span_they_belong_to(traffic, records,
         assert abs(record[semconv.USAGE_TIME] - span.end_ns) < 1_000_000  # written as the span ended
         aborted = span.attributes.get(semconv.VLLM_ABORTED, False)
         assert record[semconv.REQUEST_OUTCOME] == (semconv.OUTCOME_ABORTED if aborted else semconv.OUTCOME_FINISHED)
+    outcomes = Counter(r[semconv.REQUEST_OUTCOME] for r in records)
+    assert outcomes[semconv.OUTCOME_ABORTED] == len(ABORTING)
     assert Counter(r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] for r in records)[2] == 20
 
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from conftest import start_prometheus, start_server
-from helpers import LONG_PROMPT
+from helpers import ABORT_STREAM_INTERVAL, LONG_PROMPT
 
 from otel_llm import report, semconv
 from otel_llm.devserver import write_keys_file
@@ -76,7 +76,7 @@ def traffic(vllm, prometheus):
     assert billed[("beta", semconv.TOKEN_TYPE_CACHED_INPUT)] > 0
     # gamma stops reading a long stream: no usage reaches it, the engine still counted its tokens
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "long"}], "max_tokens": 1900,
-            "stream": True, "ignore_eos": True}
+            "stream": True, "ignore_eos": True, "stream_interval": ABORT_STREAM_INTERVAL}
     with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=60,
                       headers={"x-tenant-id": "gamma", "x-scene": "batch"}) as response:
         for index, _ in enumerate(response.iter_lines()):

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 from conftest import Traceparent, start_server
-from helpers import genai_spans, request_trace
+from helpers import ABORT_STREAM_INTERVAL, genai_spans, request_trace
 from test_collector_config import BASELINE, CONFIG_DIR, keeping_policies, parse_ottl, tail_sampling_policies
 
 from otel_llm import semconv
@@ -135,7 +135,8 @@ def traces(server, receiver):
         received = 0
         with c.stream("POST", "/v1/chat/completions", headers=tp.headers(),
                       json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
-                            "max_tokens": ABORT_MAX_TOKENS, "stream": True, "ignore_eos": True}) as r:
+                            "max_tokens": ABORT_MAX_TOKENS, "stream": True, "ignore_eos": True,
+                            "stream_interval": ABORT_STREAM_INTERVAL}) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: "):

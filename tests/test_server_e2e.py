@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 from conftest import Traceparent, start_server
-from helpers import LONG_PROMPT, assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
+from helpers import ABORT_STREAM_INTERVAL, LONG_PROMPT, assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
 
 from otel_llm import semconv
 from otel_llm.tiny_model import MODEL_NAME
@@ -180,6 +180,7 @@ def test_client_disconnect_mid_stream_yields_aborted_span(server, receiver, trac
         "max_tokens": 400,
         "stream": True,
         "ignore_eos": True,
+        "stream_interval": ABORT_STREAM_INTERVAL,
     }
     received = 0
     with httpx.Client(timeout=30) as http_client:
@@ -304,19 +305,6 @@ def test_tenant_from_header_and_baggage_on_spans_and_metrics(server, client, rec
 
     found = receiver.wait_for(tokens, timeout=20)
     assert found[("t-beta", semconv.TOKEN_TYPE_CACHED_INPUT)] == 0
-
-
-def test_utf8_tenants_arrive_intact_and_oversized_ones_are_ignored(server, receiver):
-    # (control characters and 16 KB headers never get past the HTTP server: it answers 400 itself)
-    cases = [("租户-é".encode(), "租户-é"), (b"x" * 4096, None)]
-    for raw, expected in cases:
-        tp = Traceparent()
-        r = httpx.post(server.url + "/v1/completions", timeout=60,
-                       headers={**tp.headers(), "x-tenant-id": raw},
-                       json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
-        assert r.status_code == 200, r.text
-        (genai,) = genai_spans(request_trace(receiver, tp.trace_id))
-        assert genai.attributes.get(semconv.TENANT_ID) == expected
 
 
 def test_metrics_buckets_exemplars_and_resource(server, client, receiver):
