@@ -127,7 +127,7 @@ class _StreamTelemetry:
             try:
                 chunk = await self._inner.__anext__()
             except BaseException as exc:
-                _end_with_exception(record, exc)
+                _end_on_exception(record, exc)
                 raise
             if chunk == _SSE_DONE:
                 # the client holds a complete response once this is sent: end (and bill) it now,
@@ -135,14 +135,14 @@ class _StreamTelemetry:
                 record.end()
             return chunk
         # first chunk: the engine request is added now, in whatever task iterates us
-        tokens = attach(record)
+        tokens = _make_current(record)
         try:
             chunk = await self._inner.__anext__()
         except BaseException as exc:
-            _end_with_exception(record, exc)
+            _end_on_exception(record, exc)
             raise
         finally:
-            detach(tokens)
+            _restore_context(tokens)
         self._started = True
         if self._sse:
             _first_chunk(record)
@@ -164,6 +164,18 @@ class _StreamTelemetry:
 
 
 _first_chunk = _safe("recording a stream's first chunk")(lambda record: record.on_first_chunk())
+# Making a record current and restoring the context around vLLM's code are our calls on every
+# request path too: a fault there leaves the span without its engine request (no tokens), and never
+# fails the request. The lambdas look the functions up at call time.
+_make_current = _safe("making a request's span current")(lambda record: attach(record))
+_restore_context = _safe("restoring the context after a request")(
+    lambda tokens: detach(tokens) if tokens is not None else None
+)
+# Called while vLLM's exception (or the end of a stream) propagates: a fault here must not
+# replace that exception with ours.
+_end_on_exception = _safe("ending a request's span on an exception")(
+    lambda record, exc: _end_with_exception(record, exc)
+)
 
 
 def _end_with_exception(record, exc: BaseException) -> None:
@@ -187,19 +199,28 @@ def handler_wrapper(operation: str):
             record = start(request, raw_request)
             if record is None:
                 return await wrapped(*args, **kwargs)
-            tokens = attach(record)
+            _mark_traced(raw_request)
+            tokens = _make_current(record)
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
-                _end_with_exception(record, exc)
+                _end_on_exception(record, exc)
                 raise
             finally:
-                detach(tokens)
+                _restore_context(tokens)
             return _finish_handler(record, result, raw_request)
 
         return wrapper
 
     return factory
+
+
+@_safe("marking a request as traced")
+def _mark_traced(raw_request) -> None:
+    """The request has its GenAI span: an exception handler running for it records no rejection."""
+    state = getattr(raw_request, "state", None)
+    if state is not None:
+        state.otel_llm_traced = True
 
 
 @_safe("reading a vLLM response")
@@ -343,14 +364,14 @@ def llm_engine_add_request(tel: Telemetry):
         record = start(instance, args[2] if len(args) > 2 else kwargs.get("params"))
         if record is None:
             return wrapped(*args, **kwargs)
-        tokens = attach(record)
+        tokens = _make_current(record)
         try:
             return wrapped(*args, **kwargs)
         except BaseException as exc:
-            _end_with_exception(record, exc)
+            _end_on_exception(record, exc)
             raise
         finally:
-            detach(tokens)
+            _restore_context(tokens)
 
     return wrapper
 
@@ -366,29 +387,39 @@ def llm_keeps_stats(tel: Telemetry):
     return wrapper
 
 
-def validation_rejection(tel: Telemetry):
+def validation_rejection(tel: Telemetry, by_exception: bool = False):
     """Requests FastAPI rejects before any handler runs (bad JSON, schema errors) get a span too."""
 
     @_safe("recording a rejected request")
-    def record_rejection(request, response):
+    def record_rejection(request, exc, response):
         operation = _OPERATION_BY_PATH.get(request.url.path)
-        if operation is None:
+        if operation is None or getattr(request.state, "otel_llm_traced", False):
             return
         tenant, scene, cost_center = tel.attribution(request.headers)
         record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center))
         error_type = str(getattr(response, "status_code", "400"))
-        try:
-            error_type = json.loads(response.body)["error"]["type"] or error_type
-        except Exception:
-            pass
+        if by_exception and exc is not None:
+            error_type = type(exc).__qualname__
+        else:
+            try:
+                error_type = json.loads(response.body)["error"]["type"] or error_type
+            except Exception:
+                pass
         record.end(error_type=error_type, error_message="request rejected before reaching the engine")
 
     async def wrapper(wrapped, instance, args, kwargs):
         response = await wrapped(*args, **kwargs)
-        record_rejection(args[0] if args else kwargs.get("request"), response)
+        record_rejection(args[0] if args else kwargs.get("req", kwargs.get("request")),
+                         args[1] if len(args) > 1 else kwargs.get("exc"), response)
         return response
 
     return wrapper
+
+
+def vllm_error_rejection(tel: Telemetry):
+    """A VLLMError raised before a handler runs (a request model's validator: `prompt` missing) goes
+    to vLLM's VLLMError handler; one raised inside a handler already ended that handler's span."""
+    return validation_rejection(tel, by_exception=True)
 
 
 _OPERATION_BY_PATH = {
@@ -429,6 +460,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("request validation", ("vllm.entrypoints.serve.exception_handling.register",),
          "validation_exception_handler", validation_rejection,
          "error span for requests rejected before a handler runs", required=False),
+    Hook("vLLM error handler", ("vllm.entrypoints.serve.exception_handling.register",),
+         "vllm_error_handler", vllm_error_rejection,
+         "error span for requests a request model's validator rejects with a VLLMError", required=False),
 )
 
 

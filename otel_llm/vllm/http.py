@@ -4,6 +4,12 @@
 which include an INTERNAL `http send` span per SSE chunk: on a token stream that is a span
 per token and doubles the API server's CPU. vLLM's app is re-instrumented here without the
 send/receive spans and without health/metrics noise.
+
+A key in the URL query (`?api_key=...`) would be recorded by the HTTP layer: the instrumentation
+puts the whole URL in `http.url` (old HTTP semconv; it redacts only a few cloud signature
+parameters) or the raw query in `url.query` (new semconv), and uvicorn's access log prints the path
+with its query. By default every query value is replaced with `REDACTED` in both (names are kept);
+OTEL_LLM_HTTP_REDACT_QUERY=false keeps them.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 
-from otel_llm.config import Settings
+from otel_llm.config import Settings, _env_bool
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -31,12 +37,71 @@ def instrument_app(app, settings: Settings) -> bool:
     if getattr(app, "_is_instrumented_by_opentelemetry", False):
         FastAPIInstrumentor.uninstrument_app(app)
         app.middleware_stack = None  # rebuilt lazily, with our instrumentation, on the first request
+    redact = _env_bool("OTEL_LLM_HTTP_REDACT_QUERY", True)
     FastAPIInstrumentor.instrument_app(
         app,
         excluded_urls=settings.http_excluded_urls,
         exclude_spans=["receive", "send"],
+        server_request_hook=redact_query_hook if redact else None,
     )
+    if redact:
+        access_log = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, _AccessLogQueryFilter) for f in access_log.filters):
+            access_log.addFilter(_AccessLogQueryFilter())
     return True
+
+
+REDACTED = "REDACTED"
+_URL_ATTRIBUTES = ("http.url", "url.full", "http.target")
+
+
+def redact_query(query: str) -> str:
+    """`a=1&key=sk-x&flag` -> `a=REDACTED&key=REDACTED&flag=REDACTED`: names kept, values gone (a
+    part without `=` may itself be the secret)."""
+    parts = []
+    for part in query.split("&"):
+        name, sep, _ = part.partition("=")
+        parts.append(f"{name}={REDACTED}" if sep else REDACTED if part else part)
+    return "&".join(parts)
+
+
+def redact_query_hook(span, scope) -> None:
+    """FastAPI server_request_hook: runs after the instrumentation set the span's URL attributes."""
+    try:
+        if not scope.get("query_string") or not span.is_recording():
+            return
+        attributes = getattr(span, "attributes", None) or {}
+        for key in _URL_ATTRIBUTES:
+            value = attributes.get(key)
+            if isinstance(value, str) and "?" in value:
+                base, _, query = value.partition("?")
+                span.set_attribute(key, f"{base}?{redact_query(query)}")
+        if isinstance(attributes.get("url.query"), str):
+            span.set_attribute("url.query", redact_query(attributes["url.query"]))
+    except Exception:
+        if not _warned:
+            _warned.append(True)
+            _log.warning("otel-llm: could not redact a URL query on an HTTP span", exc_info=True)
+
+
+_warned: list[bool] = []
+
+
+class _AccessLogQueryFilter(logging.Filter):
+    """uvicorn's access log line `%s - "%s %s HTTP/%s" %d`: the third argument is the path and query."""
+
+    def filter(self, record):
+        try:
+            args = record.args
+            if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+                base, _, query = args[2].partition("?")
+                record.args = (*args[:2], f"{base}?{redact_query(query)}", *args[3:])
+        except Exception:  # runs inside uvicorn's send(): never fail a response over a log line
+            if not _warned:
+                _warned.append(True)
+                _log.warning("otel-llm: could not redact a URL query in the access log", exc_info=True)
+            return False  # the line may hold a key: drop it rather than log it unredacted
+        return True
 
 
 def build_app_wrapper(tel):

@@ -318,7 +318,7 @@ class RequestTelemetry:
         try:
             self._end(error_type, error_message, aborted, response)
         except Exception:  # instrumentation must never break serving
-            _log.exception("otel-llm: failed to finish the span of a vLLM request")
+            _warn_once("finishing the span of a vLLM request")
             try:
                 self.span.end()
             except Exception:
@@ -363,17 +363,20 @@ class RequestTelemetry:
             wire_ttft = (self.first_chunk_ns - self.start_ns) / 1e9
             attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = wire_ttft
 
-        timing = self._phases(end_ns)
+        # the phases, the usage record and the metrics each fail alone: the rest still arrives
+        timing = _guarded("reading a request's phase timing", self._phases, end_ns) or _Timing()
         attrs.update(timing.attributes)
         if error_type is not None:
             attrs[semconv.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_message or error_type))
         if self.engine_states and self.telemetry.ledger.enabled:
             # before the span ends, and whether or not the trace is sampled
-            self._write_usage(usage, finish_reasons, error_type, response, response_model, end_ns)
+            _guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
+                     response, response_model, end_ns)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
-        self._record_metrics(usage, timing, error_type, response_model, (end_ns - self.start_ns) / 1e9)
+        _guarded("recording a request's metrics", self._record_metrics, usage, timing, error_type, response_model,
+                 (end_ns - self.start_ns) / 1e9)
 
     def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
@@ -576,6 +579,26 @@ class _Timing:
         self.attributes: dict[str, Any] = {}
         self.ttft: float | None = None
         self.tpot: float | None = None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str) -> None:
+    """One warning (with its traceback) per kind of failure and process, never one per request."""
+    if what not in _warned:
+        _warned.add(what)
+        _log.warning("otel-llm: %s failed; the request is served, its telemetry may be incomplete", what,
+                     exc_info=True)
+
+
+def _guarded(what: str, fn, *args):
+    """fn(*args), or None after _warn_once(what) when it raised."""
+    try:
+        return fn(*args)
+    except Exception:  # instrumentation must never break serving
+        _warn_once(what)
+        return None
 
 
 _warned_no_events: list[bool] = []
