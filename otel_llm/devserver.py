@@ -79,9 +79,16 @@ class VLLMServer(ServerProcess):
     """`[opentelemetry-instrument] vllm serve MODEL ...` as a subprocess on a free port."""
 
     def __init__(self, *, instrumented: bool = True, extra_args=(), env=None, model_dir: Path | None = None,
-                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME):
+                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME, paced: bool = False):
+        """paced: the tiny tokenizer on tiny_model.PACED_NETWORK with made-up weights, for tests in
+        which the server must see a client leave while the engine still generates."""
         self.port = free_port()
-        self.model_dir = tiny_model.build(model_dir or DEFAULT_MODEL_DIR)
+        if paced:
+            paced_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-paced")
+            self.model_dir = tiny_model.build_paced(paced_dir, DEFAULT_MODEL_DIR)
+            extra_args = (*tiny_model.PACED_SERVE_ARGS, *extra_args)
+        else:
+            self.model_dir = tiny_model.build(model_dir or DEFAULT_MODEL_DIR)
         self.served_model_name = served_model_name
         command = [bin_path("vllm"), "serve", str(self.model_dir), "--port", str(self.port),
                    "--host", "127.0.0.1", "--served-model-name", served_model_name, *CPU_ARGS, *extra_args]

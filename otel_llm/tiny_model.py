@@ -83,6 +83,34 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+# A wider, deeper network for the tiny tokenizer, served with vLLM's made-up weights
+# (`--load-format dummy`, nothing to write or load). Its engine step is ~10x the tiny model's, which
+# the API server keeps up with on a loaded machine: with the tiny model's ~2 ms step, vLLM's API
+# server falls behind its output socket (pyzmq hands it ready messages without yielding the event
+# loop), runs neither SSE writers nor disconnect listeners until the engine stops, and a client
+# that leaves a stream is never seen to leave.
+PACED_NETWORK = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 4, "num_attention_heads": 16,
+                 "num_key_value_heads": 16, "max_position_embeddings": 4096}
+PACED_SERVE_ARGS = ("--load-format", "dummy")
+
+
+def build_paced(out_dir: Path, tiny_dir: Path) -> Path:
+    """The tiny model's tokenizer and chat template on PACED_NETWORK, without weights (idempotent)."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists() and (out_dir / "otel-llm-tiny-model.json").exists():
+        return out_dir
+    tiny_dir = build(tiny_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in tiny_dir.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and item.name != "otel-llm-tiny-model.json":
+            (out_dir / item.name).write_bytes(item.read_bytes())
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config.update(PACED_NETWORK)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "otel-llm-tiny-model.json").write_text(json.dumps({"name": MODEL_NAME, "paced": PACED_NETWORK}))
+    return out_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path)

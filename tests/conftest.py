@@ -24,10 +24,11 @@ def receiver():
         yield rx
 
 
-def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False):
+def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False, paced=False):
+    """paced: for modules whose server must see a client leave mid-stream (VLLMServer)."""
     log = tmp_path_factory.mktemp("logs") / f"vllm-{name}.log"
     otlp = otlp_env(receiver.grpc_endpoint, protocol="grpc") if grpc else otlp_env(receiver.endpoint)
-    server = VLLMServer(env={**otlp, **(env or {})}, extra_args=extra_args, log_path=log)
+    server = VLLMServer(env={**otlp, **(env or {})}, extra_args=extra_args, log_path=log, paced=paced)
     server.start()
     return server
 

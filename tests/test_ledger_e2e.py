@@ -15,11 +15,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-import httpx
 import openai
 import pytest
 from conftest import start_prometheus, start_server
-from helpers import ABORT_STREAM_INTERVAL, LONG_PROMPT
+from helpers import LONG_PROMPT, abandon_stream
 
 from otel_llm import billing_export, ledger, reconcile, report, semconv
 from otel_llm.tiny_model import MODEL_NAME
@@ -41,7 +40,7 @@ def vllm(receiver, tmp_path_factory, spool):
     srv = start_server(receiver, tmp_path_factory, "ledger",
                        extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
                        env={"OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_USAGE_EVENTS": "true",
-                            "OTEL_LOGS_EXPORTER": "otlp"})
+                            "OTEL_LOGS_EXPORTER": "otlp"}, paced=True)
     yield srv
     srv.stop()
 
@@ -104,18 +103,15 @@ def traffic(vllm, prometheus, spool):
         return tenant, calls
 
     def abandon(tenant):
-        """Stops reading a long stream: billed with what the engine generated (see
-        ABORT_STREAM_INTERVAL for why the server can see the client leave)."""
-        trace_id, tp = _traceparent()
-        body = {"model": MODEL_NAME, "messages": chat, "max_tokens": 1900, "stream": True, "ignore_eos": True,
-                "stream_interval": ABORT_STREAM_INTERVAL}
-        with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=60,
-                          headers={"x-tenant-id": tenant, **tp}) as response:
-            for line_no, _ in enumerate(response.iter_lines()):
-                if line_no == 6:
-                    break
-        return tenant, [(trace_id, None, None)]
+        """Stops reading a long stream: billed with what the engine generated. Streams the engine
+        ran to the end before it saw the client leave are billed as finished (see abandon_stream)."""
+        body = {"model": MODEL_NAME, "messages": chat, "max_tokens": 1900, "ignore_eos": True}
+        attempts = abandon_stream(vllm.url, "/v1/chat/completions", body,
+                                  lambda: {"x-tenant-id": tenant, **_traceparent()[1]})
+        engine_aborted.update((a.trace_id, a.aborted) for a in attempts)
+        return tenant, [(a.trace_id, None, None) for a in attempts]
 
+    engine_aborted = {}
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda item: one(*item), enumerate(TENANTS)))
     results += [abandon(tenant) for tenant in sorted(ABORTING)]
@@ -123,7 +119,8 @@ def traffic(vllm, prometheus, spool):
              for tenant, items in results for trace_id, usage, rid in items}
     assert sum(1 for c in calls.values() if c.usage and c.usage[semconv.TOKEN_TYPE_CACHED_INPUT]) >= 20
     time.sleep(3)  # two scrapes after the last request
-    return SimpleNamespace(calls=calls, started=started, ended=time.time() + 1, spool=spool)
+    return SimpleNamespace(calls=calls, started=started, ended=time.time() + 1, spool=spool,
+                           engine_aborted=engine_aborted)
 
 
 def genai_span(receiver, trace_id):
@@ -208,6 +205,8 @@ def test_records_carry_full_fields_and_the_span_they_belong_to(traffic, records,
         assert abs(record[semconv.USAGE_TIME] - span.end_ns) < 1_000_000  # written as the span ended
         aborted = span.attributes.get(semconv.VLLM_ABORTED, False)
         assert record[semconv.REQUEST_OUTCOME] == (semconv.OUTCOME_ABORTED if aborted else semconv.OUTCOME_FINISHED)
+        # abandoned streams: the outcome the engine's own counters gave
+        assert aborted == traffic.engine_aborted.get(record[semconv.USAGE_TRACE_ID], False)
     outcomes = Counter(r[semconv.REQUEST_OUTCOME] for r in records)
     assert outcomes[semconv.OUTCOME_ABORTED] == len(ABORTING)
     assert Counter(r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] for r in records)[2] == 20

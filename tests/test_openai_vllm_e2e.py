@@ -1,12 +1,14 @@
 """The instrumented OpenAI client against the real instrumented vLLM CPU server: one trace from
-the client span into the engine's queue/prefill/decode spans, token counts equal on both sides."""
+the client span into the engine's queue/prefill/decode spans, token counts equal on both sides;
+clients that leave a stream early. The server is paced (tiny_model.PACED_NETWORK) so that it sees
+a client leave while the engine still generates."""
 
 import asyncio
 
 import openai
 import pytest
-from conftest import start_server
-from helpers import Otel, assert_server_tree, genai_spans, request_trace
+from conftest import Traceparent, start_server
+from helpers import Otel, abandon_stream, assert_server_tree, genai_spans, request_trace, until_engine_aborts
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv
@@ -17,7 +19,8 @@ MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "openai-client", extra_args=["--enable-prompt-tokens-details"])
+    srv = start_server(receiver, tmp_path_factory, "openai-client", extra_args=["--enable-prompt-tokens-details"],
+                       paced=True)
     yield srv
     srv.stop()
 
@@ -88,16 +91,21 @@ def test_async_legacy_completion_stream(otel, server, receiver):
     assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8
 
 
-def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, client, receiver):
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=400, stream=True,
-                                            extra_body={"ignore_eos": True})
-    for index, _ in enumerate(stream):
-        if index == 3:
-            break
-    stream.close()
-    span = client_span(otel)
-    assert span.status.status_code == StatusCode.ERROR
-    assert span.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
+def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, client, receiver, server):
+    def leave():
+        otel.spans.clear()
+        stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=400, stream=True,
+                                                extra_body={"ignore_eos": True})
+        for index, _ in enumerate(stream):
+            if index == 3:
+                break
+        stream.close()
+        return client_span(otel)
+
+    *ran_to_end, (span, _) = until_engine_aborts(server.url, leave)
+    for early, _ in ran_to_end + [(span, True)]:  # the client saw it abandoned either way
+        assert early.status.status_code == StatusCode.ERROR
+        assert early.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
     trace_id = f"{span.context.trace_id:032x}"
     (genai,) = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(trace_id, [])))
     assert genai.attributes[semconv.VLLM_ABORTED] is True
@@ -105,3 +113,25 @@ def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, 
     spans = request_trace(receiver, trace_id)
     (http,) = [s for s in spans if s.kind == "SERVER"]
     assert http.parent_span_id == f"{span.context.span_id:016x}"
+
+
+def test_client_disconnect_mid_stream_yields_aborted_span(server, receiver):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
+            "max_tokens": 400, "ignore_eos": True}
+    *ran_to_end, left = abandon_stream(server.url, "/v1/chat/completions", body, lambda: Traceparent().headers())
+    for attempt in ran_to_end:  # the engine finished it before it saw the client leave: no abort
+        ended = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(attempt.trace_id, [])))[0]
+        assert ended.attributes.get(semconv.VLLM_ABORTED, False) is False
+    genai = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(left.trace_id, [])))[0]
+    attrs = genai.attributes
+    assert attrs[semconv.VLLM_ABORTED] is True
+    assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
+    assert genai.status == "ERROR"
+    assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == [semconv.FINISH_REASON_ABORT]
+    # the tokens the engine really generated before the abort: at least those we read
+    assert 3 <= attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 400
+    assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] > 0
+    spans = request_trace(receiver, left.trace_id)
+    kids = sorted((s for s in spans if s.parent_span_id == genai.span_id), key=lambda s: s.start_ns)
+    assert [k.name for k in kids] == list(semconv.PHASE_SPANS)
+    assert kids[-1].end_ns <= genai.end_ns

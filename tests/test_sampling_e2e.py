@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import copy
 import secrets
+from types import SimpleNamespace
 
 import httpx
 import pytest
 import yaml
 from conftest import Traceparent, start_server
-from helpers import ABORT_STREAM_INTERVAL, genai_spans, request_trace
+from helpers import abandon_stream, genai_spans, request_trace
 from test_collector_config import BASELINE, CONFIG_DIR, keeping_policies, parse_ottl, tail_sampling_policies
 
 from otel_llm import semconv
@@ -104,7 +105,7 @@ def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
     srv = start_server(receiver, tmp_path_factory, "sampling",
-                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)])
+                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)], paced=True)
     yield srv
     srv.stop()
 
@@ -131,18 +132,10 @@ def traces(server, receiver):
                    json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 404, r.text
 
-        tp = ids["aborted"] = Traceparent()
-        received = 0
-        with c.stream("POST", "/v1/chat/completions", headers=tp.headers(),
-                      json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
-                            "max_tokens": ABORT_MAX_TOKENS, "stream": True, "ignore_eos": True,
-                            "stream_interval": ABORT_STREAM_INTERVAL}) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    received += 1
-                if received == 4:
-                    break
+        left = abandon_stream(server.url, "/v1/chat/completions",
+                              {"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
+                               "max_tokens": ABORT_MAX_TOKENS, "ignore_eos": True}, lambda: Traceparent().headers())[-1]
+        ids["aborted"] = SimpleNamespace(trace_id=left.trace_id)
 
         complete("slow", "tell me everything", SLOW_MAX_TOKENS, ignore_eos=True)
         complete("big_input", _prompt(c, secrets.token_hex(4), BIG_PROMPT_TOKENS), 4)
