@@ -4,10 +4,15 @@ The distro only sets defaults (the user's environment always wins): OTLP for tra
 metrics, and for a vLLM server `service.name=vllm` plus the served model and the instance
 (`host:port`) as resource attributes, so a fleet reads well in Tempo. Children that vLLM
 spawns inherit these through the environment.
+
+The configurator also bounds the SDK's shutdown by `OTEL_LLM_SHUTDOWN_TIMEOUT` (default 10 s):
+with the collector down, the SDK's own exit hooks took 38 s, past Kubernetes' grace period
+(see otel_llm/shutdown.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -15,7 +20,7 @@ import sys
 from opentelemetry.instrumentation.distro import BaseDistro
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from otel_llm import semconv
+from otel_llm import semconv, shutdown
 
 
 class OtelLLMDistro(BaseDistro):
@@ -35,7 +40,19 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
             attributes = dict(kwargs.pop("resource_attributes", None) or {})
             attributes.setdefault("process.pid", os.getpid())
             kwargs["resource_attributes"] = attributes
+        timeout_s = shutdown.shutdown_timeout()
+        if timeout_s is not None and not os.environ.get("OTEL_CONFIG_FILE"):
+            # the SDK's default batch processors, with exporters that count what shutdown drops
+            kwargs.setdefault("export_span_processor", shutdown.span_processor_factory)
+            kwargs.setdefault("export_log_record_processor", shutdown.log_record_processor_factory)
         super()._configure(**kwargs)
+        if timeout_s is not None:
+            try:
+                shutdown.install_bounded_shutdown(timeout_s)
+            except Exception:  # noqa: BLE001 - never break telemetry setup; the SDK's hooks remain
+                logging.getLogger("otel_llm").warning(
+                    "otel-llm: could not bound the telemetry shutdown (%s)", shutdown.ENV_SHUTDOWN_TIMEOUT,
+                    exc_info=True)
 
 
 def vllm_server_args(argv: list[str]) -> tuple[str | None, int] | None:
