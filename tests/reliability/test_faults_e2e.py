@@ -1,0 +1,574 @@
+"""Faults in otel-llm's own code inside a real server, and an abort storm (issue 11, "Hardening").
+
+One `opentelemetry-instrument vllm serve` for the module, with tests/reliability/fault_injector.py
+loaded in it (see its docstring for how: an `opentelemetry_pre_instrument` entry point from a
+temporary dist-info on PYTHONPATH, so opentelemetry-instrument's own sitecustomize stays in charge).
+The injector can make any `_safe` guard of otel_llm.vllm.hooks, or any function we name, raise; the
+test switches the active fault at run time through a file, so one server serves every target.
+
+1. Every call into our code on a request path of the API server process gets a fault: each
+   `_safe` guard (listed by the process itself: a new guard that no Target covers fails
+   `test_every_guard_on_the_request_path_gets_a_fault`) and the functions the guards and wrappers
+   call: request start (`_request_info`, attribution, `Telemetry.start`, the AsyncLLM fallback),
+   making the record current and restoring the context, the traced mark, reading the response, the
+   stream's first chunk and its end on an exception, attaching an engine request, engine finished and
+   aborted, the validation-rejection hook, `RequestTelemetry._end` and its phase timing, the usage
+   record (`_write_usage`, the spool) and the metrics, and the HTTP layer's query redaction. For each
+   target two chat requests, two streamed completions, two streams the client leaves and two
+   requests FastAPI rejects are served complete (`[DONE]` included); the fault fired for each
+   request that reaches it (the injector counts); what does not depend on the failing piece still
+   arrives (HTTP spans always; the GenAI span, its tokens and phases, the abort marker, the usage
+   record and the request counter wherever the target is not what makes them); each fault is logged
+   at most once, never per request, and no other traceback appears. vLLM's calls into our
+   stat-logger plugin are empty methods; the token counter's callback runs on the export thread.
+2. An abort storm on the same server: after a warm-up of 20, 100 streams of a 4000-token generation
+   left by the client after 1-3 chunks, 10 at a time: one aborted GenAI span per request with its
+   phases inside it, the aborted-requests counter equal to the spans, the API server's RSS growth
+   bounded (printed: run with -s).
+
+The server is paced (VLLMServer(paced=True): the tiny model's tokenizer on tiny_model.PACED_NETWORK,
+vLLM's dummy weights). With the 2-layer tiny model the engine core emits a token per stream every
+~2 ms, and on a loaded machine vLLM's API server falls behind its output socket: pyzmq hands it
+ready messages without yielding the event loop, which then runs neither the SSE writers nor the
+disconnect listeners until the engine stops. Measured here (2 cores shared with other test runs),
+30 streams left after 2 chunks, 10 at a time: bare vLLM with the tiny model ran 24 of them to
+max_tokens; next to 6 busy processes its 30 clients waited 4 minutes for their chunks. With this
+network (a step ~10x longer) and the same 6 busy processes, every stream was aborted within 240 of
+its 4000 tokens: the abort markers do not hang on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Traceparent
+from helpers import genai_spans
+
+from otel_llm import semconv
+from otel_llm.devserver import VLLMServer, otlp_env
+from otel_llm.ledger import read_spool
+from otel_llm.tiny_model import MODEL_NAME
+
+HERE = Path(__file__).resolve().parent
+H = "otel_llm.vllm.hooks"
+R = "otel_llm.vllm.request_telemetry"
+
+MAX_MODEL_LEN = 4096
+LONG_GENERATION = 4000  # tokens: no engine finishes these before the client leaves
+SHORT_GENERATION = 5
+
+CHAT, STREAM, ABORT, REJECT = "chat", "stream", "abort", "reject"
+GENERATING = (CHAT, STREAM, ABORT)
+EVERY = (CHAT, STREAM, ABORT, REJECT)
+# requests sent per target: two of each kind, so that every fault fires at least twice and "logged
+# once" means once for several faults
+PLAN = (CHAT, STREAM, CHAT, STREAM, ABORT, ABORT, REJECT, REJECT)
+HANDLER_STARTS = ("guard:starting the chat span", "guard:starting the text_completion span")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A place a fault is injected, and what is lost with it (everything else must still arrive)."""
+
+    name: str  # "guard:<what>" (inside that _safe guard) or "module:attribute.path"
+    fires: tuple[str, ...]  # the request kinds that reach it (each must make it raise)
+    also: tuple[str, ...] = ()  # targets faulted at the same time
+    no_span: tuple[str, ...] = ()  # kinds whose handler's GenAI span is lost
+    # kinds that get the AsyncLLM hook's span instead (or besides): vLLM's generate() runs with no
+    # request current (a text_completion span, without the request's attributes and tenant)
+    fallback: tuple[str, ...] = ()
+    no_engine: tuple[str, ...] = ()  # kinds whose spans have no engine request: no tokens, no usage record
+    no_abort_marker: bool = False  # the abandoned streams' spans end as finished
+    no_ledger: tuple[str, ...] = ()  # kinds without a usage record
+    no_metrics: tuple[str, ...] = ()  # kinds not counted in otel_llm.server.requests
+    bare: bool = False  # the spans end with their start attributes only (nothing from the end)
+    no_wire_ttft: bool = False  # the stream's span lacks the first-chunk time
+    no_phases: bool = False  # spans without phase timing and phase child spans
+
+    @property
+    def id(self) -> str:
+        return self.name.replace("guard:", "guard ").replace(":", ".").replace(" ", "_").replace("'", "")
+
+
+TARGETS = (
+    # request start: the handler wrapper's guard, and what it calls. vLLM's generate() then runs with
+    # no request current, and the AsyncLLM hook makes its span (itself faulted in the fourth target)
+    Target("guard:starting the chat span", fires=(CHAT, ABORT), no_span=(CHAT, ABORT), fallback=(CHAT, ABORT)),
+    Target("guard:starting the text_completion span", fires=(STREAM,), no_span=(STREAM,), fallback=(STREAM,)),
+    Target(f"{H}:_request_info", fires=GENERATING, no_span=GENERATING, fallback=GENERATING),
+    Target("guard:starting an AsyncLLM span", also=HANDLER_STARTS, fires=GENERATING, no_span=GENERATING),
+    Target(f"{R}:Telemetry.attribution", fires=EVERY, no_span=EVERY, fallback=GENERATING),
+    Target(f"{R}:Telemetry.start", fires=EVERY, no_span=EVERY),
+    # making the record current around vLLM's code (handler, first chunk) and restoring the context:
+    # not current, the request's engine request is not linked (and the AsyncLLM hook starts a span)
+    Target("guard:making a request's span current", fires=GENERATING, no_engine=GENERATING, fallback=GENERATING),
+    Target(f"{H}:attach", fires=GENERATING, no_engine=GENERATING, fallback=GENERATING),
+    Target("guard:restoring the context after a request", fires=GENERATING),
+    Target(f"{H}:detach", fires=GENERATING),
+    # the mark that keeps an exception handler from recording a second (rejection) span
+    Target("guard:marking a request as traced", fires=GENERATING),
+    # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
+    Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
+    Target(f"{H}:_error_of", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
+    # the stream wrapper: first chunk, and its end on an exception (StopAsyncIteration after [DONE])
+    Target("guard:recording a stream's first chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
+    Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
+    Target("guard:ending a request's span on an exception", fires=(STREAM,)),
+    Target(f"{H}:_end_with_exception", fires=(STREAM,)),
+    # engine events (the output processor, in the API server process)
+    Target("guard:attaching an engine request", fires=GENERATING, no_engine=GENERATING),
+    Target(f"{H}:_attach", fires=GENERATING, no_engine=GENERATING),
+    Target(f"{R}:RequestTelemetry.attach_engine_request", fires=GENERATING, no_engine=GENERATING),
+    Target("guard:recording an engine finish", fires=(CHAT, STREAM)),
+    Target(f"{R}:RequestTelemetry.on_engine_finished", fires=(CHAT, STREAM)),
+    Target("guard:recording an engine abort", fires=(ABORT,)),
+    # requests FastAPI rejects before a handler runs
+    Target("guard:recording a rejected request", fires=(REJECT,), no_span=(REJECT,)),
+    # the end: span attributes, phase timing, usage record, metrics
+    Target(f"{R}:RequestTelemetry._end", fires=EVERY, bare=True),
+    Target(f"{R}:RequestTelemetry._phases", fires=EVERY, no_phases=True),
+    Target(f"{R}:RequestTelemetry._write_usage", fires=GENERATING, no_ledger=GENERATING),
+    Target("otel_llm.usage:Spool.write", fires=GENERATING, no_ledger=GENERATING),
+    Target(f"{R}:RequestTelemetry._record_metrics", fires=EVERY, no_metrics=EVERY),
+)
+# The HTTP layer's hooks on vLLM's app: the server span's request hook and uvicorn's access-log
+# filter redact a URL's query (the chat requests have one). Run after everything else: a fault that
+# escapes there breaks requests, and the checks above would fail for it.
+HTTP_TARGETS = ()
+if hasattr(importlib.import_module("otel_llm.vllm.http"), "redact_query"):
+    HTTP_TARGETS = (Target("otel_llm.vllm.http:redact_query", fires=(CHAT,)),)
+
+# `_safe` guards the server registers that no request of this server reaches, and why
+GUARDS_OFF_THIS_PATH = {
+    "starting an LLMEngine span": "offline vllm.LLM only (tests/test_offline_e2e.py)",
+    "starting the embeddings span": "a pooling model's server (tests/test_embeddings_e2e.py); the same "
+                                    "handler wrapper as chat and completions, faulted here",
+}
+
+# the first line of a log record (vLLM's, uvicorn's, ours), as opposed to a traceback's lines
+LOG_RECORD = re.compile(r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[: ]|\((?:APIServer|EngineCore))")
+_results: dict[str, dict] = {}  # target name -> what its test sent, for the module's final checks
+
+
+class Faults:
+    """The injector's switch and log, and the server it runs in."""
+
+    def __init__(self, directory: Path):
+        self.switch = directory / "active"
+        self.log = directory / "events"
+        self.switch.write_text("")
+
+    def set(self, *names: str) -> None:
+        tmp = self.switch.with_suffix(".tmp")
+        tmp.write_text("\n".join(names))
+        os.replace(tmp, self.switch)  # the server reads it whole or not at all
+
+    def events(self, kind: str, pid: int) -> list[str]:
+        if not self.log.exists():
+            return []
+        out = []
+        for line in self.log.read_text().splitlines():
+            k, p, name = line.split(" ", 2)
+            if k == kind and int(p) == pid:
+                out.append(name)
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup(receiver, tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    plugin = base / "plugin"
+    info = plugin / "otel_llm_fault_injector-0.dist-info"
+    info.mkdir(parents=True)
+    shutil.copy(HERE / "fault_injector.py", plugin / "fault_injector.py")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: otel-llm-fault-injector\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[opentelemetry_pre_instrument]\n"
+                                           "otel_llm_fault_injector = fault_injector:install\n")
+    faults = Faults(base)
+    usage_dir = base / "usage"
+    python_path = os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p)
+    env = {
+        "PYTHONPATH": python_path,
+        "OTEL_LLM_TEST_FAULT_FILE": str(faults.switch),
+        "OTEL_LLM_TEST_FAULT_LOG": str(faults.log),
+        "OTEL_LLM_TEST_FAULT_TARGETS": ",".join(t.name for t in TARGETS + HTTP_TARGETS
+                                                if not t.name.startswith("guard:")),
+        "OTEL_LLM_USAGE_DIR": str(usage_dir),
+    }
+    server = VLLMServer(env={**otlp_env(receiver.endpoint), **env}, paced=True,
+                        extra_args=["--max-model-len", str(MAX_MODEL_LEN)], log_path=base / "vllm-faults.log")
+    server.start()
+    server.faults = faults
+    server.usage_dir = usage_dir
+    server.api_pid = api_server_pid(server)
+    yield server
+    server.stop()
+
+
+def api_server_pid(server) -> int:
+    """The API server: the process `opentelemetry-instrument` exec'ed into `vllm serve` (the engine
+    core and its worker are its children)."""
+    pids = server.pids()
+    assert server.process.pid in pids
+    cmdline = Path(f"/proc/{server.process.pid}/cmdline").read_bytes().split(b"\0")
+    assert any(part.endswith(b"vllm") for part in cmdline) and b"serve" in cmdline, cmdline
+    return server.process.pid
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+def send_chat(server, tp, tenant):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "fault injection"}],
+            "max_tokens": SHORT_GENERATION, "ignore_eos": True, "temperature": 0}
+    # (a query string: the HTTP layer's query redaction runs for it)
+    r = httpx.post(server.url + "/v1/chat/completions?probe=1", json=body,
+                   headers=tp.headers(**{"x-tenant-id": tenant}), timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    (choice,) = data["choices"]
+    assert isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] == "length"
+    assert data["usage"]["completion_tokens"] == SHORT_GENERATION
+    return data["usage"]
+
+
+def send_stream(server, tp, tenant):
+    body = {"model": MODEL_NAME, "prompt": "fault injection streams", "max_tokens": SHORT_GENERATION,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    lines = []
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", server.url + "/v1/completions", json=body,
+                           headers=tp.headers(**{"x-tenant-id": tenant})) as r:
+            assert r.status_code == 200, r.read()
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines and lines[-1] == "data: [DONE]", lines[-3:]
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert all(isinstance(c["choices"][0]["text"], str) for c in chunks if c["choices"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == SHORT_GENERATION
+    return usage
+
+
+def send_abandoned_stream(server, tp, tenant, chunks=2):
+    """A long stream the client leaves after `chunks` data chunks."""
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "a very long story"}],
+            "max_tokens": LONG_GENERATION, "ignore_eos": True, "stream": True}
+    received = 0
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", server.url + "/v1/chat/completions", json=body,
+                           headers=tp.headers(**{"x-tenant-id": tenant})) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    assert line != "data: [DONE]", f"a {LONG_GENERATION}-token stream ended before the client left"
+                    json.loads(line[len("data: "):])
+                    received += 1
+                    if received == chunks:
+                        break
+    assert received == chunks
+    return None
+
+
+def send_rejected(server, tp, tenant):
+    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "tiny-llama", "messages": [',
+                   headers=tp.headers(**{"x-tenant-id": tenant, "content-type": "application/json"}), timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"]
+    return None
+
+
+SENDERS = {CHAT: send_chat, STREAM: send_stream, ABORT: send_abandoned_stream, REJECT: send_rejected}
+
+
+def send_plan(server, tenant):
+    """PLAN's requests: a chat and a stream one after the other, then the others together.
+    Returns [(kind, traceparent, usage or None)]."""
+    sent = []
+    for kind in (CHAT, STREAM):
+        tp = Traceparent()
+        sent.append((kind, tp, SENDERS[kind](server, tp, tenant)))
+    rest = list(PLAN)
+    rest.remove(CHAT)
+    rest.remove(STREAM)
+    rest = [(kind, Traceparent()) for kind in rest]
+    with ThreadPoolExecutor(len(rest)) as pool:
+        futures = [pool.submit(SENDERS[kind], server, tp, tenant) for kind, tp in rest]
+        for (kind, tp), future in zip(rest, futures):
+            sent.append((kind, tp, future.result()))
+    return sent
+
+
+def wait_for_traces(receiver, sent, spans_expected):
+    """Each request's HTTP server span, and as many GenAI spans as are expected."""
+
+    def ready(rx):
+        traces = rx.traces()
+        found = {}
+        for kind, tp, _ in sent:
+            spans = traces.get(tp.trace_id, [])
+            if not any(s.kind == "SERVER" for s in spans) or len(genai_spans(spans)) < spans_expected(kind):
+                return None
+            found[tp.trace_id] = spans
+        return found
+
+    return receiver.wait_for(ready, timeout=60)
+
+
+# --- the faults --------------------------------------------------------------------------------
+
+
+def test_every_guard_on_the_request_path_gets_a_fault(setup):
+    registered = set(setup.faults.events("registered", setup.api_pid))
+    guards = {name[len("guard:"):] for name in registered if name.startswith("guard:")}
+    faulted = {t.name[len("guard:"):] for t in TARGETS if t.name.startswith("guard:")}
+    assert faulted <= guards, f"guards no longer in otel_llm.vllm.hooks: {faulted - guards}"
+    unknown = guards - faulted - set(GUARDS_OFF_THIS_PATH)
+    assert not unknown, f"new _safe guards: add a Target (or GUARDS_OFF_THIS_PATH) for {unknown}"
+    functions = {t.name for t in TARGETS + HTTP_TARGETS if not t.name.startswith("guard:")}
+    assert functions <= registered, functions - registered
+
+
+def test_baseline_without_faults(setup, receiver):
+    _check_target(setup, receiver, Target("", fires=()))
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t.id for t in TARGETS])
+def test_fault_is_contained(setup, receiver, target):
+    _check_target(setup, receiver, target)
+
+
+def _check_target(server, receiver, target: Target):
+    tenant = f"fault-{len(_results)}"
+    hits_before = len(server.faults.events("hit", server.api_pid))
+    server.faults.set(target.name, *target.also)
+    try:
+        sent = send_plan(server, tenant)
+        traces = wait_for_traces(receiver, sent, lambda kind: (kind not in target.no_span) + (kind in target.fallback))
+        # (an abandoned stream's end, and vLLM's abort, come after the client has gone)
+        reaching = sum(1 for kind in PLAN if kind in target.fires)
+        try:
+            receiver.wait_for(lambda rx: len(server.faults.events("hit", server.api_pid)) - hits_before >= reaching)
+        except TimeoutError:
+            pass
+    finally:
+        server.faults.set()
+    _results[target.name] = {"tenant": tenant, "sent": sent, "target": target}
+    hits = server.faults.events("hit", server.api_pid)[hits_before:]
+    assert set(hits) <= {target.name, *target.also}
+    assert len(hits) >= reaching, f"the fault fired {len(hits)} times; {reaching} requests reach it"
+
+    ledger = {}
+    for record in read_spool(str(server.usage_dir)):
+        ledger.setdefault(record.get(semconv.USAGE_TRACE_ID), []).append(record)
+    for kind, tp, usage in sent:
+        spans = traces[tp.trace_id]
+        (http,) = [s for s in spans if s.kind == "SERVER"]
+        genai = genai_spans(spans)
+        where = f"{target.name or 'no fault'}, {kind} request"
+        handler = [s for s in genai if s.attributes.get(semconv.TENANT_ID) == tenant]
+        fallback = [s for s in genai if semconv.TENANT_ID not in s.attributes]
+        assert len(handler) + len(fallback) == len(genai), where
+        assert len(handler) == (kind not in target.no_span), where
+        assert len(fallback) == (kind in target.fallback), where
+        engine = kind != REJECT and kind not in target.no_engine
+        records = ledger.get(tp.trace_id, [])
+        if engine and genai and not target.bare and kind not in target.no_ledger:
+            assert len(records) == 1, f"{where}: {len(records)} usage records"
+            (record,) = records
+            assert record.get(semconv.TENANT_ID) == (tenant if handler else None), where
+            assert record[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == (handler or fallback)[0].attributes[
+                semconv.GEN_AI_USAGE_OUTPUT_TOKENS], where
+        else:
+            assert records == [], where
+        for span in genai:
+            _check_span(target, kind, span, http, spans, usage, engine, where)
+            if span in handler and kind == STREAM and engine and not target.bare:
+                assert (semconv.VLLM_STREAM_TTFT_SECONDS in span.attributes) is not target.no_wire_ttft, where
+
+
+def _check_span(target, kind, span, http, spans, usage, engine, where):
+    assert span.parent_span_id == http.span_id, where
+    if kind != ABORT:  # (an abandoned stream's span may end after its HTTP span)
+        assert http.start_ns <= span.start_ns <= span.end_ns <= http.end_ns, where
+    phases = [s for s in spans if s.parent_span_id == span.span_id]
+    for phase in phases:
+        assert span.start_ns <= phase.start_ns <= phase.end_ns <= span.end_ns, where
+    attrs = span.attributes
+    if target.bare:
+        assert semconv.GEN_AI_USAGE_INPUT_TOKENS not in attrs and semconv.ERROR_TYPE not in attrs, where
+        return
+    if usage is not None and engine:
+        assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage["prompt_tokens"], where
+        assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage["completion_tokens"], where
+        assert semconv.ERROR_TYPE not in attrs, where
+    if kind == ABORT:
+        if target.no_abort_marker:
+            assert semconv.VLLM_ABORTED not in attrs, where
+        else:
+            assert attrs.get(semconv.VLLM_ABORTED) is True, (where, attrs.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS))
+            assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED, where
+    if kind == REJECT:
+        assert attrs[semconv.ERROR_TYPE] == "Bad Request", where
+    if engine and kind != ABORT:
+        expected = () if target.no_phases else semconv.PHASE_SPANS
+        assert tuple(s.name for s in sorted(phases, key=lambda s: s.start_ns)) == expected, where
+        assert (semconv.VLLM_DECODE_SECONDS in attrs) is not target.no_phases, where
+
+
+def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
+    """Each fault fired several times and was logged at most once (one warning per guard, never one
+    per request); the request counter counts every request whose end was not the failing piece."""
+    assert _results, "run with the fault tests"
+    log = setup.log_path.read_text(errors="replace")
+    hits = setup.faults.events("hit", setup.api_pid)
+    for name in _results:
+        if name:
+            assert hits.count(name) >= 2, name
+            assert log.count(f"InjectedFault: {name}\n") <= 1, f"{name} logged per request"
+    warnings = [line.split("otel-llm: ", 1)[1] for line in log.splitlines() if "otel-llm: " in line]
+    assert len(warnings) == len(set(warnings)), sorted(warnings)
+    # every traceback is part of one of those warnings (with the exceptions it chains)
+    record = ""
+    for line in log.splitlines():
+        if LOG_RECORD.match(line):
+            record = line
+        elif line.startswith("Traceback (most recent call last)"):
+            assert "otel-llm: " in record, f"a traceback after {record!r}"
+    for marker in ("Exception in ASGI application", "Exception ignored in", "Task exception was never retrieved"):
+        assert marker not in log
+
+    expected = {}  # the handler's spans are counted under the request's tenant
+    for result in _results.values():
+        target = result["target"]
+        expected[result["tenant"]] = sum(
+            1 for kind, _, _ in result["sent"]
+            if kind not in target.no_span and not target.bare and kind not in target.no_metrics)
+
+    def counted(rx):
+        found = {}
+        for p in rx.latest_metrics():
+            if p.name == semconv.SERVER_REQUESTS and p.attributes.get(semconv.TENANT_ID) in expected:
+                tenant = p.attributes[semconv.TENANT_ID]
+                found[tenant] = found.get(tenant, 0) + p.value
+        return found if all(found.get(t, 0) == n for t, n in expected.items()) else None
+
+    try:
+        receiver.wait_for(counted, timeout=30)
+    except TimeoutError:
+        found = {}
+        for p in receiver.latest_metrics():
+            if p.name == semconv.SERVER_REQUESTS and p.attributes.get(semconv.TENANT_ID) in expected:
+                found[p.attributes[semconv.TENANT_ID]] = found.get(p.attributes[semconv.TENANT_ID], 0) + p.value
+        names = {r["tenant"]: n for n, r in _results.items()}
+        raise AssertionError({names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n})
+
+
+# --- the abort storm ---------------------------------------------------------------------------
+
+
+def _abandon_all(server, tenant, count, seed):
+    rng = random.Random(seed)
+    plan = [(Traceparent(), rng.randint(1, 3)) for _ in range(count)]
+    with ThreadPoolExecutor(10) as pool:
+        for future in [pool.submit(send_abandoned_stream, server, tp, tenant, n) for tp, n in plan]:
+            future.result()
+    return [tp for tp, _ in plan]
+
+
+def _aborted_spans(receiver, traceparents):
+    ids = {tp.trace_id for tp in traceparents}
+
+    def all_there(rx):
+        traces = rx.traces()
+        found = {t: genai_spans(traces.get(t, [])) for t in ids}
+        return found if all(found.values()) else None
+
+    try:
+        return receiver.wait_for(all_there, timeout=60)
+    except TimeoutError:
+        traces = receiver.traces()
+        missing = [t for t in ids if not genai_spans(traces.get(t, []))]
+        raise AssertionError(f"{len(missing)} of {len(ids)} abandoned streams have no GenAI span (never ended?)")
+
+
+def _requests_counted(receiver, tenant):
+    by_outcome = {}
+    for p in receiver.latest_metrics():
+        if p.name == semconv.SERVER_REQUESTS and p.attributes.get(semconv.TENANT_ID) == tenant:
+            outcome = p.attributes[semconv.REQUEST_OUTCOME]
+            by_outcome[outcome] = by_outcome.get(outcome, 0) + p.value
+    return by_outcome
+
+
+def test_abort_storm(setup, receiver):
+    server = setup
+    server.faults.set("")
+    _aborted_spans(receiver, _abandon_all(server, "storm-warmup", 20, seed=1))
+    rss_before = rss_mib(server.api_pid)
+
+    storm = _abandon_all(server, "storm", 100, seed=2)
+    found = _aborted_spans(receiver, storm)
+    # after one more metric export, nothing more may come: exactly one span per request
+    receiver.wait_for(lambda rx: _requests_counted(rx, "storm").get(semconv.OUTCOME_ABORTED, 0) >= len(storm))
+    rss_after = rss_mib(server.api_pid)
+    print(f"\nabort storm: {len(storm)} streams abandoned after 20 warm-up ones; API server (pid {server.api_pid}) "
+          f"RSS {rss_before:.1f} MiB -> {rss_after:.1f} MiB ({rss_after - rss_before:+.1f} MiB)")
+
+    traces = receiver.traces()
+    finished = []
+    for tp in storm:
+        spans = traces[tp.trace_id]
+        genai = genai_spans(spans)
+        assert len(genai) == 1, f"{len(genai)} GenAI spans for one request"
+        (span,) = genai
+        (http,) = [s for s in spans if s.kind == "SERVER"]
+        assert span.parent_span_id == http.span_id
+        attrs = span.attributes
+        if attrs.get(semconv.VLLM_ABORTED) is not True:
+            finished.append(attrs.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS))
+            continue
+        assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
+        assert span.status == "ERROR"
+        assert 1 <= attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < LONG_GENERATION
+        phases = [s for s in spans if s.parent_span_id == span.span_id]
+        assert phases and {s.name for s in phases} <= set(semconv.PHASE_SPANS)
+        for phase in phases:
+            assert span.start_ns <= phase.start_ns <= phase.end_ns <= span.end_ns
+    assert not finished, (f"{len(finished)} streams ended without the server seeing the client leave "
+                          f"(finish reasons {finished[:5]}): the engine finished {LONG_GENERATION} tokens first?")
+    assert sum(len(v) for v in found.values()) == len(storm)
+
+    counted = _requests_counted(receiver, "storm")
+    assert counted == {semconv.OUTCOME_ABORTED: len(storm)}, counted
+    assert rss_after - rss_before < 100, f"RSS grew {rss_after - rss_before:.1f} MiB over {len(storm)} aborts"
+
+
+# --- the HTTP layer (last: see HTTP_TARGETS) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("target", HTTP_TARGETS, ids=[t.id for t in HTTP_TARGETS])
+def test_fault_in_the_http_layer_is_contained(setup, receiver, target):
+    _check_target(setup, receiver, target)
+    log = setup.log_path.read_text(errors="replace")
+    assert log.count(f"InjectedFault: {target.name}\n") <= 1
+    assert "Exception in ASGI application" not in log
