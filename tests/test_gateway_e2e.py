@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 from conftest import Traceparent, start_server
-from helpers import LONG_PROMPT, assert_server_tree, assert_usage, genai_spans
+from helpers import LONG_PROMPT, assert_server_tree, assert_usage, genai_spans, until_engine_aborts
 
 from otel_llm import semconv
 from otel_llm.devserver import GatewayServer, otlp_env, run_app, write_keys_file
@@ -49,7 +49,7 @@ def vllm(receiver, tmp_path_factory):
     # abandon, since on a busy 2-core machine the first chunks can reach the client late.
     srv = start_server(receiver, tmp_path_factory, "gateway-upstream",
                        extra_args=["--enable-prompt-tokens-details", "--api-key", UPSTREAM_KEY,
-                                   "--max-model-len", str(MAX_MODEL_LEN)])
+                                   "--max-model-len", str(MAX_MODEL_LEN)], paced=True)
     yield srv
     srv.stop()
 
@@ -228,20 +228,11 @@ def stop_after_two_chunks(vllm, gateway, receiver):
 
 
 def test_client_stopping_early_aborts_vllm_request_in_same_trace(vllm, gateway, receiver):
-    # Up to 3 tries. Through the gateway, about 1 early stop in 30 on this 2-core VM is not seen by
-    # vLLM before it has generated everything: seen once as the gateway noticing its client leave
-    # only when the upstream stream ended, once as the relay stalling ~4 s before the first chunks
-    # reached the client (cause not found; not seen in the tests that stop a stream sent by vLLM
-    # directly, which ran far fewer times). A gateway that
-    # does not release the upstream stream when its client leaves fails every try.
-    tries = []
-    for _ in range(3):
-        genai = stop_after_two_chunks(vllm, gateway, receiver)
-        tries.append(genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS])
-        if genai.attributes.get(semconv.VLLM_ABORTED):
-            break
-    else:
-        pytest.fail(f"vLLM never saw the client leave: output tokens per try {tries}")
+    # The upstream is paced and each try starts on an idle engine (see until_engine_aborts); a
+    # gateway that does not release the upstream stream when its client leaves fails every try.
+    *ran_to_end, (genai, _) = until_engine_aborts(vllm.url, lambda: stop_after_two_chunks(vllm, gateway, receiver))
+    for early, _ in ran_to_end:
+        assert early.attributes.get(semconv.VLLM_ABORTED, False) is False
     attrs = genai.attributes
     assert attrs[semconv.VLLM_ABORTED] is True
     assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
