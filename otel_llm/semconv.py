@@ -128,6 +128,18 @@ USAGE_TOKEN_FIELDS = (
 USAGE_RECORDS_DROPPED = "otel_llm.usage.records.dropped"
 UNIT_RECORD = "{record}"
 
+# --- Content redaction (otel_llm/redaction.py) ---------------------------------------------
+# replacements made in captured content, by rule
+REDACTIONS = "otel_llm.redactions"
+REDACTION_RULE = "otel_llm.redaction.rule"
+UNIT_REDACTION = "{redaction}"
+REDACTION_RULE_SECRET = "secret"  # API keys, bearer tokens, JWTs
+REDACTION_RULE_EMAIL = "email"
+REDACTION_RULE_PAYMENT_CARD = "payment_card"  # Luhn-checked
+REDACTION_RULE_PRC_ID = "prc_resident_id"  # check digit verified
+REDACTION_RULE_PHONE = "phone"
+REDACTION_RULE_IP_ADDRESS = "ip_address"
+
 # --- Span names ---------------------------------------------------------------------------
 SPAN_QUEUE = "queue"
 SPAN_PREFILL = "prefill"

@@ -680,3 +680,27 @@ def test_a_wrapped_method_calling_another_makes_one_span(otel, server, client):
     finally:
         wrapped_parse.__wrapped__ = inner
     assert len(otel.finished()) == 1
+
+
+def test_captured_content_is_redacted_and_counted(monkeypatch, server, client):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
+    otel = Otel()
+    try:
+        server.play("test_chat_completion_with_content.yaml")
+        said = ("I am jane.doe@example.com, card 4111 1111 1111 1111, phone +1 415 555 2671; "
+                "not a card: 4111 1111 1111 1112")
+        client.chat.completions.create(model="gpt-4o-mini", messages=[
+            {"role": "user", "content": said},
+            {"role": "tool", "tool_call_id": "call_1", "content": "reach me at ops@example.org"}])
+        span = otel.only_span()
+        assert json.loads(span.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
+            {"role": "user", "parts": [{"type": "text", "content": (
+                "I am <EMAIL>, card <PAYMENT_CARD>, phone <PHONE>; not a card: 4111 1111 1111 1112")}]},
+            {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1",
+                                        "response": "reach me at <EMAIL>"}]}]
+        assert "example.com" not in json.dumps(dict(span.attributes))
+        counted = {p.attributes[semconv.REDACTION_RULE]: p.value for p in otel.points(semconv.REDACTIONS)}
+        assert counted == {semconv.REDACTION_RULE_EMAIL: 2, semconv.REDACTION_RULE_PAYMENT_CARD: 1,
+                           semconv.REDACTION_RULE_PHONE: 1}
+    finally:
+        otel.close()

@@ -1,12 +1,13 @@
 """Opt-in prompt and completion capture in the semconv `gen_ai.input.messages` /
 `gen_ai.output.messages` shapes (JSON strings on the span). Used only when the user sets
-OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; never called otherwise.
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; never called otherwise. Every text (message
+content, tool call arguments and responses) passes the redactor before it is serialised.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from otel_llm import semconv
 
@@ -94,8 +95,9 @@ def add_responses_output(output: dict[int, list], response) -> None:
         output[0] = [text]
 
 
-def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str]) -> None:
-    attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(inputs)
+def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str],
+           redact: Callable[[str], str] = str) -> None:
+    attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(_redacted(inputs, redact))
     if not outputs:
         return
     messages = []
@@ -104,7 +106,21 @@ def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None
         parts: list[Any] = [_text_part("".join(texts))] if texts else []
         parts += [p for p in outputs[index] if isinstance(p, dict)]
         messages.append({"role": "assistant", "parts": parts, "finish_reason": reasons.get(index, "")})
-    attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = _dumps(messages)
+    attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = _dumps(_redacted(messages, redact))
+
+
+_TEXT_KEYS = ("content", "arguments", "response")
+
+
+def _redacted(value, redact: Callable[[str], str], text: bool = False):
+    """A copy with every string under _TEXT_KEYS (at any depth below them) passed through `redact`."""
+    if isinstance(value, str):
+        return redact(value) if text else value
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v, redact, text) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v, redact, text or k in _TEXT_KEYS) for k, v in value.items()}
+    return value
 
 
 def _dumps(value) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from otel_llm import semconv
+from otel_llm import redaction, semconv
 from otel_llm.openai import content
 
 _log = logging.getLogger("otel_llm.openai")
@@ -96,6 +96,25 @@ class ClientTelemetry:
             semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, unit=semconv.UNIT_SECONDS,
             description="Mean time between output chunks after the first, one record per stream",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
+        # captured content is redacted before it is set on a span (otel_llm/redaction.py)
+        self.redactor = redaction.from_environment() if settings.capture_content else None
+        self.redactions = meter.create_counter(
+            semconv.REDACTIONS, unit=semconv.UNIT_REDACTION,
+            description="Replacements made in captured prompt and completion content, by rule")
+
+    def redact_content(self, attributes: dict, inputs: list[dict], outputs, reasons: dict) -> None:
+        """Sets the content attributes, redacted, and counts the replacements by rule."""
+        found: dict[str, int] = {}
+
+        def redact(text: str) -> str:
+            text, counts = self.redactor.redact_counted(text)
+            for rule, n in counts.items():
+                found[rule] = found.get(rule, 0) + n
+            return text
+
+        content.add_to(attributes, inputs, outputs, reasons, redact)
+        for rule, n in found.items():
+            self.redactions.add(n, {semconv.REDACTION_RULE: rule})
 
 
 def _number(value) -> bool:
@@ -323,7 +342,7 @@ class Invocation:
             if self.first is not None:
                 out[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = self.first - self.start
         if self.input_messages is not None:
-            content.add_to(out, self.input_messages, self.output_parts, reasons)
+            self.tel.redact_content(out, self.input_messages, self.output_parts, reasons)
         if error is not None:
             attrs[semconv.ERROR_TYPE] = error
             out[semconv.ERROR_TYPE] = error
