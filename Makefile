@@ -27,6 +27,7 @@ model: $(MODEL_DIR)/otel-llm-tiny-model.json
 
 $(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) otel_llm/tiny_model.py
 	$(PY) -m otel_llm.tiny_model $(MODEL_DIR)
+	touch $@
 
 # Real Prometheus (and promtool) for the report and rules tests: the Debian package.
 prometheus:
