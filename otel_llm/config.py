@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from otel_llm import semconv
+from otel_llm.content import CAPTURE_CONTENT_ENV, capture_mode
 
 
 def _env_list(name: str, default: str = "") -> tuple[str, ...]:
@@ -63,6 +64,9 @@ class Settings:
     usage_fsync_interval_s: float = 1.0
     usage_max_bytes: int = 64 << 20
     usage_max_age_s: float = 3600.0
+    # prompts and completions on spans (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as for
+    # the OpenAI client); redacted and capped by otel_llm/content.py
+    capture_content: bool = False
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -83,6 +87,7 @@ class Settings:
             usage_fsync_interval_s=_env_float("OTEL_LLM_USAGE_FSYNC_INTERVAL", 1.0),
             usage_max_bytes=_env_int("OTEL_LLM_USAGE_MAX_FILE_BYTES", 64 << 20),
             usage_max_age_s=_env_float("OTEL_LLM_USAGE_MAX_FILE_AGE", 3600.0),
+            capture_content=capture_mode(os.environ.get(CAPTURE_CONTENT_ENV)),
             http_excluded_urls=os.environ.get(
                 "OTEL_PYTHON_FASTAPI_EXCLUDED_URLS",
                 os.environ.get("OTEL_PYTHON_EXCLUDED_URLS", cls.http_excluded_urls),

@@ -112,3 +112,21 @@ def test_callable_redactors_run_last_and_a_failing_one_is_skipped(caplog):
             "<NAME> <<EMAIL>>", {"upper_names": 1, semconv.REDACTION_RULE_EMAIL: 1})
         assert r.redact("Alice again") == "<NAME> again"
     assert len([m for m in caplog.messages if "failed" in m]) == 1
+
+
+def test_content_budget_cuts_each_text_then_the_request():
+    from otel_llm import content
+
+    budget = content.Budget(max_text=5, max_total=8)
+    assert [budget.cut(t) for t in ("abc", "defghij", "klm", "")] == [
+        "abc", "defgh" + content.TRUNCATED.format(2), content.TRUNCATED.format(3), ""]
+
+
+def test_content_caps_from_the_environment(caplog):
+    from otel_llm import content
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    meter = MeterProvider().get_meter("test")
+    capture = content.Capture(meter, {content.MAX_TEXT_LENGTH_ENV: "10", content.MAX_LENGTH_ENV: "lots"})
+    assert (capture.max_text, capture.max_total) == (10, content.DEFAULT_MAX_LENGTH)
+    assert any(content.MAX_LENGTH_ENV in m for m in caplog.messages)

@@ -339,3 +339,13 @@ def test_engine_counters_match_ours_and_no_instrumentation_errors(server, client
     log = server.log_path.read_text(errors="replace")
     assert "otel-llm:" not in log, [line for line in log.splitlines() if "otel-llm:" in line]
     assert "Traceback" not in log
+
+
+def test_no_content_leaves_without_the_opt_in(server, receiver):
+    """This module's server runs without OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: none of
+    the spans its requests made (chats, streams, errors) carries a prompt or a completion."""
+    genai = genai_spans(receiver.spans)
+    assert len(genai) > 10
+    for span in genai:
+        assert semconv.GEN_AI_INPUT_MESSAGES not in span.attributes, span.name
+        assert semconv.GEN_AI_OUTPUT_MESSAGES not in span.attributes, span.name

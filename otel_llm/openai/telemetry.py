@@ -17,12 +17,11 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from otel_llm import redaction, semconv
-from otel_llm.openai import content
+from otel_llm import content, semconv
+from otel_llm.content import CAPTURE_CONTENT_ENV, capture_mode
 
 _log = logging.getLogger("otel_llm.openai")
 
-CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 INCLUDE_USAGE_ENV = "OTEL_LLM_OPENAI_INCLUDE_USAGE"
 PROPAGATE_ENV = "OTEL_LLM_OPENAI_PROPAGATE"
 PROVIDER_ENV = "OTEL_LLM_OPENAI_PROVIDER_NAME"
@@ -35,21 +34,6 @@ def _truthy(value: str | None, default: bool) -> bool:
     if value is None or not value.strip():
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def capture_mode(raw: str | None) -> bool:
-    """True when the opt-in asks for content on spans (util-genai's values, or true/false)."""
-    value = (raw or "").strip().lower()
-    if value in ("", "false", "0", "no", "no_content", "event_only"):
-        if value == "event_only":
-            _log.warning("otel-llm: %s=event_only: GenAI events are not emitted; no content captured",
-                         CAPTURE_CONTENT_ENV)
-        return False
-    if value in ("true", "1", "yes", "span_only", "span_and_event"):
-        return True
-    _log.warning("otel-llm: %s=%r is not one of span_only, span_and_event, event_only, no_content, "
-                 "true, false; no content captured", CAPTURE_CONTENT_ENV, raw)
-    return False
 
 
 @dataclass(frozen=True)
@@ -96,25 +80,8 @@ class ClientTelemetry:
             semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, unit=semconv.UNIT_SECONDS,
             description="Mean time between output chunks after the first, one record per stream",
             explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
-        # captured content is redacted before it is set on a span (otel_llm/redaction.py)
-        self.redactor = redaction.from_environment() if settings.capture_content else None
-        self.redactions = meter.create_counter(
-            semconv.REDACTIONS, unit=semconv.UNIT_REDACTION,
-            description="Replacements made in captured prompt and completion content, by rule")
-
-    def redact_content(self, attributes: dict, inputs: list[dict], outputs, reasons: dict) -> None:
-        """Sets the content attributes, redacted, and counts the replacements by rule."""
-        found: dict[str, int] = {}
-
-        def redact(text: str) -> str:
-            text, counts = self.redactor.redact_counted(text)
-            for rule, n in counts.items():
-                found[rule] = found.get(rule, 0) + n
-            return text
-
-        content.add_to(attributes, inputs, outputs, reasons, redact)
-        for rule, n in found.items():
-            self.redactions.add(n, {semconv.REDACTION_RULE: rule})
+        # captured content is redacted and capped before it is set on a span (otel_llm/content.py)
+        self.capture = content.Capture(meter) if settings.capture_content else None
 
 
 def _number(value) -> bool:
@@ -342,7 +309,7 @@ class Invocation:
             if self.first is not None:
                 out[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = self.first - self.start
         if self.input_messages is not None:
-            self.tel.redact_content(out, self.input_messages, self.output_parts, reasons)
+            self.tel.capture.set_attributes(out, self.input_messages, self.output_parts, reasons)
         if error is not None:
             attrs[semconv.ERROR_TYPE] = error
             out[semconv.ERROR_TYPE] = error

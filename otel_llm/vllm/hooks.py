@@ -86,6 +86,7 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request) -> Reque
         tenant=tenant,
         cost_center=cost_center,
         scene=scene,
+        request=request if tel.capture is not None else None,
     )
 
 

@@ -20,7 +20,7 @@ from opentelemetry import baggage, context as otel_context, trace
 from opentelemetry.metrics import Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_llm import semconv
+from otel_llm import content, semconv
 from otel_llm.config import LabelGuard, Settings, attribution_value, load_api_keys
 from otel_llm.usage import UsageLedger
 
@@ -52,6 +52,8 @@ class RequestInfo:
     tenant: str | None = None
     scene: str | None = None
     cost_center: str | None = None
+    # the request object itself, kept only when content capture is on (read at the end)
+    request: Any = None
 
     @property
     def generates(self) -> bool:
@@ -109,6 +111,8 @@ class Telemetry:
             service=str(resource_attributes.get(semconv.SERVICE_NAME) or semconv.SERVICE_NAME_DEFAULT),
             fsync_interval_s=settings.usage_fsync_interval_s, max_bytes=settings.usage_max_bytes,
             max_age_s=settings.usage_max_age_s)
+        # opt-in prompt / completion capture, redacted and capped (otel_llm/content.py)
+        self.capture = content.Capture(meter) if settings.capture_content else None
         self.api_keys = _load_api_keys(settings.api_keys_file)
         # with an API-key map, only the tenants, scenes and cost centers it names get metric labels
         vouched = [frozenset(v for v in values if v) for values in zip(*self.api_keys.values())] \
@@ -369,6 +373,8 @@ class RequestTelemetry:
         if error_type is not None:
             attrs[semconv.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_message or error_type))
+        if self.telemetry.capture is not None and self.info.request is not None:
+            _guarded("capturing a request's content", self._capture, attrs, finish_reasons)
         if self.engine_states and self.telemetry.ledger.enabled:
             # before the span ends, and whether or not the trace is sampled
             _guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
@@ -377,6 +383,21 @@ class RequestTelemetry:
         span.end(end_time=end_ns)
         _guarded("recording a request's metrics", self._record_metrics, usage, timing, error_type, response_model,
                  (end_ns - self.start_ns) / 1e9)
+
+    def _capture(self, attrs: dict, finish_reasons: list[str]) -> None:
+        """Opt-in content: the request's messages or prompt, and what the engine generated for each
+        choice (the detokenizer's whole text: assembled once here, never per chunk)."""
+        request = self.info.request
+        fields = {name: getattr(request, name, None) for name in ("messages", "prompt", "input", "instructions")}
+        inputs = content.input_messages(self.info.operation, fields)
+        if inputs is None:
+            return
+        outputs: dict[int, list] = {}
+        for state in self.engine_states:
+            text = getattr(getattr(state, "detokenizer", None), "output_text", None)
+            if isinstance(text, str):
+                outputs.setdefault(getattr(state, "request_index", 0) or 0, []).append(text)
+        self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
     def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""

@@ -1,15 +1,101 @@
 """Opt-in prompt and completion capture in the semconv `gen_ai.input.messages` /
-`gen_ai.output.messages` shapes (JSON strings on the span). Used only when the user sets
-OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; never called otherwise. Every text (message
-content, tool call arguments and responses) passes the redactor before it is serialised.
+`gen_ai.output.messages` shapes (JSON strings on the span), for the OpenAI client and the vLLM
+server alike. Used only when the user sets OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT;
+never called otherwise. Every text (message content, tool call arguments and responses) passes
+the redactor before it is serialised, and is cut to the size caps with a marker saying how much
+was cut.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from otel_llm import semconv
+from otel_llm import redaction, semconv
+
+_log = logging.getLogger("otel_llm")
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+MAX_TEXT_LENGTH_ENV = "OTEL_LLM_CONTENT_MAX_TEXT_LENGTH"
+MAX_LENGTH_ENV = "OTEL_LLM_CONTENT_MAX_LENGTH"
+DEFAULT_MAX_TEXT_LENGTH = 16_384  # characters of one text (a message's content, a tool's arguments)
+DEFAULT_MAX_LENGTH = 65_536  # characters of all texts of one request, input and output together
+TRUNCATED = "…[otel-llm: {} characters cut]"
+
+
+def capture_mode(raw: str | None) -> bool:
+    """True when the opt-in asks for content on spans (util-genai's values, or true/false)."""
+    value = (raw or "").strip().lower()
+    if value in ("", "false", "0", "no", "no_content", "event_only"):
+        if value == "event_only":
+            _log.warning("otel-llm: %s=event_only: GenAI events are not emitted; no content captured",
+                         CAPTURE_CONTENT_ENV)
+        return False
+    if value in ("true", "1", "yes", "span_only", "span_and_event"):
+        return True
+    _log.warning("otel-llm: %s=%r is not one of span_only, span_and_event, event_only, no_content, "
+                 "true, false; no content captured", CAPTURE_CONTENT_ENV, raw)
+    return False
+
+
+@dataclass
+class Budget:
+    """The size caps of one request's captured content: each text cut to `max_text` characters,
+    all texts together to `max_total`; a cut text ends with the TRUNCATED marker."""
+
+    max_text: int = DEFAULT_MAX_TEXT_LENGTH
+    max_total: int = DEFAULT_MAX_LENGTH
+    used: int = 0
+
+    def cut(self, text: str) -> str:
+        room = max(0, min(self.max_text, self.max_total - self.used))
+        if len(text) <= room:
+            self.used += len(text)
+            return text
+        self.used += room
+        return text[:room] + TRUNCATED.format(len(text) - room)
+
+
+def _env_int(environ, name: str, default: int) -> int:
+    raw = (environ.get(name) or "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        value = -1
+    if value < 0:
+        _log.warning("otel-llm: %s=%r is not a number of characters; using %d", name, raw, default)
+        return default
+    return value
+
+
+class Capture:
+    """What a layer needs to put content on its spans: the redactor (otel_llm/redaction.py), the
+    size caps and the counter of redactions. Made only when capture is on."""
+
+    def __init__(self, meter, environ=os.environ):
+        self.redactor = redaction.from_environment(environ)
+        self.max_text = _env_int(environ, MAX_TEXT_LENGTH_ENV, DEFAULT_MAX_TEXT_LENGTH)
+        self.max_total = _env_int(environ, MAX_LENGTH_ENV, DEFAULT_MAX_LENGTH)
+        self.redactions = meter.create_counter(
+            semconv.REDACTIONS, unit=semconv.UNIT_REDACTION,
+            description="Replacements made in captured prompt and completion content, by rule")
+
+    def set_attributes(self, attributes: dict, inputs: list[dict], outputs, reasons: dict) -> None:
+        """gen_ai.input.messages / gen_ai.output.messages, redacted and capped; redactions counted."""
+        found: dict[str, int] = {}
+
+        def redact(text: str) -> str:
+            text, counts = self.redactor.redact_counted(text)
+            for rule, n in counts.items():
+                found[rule] = found.get(rule, 0) + n
+            return text
+
+        add_to(attributes, inputs, outputs, reasons, redact, Budget(self.max_text, self.max_total))
+        for rule, n in found.items():
+            self.redactions.add(n, {semconv.REDACTION_RULE: rule})
 
 
 def _text_part(text: str) -> dict:
@@ -96,8 +182,15 @@ def add_responses_output(output: dict[int, list], response) -> None:
 
 
 def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str],
-           redact: Callable[[str], str] = str) -> None:
-    attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(_redacted(inputs, redact))
+           redact: Callable[[str], str] = str, budget: Budget | None = None) -> None:
+    """Sets gen_ai.input.messages (and gen_ai.output.messages when there is output), each text
+    redacted, then cut to the budget (the input first: it is what the request was)."""
+    budget = budget or Budget()
+
+    def text(value: str) -> str:
+        return budget.cut(redact(value))
+
+    attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(_redacted(inputs, text))
     if not outputs:
         return
     messages = []
@@ -106,7 +199,7 @@ def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None
         parts: list[Any] = [_text_part("".join(texts))] if texts else []
         parts += [p for p in outputs[index] if isinstance(p, dict)]
         messages.append({"role": "assistant", "parts": parts, "finish_reason": reasons.get(index, "")})
-    attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = _dumps(_redacted(messages, redact))
+    attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = _dumps(_redacted(messages, text))
 
 
 _TEXT_KEYS = ("content", "arguments", "response")
