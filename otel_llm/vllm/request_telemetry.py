@@ -13,7 +13,7 @@ import logging
 import socket
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import baggage, context as otel_context, trace
@@ -53,7 +53,7 @@ class RequestInfo:
     scene: str | None = None
     cost_center: str | None = None
     # the request object itself, kept only when content capture is on (read at the end)
-    request: Any = None
+    request: Any = field(default=None, compare=False, repr=False)
 
     @property
     def generates(self) -> bool:
