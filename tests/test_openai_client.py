@@ -5,6 +5,7 @@ real openai client (tests/openai_replay.py). The real vLLM engine is in test_ope
 import asyncio
 import gc
 import json
+import time
 
 import openai
 import pytest
@@ -408,6 +409,10 @@ def test_stream_garbage_collected(otel, server, client):
     next(stream)
     del stream
     gc.collect()
+    # ended on the finalizer thread, not inside __del__ (otel_llm/finalizer.py)
+    deadline = time.monotonic() + 30
+    while not otel.finished() and time.monotonic() < deadline:
+        time.sleep(0.01)
     span = otel.only_span()
     _abandoned(span)
     assert span.status.description == "stream garbage-collected before its end"

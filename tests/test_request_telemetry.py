@@ -258,3 +258,34 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
     assert [first_n(v) for v in ("a", "b", "c", "a")] == ["a", "b", semconv.LABEL_OTHER, "a"]
     listed = LabelGuard(allow_list=("x",), vouched=frozenset({"acme"}))
     assert (listed("x"), listed("acme")) == ("x", semconv.LABEL_OTHER)
+
+
+def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
+    """A stream wrapper the garbage collector takes is ended on the finalizer thread: the collecting
+    thread may hold a lock the end needs (the SDK's metric reader held an instrument's lock when it
+    collected one, recorded a metric on it from __del__ and hung the server)."""
+    import gc
+    import threading
+
+    from otel_llm.vllm import hooks
+
+    lock, done, seen = threading.Lock(), threading.Event(), {}
+
+    class Record:
+        ended = False
+
+        def end(self, **kwargs):
+            seen["thread"] = threading.current_thread().name
+            seen["got_lock"] = lock.acquire(timeout=10)
+            if seen["got_lock"]:
+                lock.release()
+            seen["kwargs"] = kwargs
+            done.set()
+
+    with lock:  # what the collecting thread holds
+        stream = hooks._StreamTelemetry(None, Record())
+        del stream
+        gc.collect()
+        assert not done.is_set()  # not ended inline
+    assert done.wait(10)
+    assert seen == {"thread": "otel-llm-finalizer", "got_lock": True, "kwargs": {"aborted": True}}

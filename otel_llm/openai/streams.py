@@ -11,6 +11,7 @@ import logging
 
 import wrapt
 
+from otel_llm import finalizer
 from otel_llm.openai.telemetry import Invocation
 
 _log = logging.getLogger("otel_llm.openai")
@@ -62,6 +63,7 @@ class StreamProxy(wrapt.ObjectProxy):
     def __init__(self, stream, inv: Invocation):
         super().__init__(stream)
         self._self_inv = inv
+        finalizer.ensure_started()
 
     def __iter__(self):
         return self
@@ -100,14 +102,15 @@ class StreamProxy(wrapt.ObjectProxy):
     def response(self):
         return ResponseProxy(self.__wrapped__.response, self._self_inv)
 
-    def __del__(self):
-        end(self._self_inv, abandoned=COLLECTED)
+    def __del__(self):  # never ended here: see otel_llm/finalizer.py
+        finalizer.defer(end, self._self_inv, abandoned=COLLECTED)
 
 
 class AsyncStreamProxy(wrapt.ObjectProxy):
     def __init__(self, stream, inv: Invocation):
         super().__init__(stream)
         self._self_inv = inv
+        finalizer.ensure_started()
 
     def __aiter__(self):
         return self
@@ -146,5 +149,5 @@ class AsyncStreamProxy(wrapt.ObjectProxy):
     def response(self):
         return ResponseProxy(self.__wrapped__.response, self._self_inv)
 
-    def __del__(self):
-        end(self._self_inv, abandoned=COLLECTED)
+    def __del__(self):  # never ended here: see otel_llm/finalizer.py
+        finalizer.defer(end, self._self_inv, abandoned=COLLECTED)

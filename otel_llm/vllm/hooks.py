@@ -20,7 +20,7 @@ from typing import Any, Callable
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_llm import semconv
+from otel_llm import finalizer, semconv
 from otel_llm.vllm import http
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, Telemetry, attach, detach
 
@@ -114,6 +114,7 @@ class _StreamTelemetry:
     __slots__ = ("_inner", "_record", "_started", "_sse")
 
     def __init__(self, inner, record, sse: bool = True):
+        finalizer.ensure_started()
         self._inner = inner
         self._record = record
         self._started = False
@@ -160,8 +161,8 @@ class _StreamTelemetry:
 
     def __del__(self):
         record = self._record
-        if not record.ended:
-            record.end(aborted=True)
+        if not record.ended:  # never ended here: see otel_llm/finalizer.py
+            finalizer.defer(record.end, aborted=True)
 
 
 _first_chunk = _safe("recording a stream's first chunk")(lambda record: record.on_first_chunk())

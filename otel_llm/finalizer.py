@@ -1,0 +1,52 @@
+"""Ends the telemetry of objects the garbage collector takes (streams dropped without being closed)
+from one daemon thread, never inside `__del__`.
+
+A finalizer runs in whichever thread happens to collect the garbage, at any allocation, with
+whatever locks that thread holds. Seen in the fault-injection suite: the SDK's metric reader thread
+collected a dropped stream wrapper while it held an instrument's lock; ending the span there
+recorded a metric on that instrument, the reader thread waited on itself, and every request of the
+server then hung behind that lock. So `__del__` only puts the work on a `queue.SimpleQueue`, whose
+`put` is documented as safe in `__del__` methods, and this thread does it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+_log = logging.getLogger("otel_llm")
+
+_pending: queue.SimpleQueue = queue.SimpleQueue()
+_thread: threading.Thread | None = None
+_start_lock = threading.Lock()
+_warned = False
+
+
+def ensure_started() -> None:
+    """Called where an object that may need finalizing is made (not in `__del__`): starts the
+    thread once per process (again in a forked child, where it does not exist)."""
+    global _thread
+    if _thread is not None and _thread.is_alive():
+        return
+    with _start_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, name="otel-llm-finalizer", daemon=True)
+            _thread.start()
+
+
+def defer(fn, *args, **kwargs) -> None:
+    """From `__del__`: run fn(*args, **kwargs) on the finalizer thread."""
+    _pending.put((fn, args, kwargs))
+
+
+def _run() -> None:
+    global _warned
+    while True:
+        fn, args, kwargs = _pending.get()
+        try:
+            fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - one failed end must not stop the others
+            if not _warned:
+                _warned = True
+                _log.warning("otel-llm: ending the telemetry of a collected stream failed", exc_info=True)
