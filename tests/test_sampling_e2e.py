@@ -184,7 +184,17 @@ def test_real_trace_kept_by_its_policies(case, traces, policies):
     print(f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
           f"{ {k: v for k, v in genai.attributes.items() if k.startswith(('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error'))} }")
     assert BASELINE in kept_by
-    assert kept_by - {BASELINE} == EXPECTED[case], f"{case}: kept by {sorted(kept_by)}"
+    expected = set(EXPECTED[case])
+    if _ttft(genai) > SLOW_TTFT_S:  # a machine so busy that a first token took over 5 s
+        expected.add("slow-ttft")
+    assert kept_by - {BASELINE} == expected, f"{case}: kept by {sorted(kept_by)}"
+
+
+SLOW_TTFT_S = 5.0  # the slow-ttft policy's threshold in otelcol.yaml, kept unscaled
+
+
+def _ttft(genai) -> float:
+    return genai.attributes.get(semconv.VLLM_TTFT_SECONDS, 0.0)
 
 
 def test_cache_hit_is_not_a_cache_miss(traces, policies):
@@ -210,11 +220,16 @@ def test_real_attribute_types_match_policy_types(traces):
     assert aborted.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < SCALED["big-output"]
 
 
-def test_slow_ttft_unscaled_keeps_no_tiny_model_trace(traces, policies):
-    """slow-ttft keeps its config threshold (5 s float): no tiny-model trace reaches it."""
+def test_slow_ttft_unscaled_keeps_exactly_the_traces_over_5_s(traces, policies):
+    """slow-ttft keeps its config threshold (5 s, a float): it keeps a trace exactly when its first
+    token took longer (on a quiet machine none of these; a very busy one can slow a prefill past it,
+    so the expectation is read from the span, not assumed)."""
     (ttft,) = [p for p in policies if p["name"] == "slow-ttft"]
+    assert f"> {SLOW_TTFT_S}" in ttft["ottl_condition"]["span"][0]
     for case, spans in traces.items():
-        assert "slow-ttft" not in keeping_policies([ttft], as_eval_trace(spans)), case
+        kept = "slow-ttft" in keeping_policies([ttft], as_eval_trace(spans))
+        ttfts = [_ttft(g) for g in genai_spans(spans)]
+        assert kept == any(t > SLOW_TTFT_S for t in ttfts), (case, ttfts)
 
 
 def test_every_span_attribute_a_traceql_panel_reads_is_on_real_spans(traces):
