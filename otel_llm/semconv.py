@@ -190,3 +190,14 @@ def prometheus_name(otel_name: str, unit: str = "", counter: bool = False) -> st
     if counter:
         name += "_total"
     return name
+
+
+# --- Set by the OpenTelemetry Collector, not by otel-llm (collector-config/) -------------------
+# With --feature-gates=processor.tailsamplingprocessor.recordpolicy, contrib's tail_sampling
+# processor names the policy that sampled a trace (the first in config order that did) in an
+# attribute of the instrumentation SCOPE of the trace's spans, not of the spans (OTTL:
+# scope.attributes[...]). The collector configs keep prompt/completion content only where it names
+# a policy other than the baseline.
+TAILSAMPLING_POLICY = "tailsampling.policy"
+# true on spans released by the sampled-decision cache (they arrived after their trace's decision)
+TAILSAMPLING_CACHED_DECISION = "tailsampling.cached_decision"
