@@ -40,6 +40,7 @@ from opentelemetry.semconv.attributes import http_attributes, url_attributes
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_llm import semconv
+from test_redaction import NEGATIVE, POSITIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "collector-config"
@@ -627,9 +628,331 @@ def check_usage(cfg: dict) -> list[str]:
     return errors
 
 
+# ---- prompt and completion content: kept only where a reason kept the trace, redacted again -----
+# The servers put content on the GenAI span only when opted in, redacted (otel_llm/content.py,
+# otel_llm/redaction.py). In the collector, tail_sampling records the policy that sampled a trace
+# (feature gate processor.tailsamplingprocessor.recordpolicy; contrib processor.go makeDecision: the
+# first policy in config order whose decision is Sampled, written with SetAttrOnScopeSpans into the
+# instrumentation scope's attributes, semconv.TAILSAMPLING_POLICY; processCachedTrace writes the
+# cached name on spans that arrive after the decision). A transform after it deletes the content
+# attributes where that policy keeps traces for no reason of its own (the baseline), or where no
+# policy was recorded; a second transform runs RE2 versions of the servers' redaction rules on the
+# content that is left. Below: the checks, and a small model of both transforms (our reading of
+# OTTL's delete_key / replace_pattern; the real collector decides).
+
+RECORD_POLICY_GATE = "processor.tailsamplingprocessor.recordpolicy"
+CONTENT_ATTRIBUTES = (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES, semconv.GEN_AI_SYSTEM_INSTRUCTIONS)
+# Policy types that keep traces without looking at them: being kept by one is no reason to keep content.
+UNSELECTIVE_TYPES = {"probabilistic", "always_sample", "rate_limiting", "bytes_limiting"}
+
+_OTTL_STRING = r'"(?:[^"\\]|\\.)*"'
+DELETE_KEY = re.compile(rf'^delete_key\(span\.attributes, (?P<key>{_OTTL_STRING})\)$')
+REPLACE_PATTERN = re.compile(
+    rf'^replace_pattern\(span\.attributes\[(?P<key>{_OTTL_STRING})\], (?P<regex>{_OTTL_STRING}), (?P<repl>{_OTTL_STRING})\)$')
+SCOPE_EQUALS = re.compile(rf'^scope\.attributes\[(?P<key>{_OTTL_STRING})\] == (?P<value>nil|{_OTTL_STRING})$')
+
+
+def ottl_string(literal: str) -> str:
+    """The value of an OTTL string literal. OTTL unquotes like Go's strconv.Unquote, where `\\.` is
+    an error: a regex backslash is written `\\\\`. Only the escapes `\\\\` and `\\"` are accepted."""
+    out, i, body = [], 0, literal[1:-1]
+    while i < len(body):
+        if body[i] == "\\":
+            if body[i + 1:i + 2] not in ("\\", '"'):
+                raise ValueError(f"OTTL string {literal}: escape \\{body[i + 1:i + 2]} (a regex backslash is \\\\)")
+            out.append(body[i + 1])
+            i += 2
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)
+
+
+def confmap_unescape(text: str) -> str:
+    """The collector's config resolution of a string: `$$` is a `$`, `${...}` would be expanded; a
+    single `$` is refused here (write `$$1` for a regex group in a replacement)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$":
+            if text[i + 1:i + 2] != "$":
+                raise ValueError(f"a single $ in {text!r}: the collector resolves $ in config strings; write $$")
+            i += 1
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+RE2_ESCAPES = set("dDwWbBAnrtfvx")  # \s differs (Python's also matches \v), \z \Z \G \p \Q ... differ or are missing
+RE2_CLASS_ESCAPES = set("dDwWnrtfvx")
+
+
+def re2_problems(regex: str) -> list[str]:
+    """What keeps `regex` from meaning the same in Go's RE2 (the collector) and in Python's re with
+    re.ASCII (this model): lookarounds, backreferences, atomic groups, possessive quantifiers, `$`
+    (Python's also matches before a final newline), escapes the two read differently, repeat counts
+    over RE2's 1000, and patterns that can match the empty string (Go and Python differ there)."""
+    problems, i, in_class, after_quantifier = [], 0, False, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            n = regex[i + 1:i + 2]
+            if n.isdigit():
+                problems.append(f"\\{n}: backreference or octal escape (not RE2)")
+            elif n.isalpha() and n not in (RE2_CLASS_ESCAPES if in_class else RE2_ESCAPES):
+                problems.append(f"\\{n}: not RE2, or not the same in RE2 and Python re")
+            i, after_quantifier = i + 2, False
+            continue
+        if in_class:
+            in_class = c != "]"
+            i += 1
+            continue
+        if c == "[":
+            i += 1 + (regex[i + 1:i + 2] == "^")
+            i += regex[i:i + 1] == "]"  # a ] first in a class is literal
+            in_class, after_quantifier = True, False
+            continue
+        if c == "(" and regex[i + 1:i + 2] == "?" and not re.match(r"\(\?(?:[imsU]*(?:-[imsU]+)?[:)]|P<[A-Za-z_]\w*>)", regex[i:]):
+            problems.append(f"{regex[i:i + 4]}...: lookaround, atomic group, backreference or conditional (not RE2)")
+        if c == "$":
+            problems.append("$: Python's also matches before a final newline")
+        if c == "+" and after_quantifier:
+            problems.append("possessive quantifier (not RE2)")
+        if c == "{":
+            m = re.match(r"\{(\d+)(?:,(\d*))?\}", regex[i:])
+            if m and max(int(m[1]), int(m[2] or 0)) > 1000:
+                problems.append(f"{m[0]}: RE2 allows repeat counts up to 1000")
+        after_quantifier = c in "*+?}" and not (c in "+?" and after_quantifier)
+        i += 1
+    try:
+        compiled = re.compile(regex, re.ASCII)
+    except re.error as exc:
+        problems.append(f"does not compile: {exc}")
+    else:
+        if compiled.fullmatch("") is not None:
+            problems.append("matches the empty string")
+    return problems
+
+
+def go_expand(template: str, m: re.Match) -> str:
+    """Go's regexp Expand, which ReplaceAllString applies to each match: `$name` or `${name}`, name
+    the longest run of letters, digits and `_`, a number for a group index; an unknown or unmatched
+    group is empty; `$$` is `$` (so `$1x` means group "1x", which does not exist)."""
+    out, i = [], 0
+    while i < len(template):
+        if template[i] != "$":
+            out.append(template[i])
+            i += 1
+            continue
+        if template[i + 1:i + 2] == "$":
+            out.append("$")
+            i += 2
+            continue
+        braced = re.match(r"\{(\w+)\}", template[i + 1:], re.ASCII)
+        name = braced[1] if braced else re.match(r"\w*", template[i + 1:], re.ASCII)[0]
+        if not name:
+            out.append("$")
+            i += 1
+            continue
+        i += 1 + (len(braced[0]) if braced else len(name))
+        if name.isdigit():
+            value = m.group(int(name)) if int(name) <= m.re.groups else None
+        else:
+            value = m.group(name) if name in m.re.groupindex else None
+        out.append(value or "")
+    return "".join(out)
+
+
+def go_replace_all(regex: str, template: str, text: str) -> str:
+    """ReplaceAllString, for patterns re2_problems accepts (no empty matches)."""
+    return re.compile(regex, re.ASCII).sub(lambda m: go_expand(template, m), text)
+
+
+def template_groups(template: str) -> set[str]:
+    return set(re.findall(r"\$\{?(\w+)", template.replace("$$", ""), re.ASCII))
+
+
+def transform_groups(conf: dict) -> list[tuple[list[str], list[str]]]:
+    """(conditions, statements) of each statement group of a transform's trace_statements."""
+    groups = []
+    for item in (conf or {}).get("trace_statements") or []:
+        if isinstance(item, str):
+            groups.append(([], [item]))
+        else:
+            if item.get("context") not in (None, "span"):
+                raise ValueError(f"context {item['context']!r} outside the checked subset")
+            groups.append((list(item.get("conditions") or []), list(item.get("statements") or [])))
+    if (conf or {}).get("metric_statements") or (conf or {}).get("log_statements"):
+        raise ValueError("metric/log statements outside the checked subset")
+    return groups
+
+
+def parse_condition(condition: str) -> tuple[str, str | None]:
+    """(scope attribute, value or None for nil) of `scope.attributes["k"] == "v"` / `== nil`."""
+    m = SCOPE_EQUALS.match(confmap_unescape(condition))
+    if not m:
+        raise ValueError(f"condition outside the checked subset: {condition!r}")
+    return ottl_string(m["key"]), None if m["value"] == "nil" else ottl_string(m["value"])
+
+
+def parse_statement(statement: str) -> tuple:
+    """("delete", key) or ("replace", key, regex, replacement) of a statement in the checked subset."""
+    text = confmap_unescape(statement)
+    if m := DELETE_KEY.match(text):
+        return ("delete", ottl_string(m["key"]))
+    if m := REPLACE_PATTERN.match(text):
+        return ("replace", ottl_string(m["key"]), ottl_string(m["regex"]), ottl_string(m["repl"]))
+    raise ValueError(f"statement outside the checked subset: {statement!r}")
+
+
+def apply_transform(conf: dict, attributes: dict, scope: dict) -> dict:
+    """A span's attributes after a transform of the checked subset (conditions are ORed)."""
+    attributes = dict(attributes)
+    for conditions, statements in transform_groups(conf):
+        if conditions and not any(scope.get(key) == value for key, value in map(parse_condition, conditions)):
+            continue
+        for parsed in map(parse_statement, statements):
+            if parsed[0] == "delete":
+                attributes.pop(parsed[1], None)
+            elif isinstance(attributes.get(parsed[1]), str):  # replace_pattern ignores nil and non-strings
+                attributes[parsed[1]] = go_replace_all(parsed[2], parsed[3], attributes[parsed[1]])
+    return attributes
+
+
+def sampled_pipeline(cfg: dict) -> tuple[str, list[str]]:
+    """(pipeline id, processors after tail_sampling) of the pipeline that tail-samples."""
+    (pid,) = [pid for pid, p in cfg["service"]["pipelines"].items()
+              if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])]
+    procs = cfg["service"]["pipelines"][pid]["processors"]
+    return pid, procs[[ctype(x) for x in procs].index("tail_sampling") + 1:]
+
+
+def release(cfg: dict, spans: list[dict], policy: str | None) -> list[dict]:
+    """The spans as tail_sampling releases them (scope attribute: the recorded policy, if any) after
+    the processors that follow it."""
+    scope = {} if policy is None else {semconv.TAILSAMPLING_POLICY: policy}
+    _, after = sampled_pipeline(cfg)
+    out = []
+    for span in spans:
+        attributes = span["attributes"]
+        for x in after:
+            if ctype(x) == "transform":
+                attributes = apply_transform(cfg["processors"][x], attributes, scope)
+        out.append({**span, "attributes": attributes, "scope": dict(scope)})
+    return out
+
+
+def content_transforms(cfg: dict) -> tuple[list[tuple[str, set, list[str]]], list[tuple[str, list[tuple]]]]:
+    """([(id, values of the recorded policy that strip content, deleted keys)],
+    [(id, [(key, regex, replacement)])]) of the transforms after tail_sampling."""
+    _, after = sampled_pipeline(cfg)
+    strips, redactions = [], []
+    for x in after:
+        if ctype(x) != "transform":
+            continue
+        replaced = []
+        for conditions, statements in transform_groups(cfg["processors"].get(x)):
+            parsed = [parse_statement(s) for s in statements]
+            deletes = [p[1] for p in parsed if p[0] == "delete"]
+            replaces = [p[1:] for p in parsed if p[0] == "replace"]
+            if deletes:
+                keys = {key for key, _ in map(parse_condition, conditions)}
+                if keys != {semconv.TAILSAMPLING_POLICY}:
+                    raise ValueError(f"{x}: deletes content on a condition other than {semconv.TAILSAMPLING_POLICY!r}: {keys}")
+                strips.append((x, {value for _, value in map(parse_condition, conditions)}, deletes))
+            if replaces:
+                if conditions:
+                    raise ValueError(f"{x}: conditional redaction is outside the checked subset")
+                replaced += replaces
+        if replaced:
+            redactions.append((x, replaced))
+    return strips, redactions
+
+
+def check_content(cfg: dict) -> list[str]:
+    errors = []
+    pipelines = (cfg.get("service") or {}).get("pipelines") or {}
+    connectors = set(cfg.get("connectors") or {})
+    tail_sampled = [pid for pid, p in pipelines.items() if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])]
+    for pid, p in pipelines.items():
+        leaving = [e for e in p.get("exporters") or [] if e not in connectors and ctype(e) not in ("loadbalancing", "load_balancing")]
+        if signal_of(pid) == "traces" and leaving and pid not in tail_sampled:
+            errors.append(f"pipeline {pid}: exports to {leaving} without tail_sampling: content would leave on every trace")
+    if not tail_sampled:
+        return errors
+    if len(tail_sampled) > 1:
+        return errors + [f"tail_sampling in several pipelines: {tail_sampled}"]
+    pid = tail_sampled[0]
+    (ts_id,) = [x for x in pipelines[pid]["processors"] if ctype(x) == "tail_sampling"]
+    ts = (cfg.get("processors") or {}).get(ts_id) or {}
+    policies = ts.get("policies") or []
+    unselective = [p["name"] for p in policies if p.get("type") in UNSELECTIVE_TYPES]
+    selective = [p["name"] for p in policies if p.get("type") not in UNSELECTIVE_TYPES and p.get("type") != "drop"]
+    names = [p["name"] for p in policies]
+    last_selective = max((names.index(n) for n in selective), default=-1)
+    for name in unselective:
+        if names.index(name) < last_selective:
+            errors.append(f"processors.{ts_id}: policy {name!r} comes before {names[last_selective]!r}: the recorded "
+                          "policy is the first that sampled a trace, so a trace kept for a reason could be recorded "
+                          f"as kept by {name!r} (and lose its content)")
+    if not ((ts.get("decision_cache") or {}).get("sampled_cache_size") or 0) > 0:
+        errors.append(f"processors.{ts_id}: decision_cache.sampled_cache_size must be > 0 (late spans carry the "
+                      "recorded policy only from that cache)")
+    try:
+        strips, redactions = content_transforms(cfg)
+    except ValueError as exc:
+        return errors + [f"pipeline {pid}: {exc}"]
+    if len(strips) != 1:
+        errors.append(f"pipeline {pid}: needs one transform after tail_sampling deleting content by recorded policy, "
+                      f"found {[s[0] for s in strips]}")
+    for x, when, deletes in strips:
+        if None not in when:
+            errors.append(f"processors.{x}: keeps content on spans without a recorded policy (add the nil condition: "
+                          f"gate off or a late span): it must fail closed")
+        unknown = sorted(v for v in when - {None} if v not in names)
+        if unknown:
+            errors.append(f"processors.{x}: names policies tail_sampling does not have: {unknown}")
+        if when - {None} != set(unselective):
+            errors.append(f"processors.{x}: deletes content on traces recorded as kept by {sorted(when - {None})}, "
+                          f"must be exactly the unselective policies {sorted(unselective)}")
+        for key in CONTENT_ATTRIBUTES:
+            if key not in deletes:
+                errors.append(f"processors.{x}: does not delete {key!r}")
+        for key in deletes:
+            if key not in SEMCONV_NAMES:
+                errors.append(f"processors.{x}: attribute {key!r} is not a name in otel_llm/semconv.py")
+    if len(redactions) != 1:
+        errors.append(f"pipeline {pid}: needs one redaction transform after tail_sampling, found {[r[0] for r in redactions]}")
+    from otel_llm import redaction
+
+    tokens = {rule.replacement for rule in redaction.BUILTIN_RULES}
+    for x, replaces in redactions:
+        per_key = {key: [(rx, repl) for k, rx, repl in replaces if k == key] for key in {k for k, _, _ in replaces}}
+        for key in per_key:
+            if key not in CONTENT_ATTRIBUTES:
+                errors.append(f"processors.{x}: redacts {key!r}, not a content attribute {CONTENT_ATTRIBUTES}")
+        rules = per_key.get(CONTENT_ATTRIBUTES[0], [])
+        for key in CONTENT_ATTRIBUTES:
+            if per_key.get(key) != rules:
+                errors.append(f"processors.{x}: {key!r} does not get the same rules, in the same order, as {CONTENT_ATTRIBUTES[0]!r}")
+        used = {t for _, repl in rules for t in re.findall(r"<[A-Z_]+>", repl)}
+        if used != tokens:
+            errors.append(f"processors.{x}: replacement tokens {sorted(used)} are not otel_llm/redaction.py's {sorted(tokens)}")
+        for regex, repl in rules:
+            for problem in re2_problems(regex):
+                errors.append(f"processors.{x}: regex {regex[:40]!r}...: {problem}")
+            try:
+                groups = re.compile(regex, re.ASCII).groups
+            except re.error:
+                continue
+            for name in template_groups(repl):
+                if not name.isdigit() or not 1 <= int(name) <= groups:
+                    errors.append(f"processors.{x}: replacement {repl!r} refers to ${name}, not a group of its regex")
+    return errors
+
+
 def check_all(cfg: dict) -> list[str]:
     return (check_wiring(cfg) + check_components(cfg) + check_policy_attributes(cfg) + check_other_attributes(cfg)
-            + check_usage(cfg))
+            + check_usage(cfg) + check_content(cfg))
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,6 +1013,19 @@ def policy_matches(policy: dict, trace: list[dict]) -> bool | None:
 def keeping_policies(policies: list[dict], trace: list[dict]) -> set[str]:
     """Names of the policies that would sample the trace (probabilistic ones always listed)."""
     return {p["name"] for p in policies if policy_matches(p, trace) is not False}
+
+
+def recorded_policy(policies: list[dict], trace: list[dict], baseline_samples: bool) -> str | None:
+    """The policy tail_sampling records for a trace (recordpolicy gate): the first, in config order,
+    that samples it (contrib processor.go makeDecision keeps the first policy per decision); None if
+    none does. `baseline_samples`: what the probabilistic policies decide for this trace id."""
+    for p in policies:
+        if p["type"] == "drop":
+            raise AssertionError("drop policies are evaluated first and may drop the trace: not modelled")
+        hit = policy_matches(p, trace)
+        if hit is True or (hit is None and baseline_samples):
+            return p["name"]
+    return None
 
 
 def synthetic_trace(genai_attrs: dict | None = None, *, status: str = "UNSET",
@@ -1278,3 +1614,322 @@ def test_negative_without_parse_ints_the_timestamp_is_wrong(tmp_path):
     path, written = write_spool(tmp_path)
     entry = run_operators(Path(path).read_text().splitlines()[0], receiver, path)
     assert entry["timestamp"] != written[0][1]
+
+
+# ---- content: kept where a reason kept the trace, redacted a second time ------------------------
+
+# Server-side content as otel_llm/content.py writes it: JSON, redacted by the server (here: text the
+# server's rules left alone, so the collector's second line has work only on the Luhn-invalid number).
+SERVER_CONTENT = {
+    semconv.GEN_AI_INPUT_MESSAGES: json.dumps(
+        [{"role": "user", "parts": [{"type": "text", "content": "I am <EMAIL>\nnot a card: 4111 1111 1111 1112"}]}]),
+    semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps(
+        [{"role": "assistant", "parts": [{"type": "text", "content": "Hello"}], "finish_reason": "stop"}]),
+}
+CONTENT_LAYOUTS = ["otelcol.yaml", "sampler.yaml"]
+
+
+def with_content(trace: list[dict]) -> list[dict]:
+    """The trace with content on its GenAI span (the span with gen_ai.operation.name)."""
+    return [{**s, "attributes": {**s["attributes"], **SERVER_CONTENT}}
+            if semconv.GEN_AI_OPERATION_NAME in s["attributes"] else s for s in trace]
+
+
+def collector_redact(cfg: dict, value: str) -> str:
+    """A content attribute's value after the config's redaction transform(s), whatever its policy."""
+    (span,) = release(cfg, [{"attributes": {semconv.GEN_AI_INPUT_MESSAGES: value}}], "errors-status")
+    return span["attributes"][semconv.GEN_AI_INPUT_MESSAGES]
+
+
+def redaction_rules(cfg: dict) -> list[tuple[str, str]]:
+    (_, replaces), = content_transforms(cfg)[1]
+    return [(rx, repl) for key, rx, repl in replaces if key == semconv.GEN_AI_INPUT_MESSAGES]
+
+
+@pytest.mark.parametrize("name", CONTENT_LAYOUTS)
+def test_content_processors_follow_tail_sampling(name):
+    cfg = load(name)
+    pid, after = sampled_pipeline(cfg)
+    assert after[:2] == ["transform/content_by_policy", "transform/content_redaction"], after
+    assert check_content(cfg) == []
+    (strip,) = content_transforms(cfg)[0]
+    assert strip[1] == {None, BASELINE} and set(CONTENT_ATTRIBUTES) <= set(strip[2])
+    assert semconv.TAILSAMPLING_POLICY == "tailsampling.policy"  # the name contrib's processor.go writes
+    for x in after[:2]:
+        assert cfg["processors"][x] == load("otelcol.yaml")["processors"][x], x  # same in both layouts
+
+
+def test_agent_exports_content_only_to_the_samplers():
+    cfg = load("agent.yaml")
+    assert check_content(cfg) == []
+    assert not any(ctype(x) == "transform" for x in cfg.get("processors", {}))  # the samplers strip and redact
+
+
+@pytest.mark.parametrize("baseline_samples", [True, False], ids=["baseline-samples", "baseline-not"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_content_kept_only_where_a_reason_kept_the_trace(case, baseline_samples):
+    cfg = load("otelcol.yaml")
+    policies = tail_sampling_policies(cfg)
+    trace = with_content(CASES[case])
+    policy = recorded_policy(policies, trace, baseline_samples)
+    if not EXPECTED[case]:  # a normal request: kept by the baseline or not at all
+        assert policy == (BASELINE if baseline_samples else None)
+        if policy is None:
+            return
+        exported = release(cfg, trace, policy)
+        assert not any(key in s["attributes"] for s in exported for key in CONTENT_ATTRIBUTES)
+        # the rest of the trace is untouched
+        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == \
+               [s["attributes"] for s in exported]
+        return
+    # kept for a reason: the first such policy in config order is recorded, whatever the baseline says
+    assert policy == next(p["name"] for p in policies if p["name"] in EXPECTED[case])
+    (genai,) = [s for s in release(cfg, trace, policy) if semconv.GEN_AI_OPERATION_NAME in s["attributes"]]
+    assert genai["scope"] == {semconv.TAILSAMPLING_POLICY: policy}
+    assert json.loads(genai["attributes"][semconv.GEN_AI_OUTPUT_MESSAGES]) == json.loads(
+        SERVER_CONTENT[semconv.GEN_AI_OUTPUT_MESSAGES])
+    assert json.loads(genai["attributes"][semconv.GEN_AI_INPUT_MESSAGES])[0]["parts"][0]["content"] == \
+        "I am <EMAIL>\nnot a card: <PAYMENT_CARD>"  # the second line: shape only, no Luhn check
+
+
+def test_spans_without_a_recorded_policy_lose_content():
+    """Gate off, or a span released after the decision with no cached policy name: fail closed. A late
+    span released by the decision cache carries the trace's policy and keeps its content."""
+    cfg = load("otelcol.yaml")
+    late = with_content(CASES["error"])[1:2]
+    assert not any(key in s["attributes"] for s in release(cfg, late, None) for key in CONTENT_ATTRIBUTES)
+    assert all(key in release(cfg, late, "errors-status")[0]["attributes"] for key in SERVER_CONTENT)
+    assert load("otelcol.yaml")["processors"]["tail_sampling"]["decision_cache"]["sampled_cache_size"] > 0
+
+
+@pytest.mark.parametrize("name", CONTENT_LAYOUTS)
+def test_redaction_regexes_are_re2(name):
+    rules = redaction_rules(load(name))
+    assert len(rules) >= 6
+    for regex, _ in rules:
+        assert re2_problems(regex) == [], regex
+
+
+def test_re2_check_rejects_what_go_would_not_run():
+    assert any("lookaround" in p for p in re2_problems(r"(?<!\d)\d{4}"))
+    assert any("lookaround" in p for p in re2_problems(r"\d{4}(?!\d)"))
+    assert any("backreference" in p for p in re2_problems(r"(a)\1"))
+    assert any("possessive" in p for p in re2_problems(r"a++b"))
+    assert any("atomic" in p for p in re2_problems(r"(?>ab)c"))
+    assert any("$" in p for p in re2_problems(r"\d+$"))
+    assert any("\\s" in p for p in re2_problems(r"a\sb"))
+    assert any("1000" in p for p in re2_problems(r"a{1,1001}"))
+    assert any("empty" in p for p in re2_problems(r"a*"))
+    assert re2_problems(r"(?i:bearer) [A-Za-z0-9._~+/=-]{8,}|(?P<x>a)+?\b[\\^]") == []
+
+
+def test_ottl_strings_and_dollars():
+    assert ottl_string(r'"a\\.b\"c"') == 'a\\.b"c'
+    with pytest.raises(ValueError, match="escape"):
+        ottl_string(r'"\d"')  # one backslash: Go's strconv.Unquote refuses it, the collector fails to start
+    assert confmap_unescape("$$1<EMAIL>") == "$1<EMAIL>"
+    with pytest.raises(ValueError, match="single"):
+        confmap_unescape("$1<EMAIL>")
+    m = re.match(r"(a)(b)?", "a")
+    assert go_expand("$1<X>$2|${1}y|$1y|$$", m) == "a<X>|ay||$"  # $1y is group "1y": empty, as in Go
+
+
+def _as_content(text: str) -> str:
+    """A text as it stands in a content attribute (a JSON string, as otel_llm/content.py writes it)."""
+    return json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}], ensure_ascii=False)
+
+
+def _text(value: str) -> str:
+    return json.loads(value)[0]["parts"][0]["content"]
+
+
+def _standalone(text: str, match: str) -> str:
+    """The example's match with what makes it one: a bearer token needs the word before it."""
+    return f"Bearer {match}" if f"Bearer {match}" in text else match
+
+
+@pytest.mark.parametrize("rule, text, match", POSITIVE, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(POSITIVE)])
+def test_collector_redacts_what_the_servers_redact(rule, text, match):
+    """Each built-in rule's examples (tests/test_redaction.py): the same typed token as the server's
+    rule, also when the text is raw (a producer that does not redact) and whatever precedes it in the
+    JSON (a newline is the two characters \\n there)."""
+    from otel_llm import redaction
+
+    cfg = load("otelcol.yaml")
+    assert _text(collector_redact(cfg, _as_content(text))) == redaction.Redactor().redact(text)
+    piece = text[text.index(_standalone(text, match)):]
+    for before in ("\n", "\t", "\\", "邮箱", "(", "\"", ""):
+        got = _text(collector_redact(cfg, _as_content(before + piece)))
+        assert match not in got, (before, got)
+
+
+# Lookalikes the collector redacts although the servers do not: no checksum runs in the collector
+# (Luhn, ID check digit, ipaddress), and an address directly followed by a dot counts.
+COLLECTOR_STRICTER = {
+    "card 4111 1111 1111 1112 fails Luhn": "card <PAYMENT_CARD> fails Luhn",
+    "id 110105194912310021 has a wrong check digit": "id <NATIONAL_ID> has a wrong check digit",
+    "version 1.2.3.4.5 and 999.1.1.1 are not addresses": "version <IP_ADDRESS>.5 and 999.1.1.1 are not addresses",
+}
+
+
+@pytest.mark.parametrize("text", NEGATIVE)
+def test_collector_leaves_lookalikes(text):
+    assert _text(collector_redact(load("otelcol.yaml"), _as_content(text))) == COLLECTOR_STRICTER.get(text, text)
+
+
+@pytest.mark.parametrize("text, redacted", [
+    ("time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000",
+     "time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000"),
+    ("epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89",
+     "epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89"),
+    # what the servers' Unicode word boundaries miss next to CJK text, and an address ending a sentence
+    ("邮箱jane.doe@example.com。", "邮箱<EMAIL>。"),
+    ("ip 10.0.0.1. and 13812345678now", "ip <IP_ADDRESS>. and <PHONE>now"),
+    ("card 4111 1111 1111 1111 cvv 123; amex 3782 822463 10005", "card <PAYMENT_CARD> cvv 123; amex <PAYMENT_CARD>"),
+    ("keys sk-proj-Abcdefghijklmnop1234,AKIAIOSFODNN7EXAMPLE\tBEARER abcdefgh12",
+     "keys <SECRET>,<SECRET>\tBEARER <SECRET>"),
+])
+def test_collector_redaction_examples(text, redacted):
+    assert _text(collector_redact(load("otelcol.yaml"), _as_content(text))) == redacted
+
+
+def test_collector_redaction_keeps_json_whole_and_is_idempotent():
+    """Random texts of the rules' examples between separators: the value stays valid JSON (no match
+    starts inside an escape or removes a backslash), nothing of the examples survives, and a second
+    pass changes nothing (the tokens match no rule)."""
+    import random
+
+    cfg = load("otelcol.yaml")
+    matches = [_standalone(text, m) for _, text, m in POSITIVE]
+    separators = [" ", "\n", "\t", ", ", "; ", " (", ") ", "\"", "'", ": ", "/", "邮箱", "。", " and ", "<", ">",
+                  "=", "\r\n", "\\n", "\\"]
+    rng = random.Random(13)
+    for _ in range(1500):
+        parts = [rng.choice(separators)]
+        for _ in range(rng.randint(1, 4)):
+            parts += [rng.choice(matches), rng.choice(separators)]
+        text = "".join(parts)
+        once = collector_redact(cfg, _as_content(text))
+        got = _text(once)  # valid JSON
+        assert not [m for m in matches if m in got], (text, got)
+        assert collector_redact(cfg, once) == once, text
+
+
+def test_collector_redaction_same_in_go(tmp_path):
+    """The rules run by Go's regexp (the collector's engine) give what the Python model gives, on the
+    rules' examples and random mixes of them. Runs where a Go toolchain is installed."""
+    import random
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("no Go toolchain: the RE2 syntax check and the Python model still ran")
+    cfg = load("otelcol.yaml")
+    rules = redaction_rules(cfg)
+    rng = random.Random(7)
+    pieces = [_standalone(t, m) for _, t, m in POSITIVE] + NEGATIVE + ["Bearer abcdefgh12", "邮箱", "\n", "\\", "x", "_", ".", "+", ":"]
+    texts = [_as_content(t) for _, t, _ in POSITIVE] + [_as_content(t) for t in NEGATIVE]
+    texts += [_as_content("".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))) for _ in range(3000)]
+    (tmp_path / "main.go").write_text(GO_REPLACER)
+    (tmp_path / "go.mod").write_text("module replacer\n\ngo 1.19\n")
+    run = subprocess.run([go, "run", "."], cwd=tmp_path, input=json.dumps({"Rules": rules, "Texts": texts}),
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "GOPROXY": "off", "GOTOOLCHAIN": "local"})
+    assert run.returncode == 0, run.stderr
+    expected = []
+    for t in texts:
+        for regex, repl in rules:
+            t = go_replace_all(regex, repl, t)
+        expected.append(t)
+    assert json.loads(run.stdout) == expected
+
+
+GO_REPLACER = """package main
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+)
+
+func main() {
+	var in struct {
+		Rules [][2]string
+		Texts []string
+	}
+	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
+		panic(err)
+	}
+	var res []*regexp.Regexp
+	for _, r := range in.Rules {
+		res = append(res, regexp.MustCompile(r[0]))
+	}
+	out := []string{}
+	for _, t := range in.Texts {
+		for i, re := range res {
+			t = re.ReplaceAllString(t, in.Rules[i][1])
+		}
+		out = append(out, t)
+	}
+	json.NewEncoder(os.Stdout).Encode(out)
+}
+"""
+
+
+# ---- negative tests on the content processors ------------------------------------------------------
+
+def test_negative_baseline_before_a_reason(cfg):
+    policies = tail_sampling_policies(cfg)
+    policies.insert(0, policies.pop())
+    assert any("'baseline' comes before" in e for e in check_content(cfg))
+
+
+def test_negative_strip_keeps_unrecorded_or_names_a_reason(cfg):
+    group = cfg["processors"]["transform/content_by_policy"]["trace_statements"][0]
+    group["conditions"] = [c for c in group["conditions"] if "nil" not in c]
+    group["conditions"].append(f'scope.attributes["{semconv.TAILSAMPLING_POLICY}"] == "errors-status"')
+    group["conditions"].append(f'scope.attributes["{semconv.TAILSAMPLING_POLICY}"] == "no-such-policy"')
+    errors = check_content(cfg)
+    assert any("must fail closed" in e for e in errors), errors
+    assert any("does not have: ['no-such-policy']" in e for e in errors), errors
+    assert any("must be exactly the unselective policies ['baseline']" in e for e in errors), errors
+
+
+def test_negative_strip_misses_an_attribute_or_is_misplaced(cfg):
+    statements = cfg["processors"]["transform/content_by_policy"]["trace_statements"][0]["statements"]
+    statements.remove(f'delete_key(span.attributes, "{semconv.GEN_AI_OUTPUT_MESSAGES}")')
+    assert any(f"does not delete {semconv.GEN_AI_OUTPUT_MESSAGES!r}" in e for e in check_content(cfg))
+    pipes = cfg["service"]["pipelines"]
+    pipes["traces/sampled"]["processors"].remove("transform/content_by_policy")
+    pipes["traces/in"]["processors"].append("transform/content_by_policy")  # before sampling: no policy yet
+    assert any("needs one transform after tail_sampling deleting content" in e for e in check_content(cfg))
+
+
+def test_negative_content_leaves_unsampled(cfg):
+    cfg["service"]["pipelines"]["traces/in"]["exporters"].append("otlp_grpc/tempo")
+    assert any("without tail_sampling: content would leave on every trace" in e for e in check_content(cfg))
+
+
+def test_negative_no_decision_cache(cfg):
+    del cfg["processors"]["tail_sampling"]["decision_cache"]
+    assert any("decision_cache.sampled_cache_size" in e for e in check_content(cfg))
+
+
+def test_negative_redaction_rules(cfg):
+    statements = cfg["processors"]["transform/content_redaction"]["trace_statements"]
+    email = next(i for i, s in enumerate(statements) if "<EMAIL>" in s and semconv.GEN_AI_INPUT_MESSAGES in s)
+    statements[email] = statements[email].replace("(\\\\\\\\[", "(?<!x)(\\\\\\\\[")  # a lookbehind
+    assert any("lookaround" in e for e in check_content(cfg))
+    statements[email] = statements[email].replace("$$1<EMAIL>", "$$2<EMAIL>")
+    assert any("refers to $2" in e for e in check_content(cfg))
+    statements[email] = statements[email].replace("$$2<EMAIL>", "$1<EMAIL>")
+    assert any("single $" in e for e in check_content(cfg))
+    del statements[email]  # gen_ai.input.messages loses its e-mail rule, the others keep theirs
+    assert any("does not get the same rules" in e for e in check_content(cfg))
+
+
+def test_negative_redaction_tokens(cfg):
+    statements = cfg["processors"]["transform/content_redaction"]["trace_statements"]
+    statements[:] = [s.replace("<PHONE>", "<TEL>") for s in statements]
+    assert any("replacement tokens" in e and "<TEL>" in e for e in check_content(cfg))

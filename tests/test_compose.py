@@ -16,7 +16,10 @@
 - the usage ledger: a pinned ClickHouse service; one named spool volume, mounted by the vLLM
   services at their OTEL_LLM_USAGE_DIR and read-only by the collector at the path its filelog
   receiver reads (the config's ${env:...} expanded with the collector's environment); file_storage
-  on a volume; the collector's ClickHouse endpoint names the compose service.
+  on a volume; the collector's ClickHouse endpoint names the compose service;
+- content and retention: the collector runs with the recordpolicy feature gate its content transform
+  needs; Tempo, Prometheus and the ClickHouse ledger keep their data on volumes for exactly the
+  periods the table in collector-config/README.md (retention per signal) states.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from test_collector_config import check_all
+from test_collector_config import RECORD_POLICY_GATE, check_all, duration_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_DIR = ROOT / "examples" / "compose"
@@ -410,3 +413,69 @@ def test_collector_clickhouse_endpoint_is_the_compose_service():
     assert host_port(endpoint) == ("clickhouse", CLICKHOUSE_NATIVE_PORT) and "clickhouse" in SERVICES
     assert SERVICES["otel-collector"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
 
+
+# ---- content and retention ---------------------------------------------------------------------------
+
+def collector_gates() -> set[str]:
+    gates = [a.split("=", 1)[1] for a in command_args(SERVICES["otel-collector"]) if a.startswith("--feature-gates=")]
+    return set(",".join(gates).split(","))
+
+
+def test_collector_records_the_sampling_policy():
+    """transform/content_by_policy keeps content only where tail_sampling recorded a policy: without
+    the gate no trace would keep any."""
+    assert "transform/content_by_policy" in collector_config()["processors"]
+    assert RECORD_POLICY_GATE in collector_gates()
+
+
+DAY = 86400
+PROMETHEUS_UNITS = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY, "y": 365 * DAY}
+
+
+def prometheus_duration(text: str) -> float:
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(int(n) * PROMETHEUS_UNITS[u] for n, u in parts)
+
+
+def readme_retention() -> dict[str, float]:
+    """'Tempo' / 'Prometheus' / 'ClickHouse' -> seconds, from the table in collector-config/README.md."""
+    text = (ROOT / "collector-config" / "README.md").read_text()
+    section = text[text.index("## Retention per signal"):]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (m := re.fullmatch(r"(\d+) days", cells[3])):
+            store = next(s for s in ("Tempo", "Prometheus", "ClickHouse") if cells[1].startswith(s))
+            rows[store] = int(m[1]) * DAY
+    assert set(rows) == {"Tempo", "Prometheus", "ClickHouse"}, rows
+    return rows
+
+
+def test_tempo_retention_is_the_readmes():
+    tempo = yaml.safe_load(mounted("tempo", flag(command_args(SERVICES["tempo"]), "-config.file")).read_text())
+    want = readme_retention()["Tempo"]
+    assert duration_seconds(tempo["backend_worker"]["compaction"]["block_retention"]) == want  # the worker applies it
+    assert duration_seconds(tempo["backend_scheduler"]["provider"]["compaction"]["compaction"]["block_retention"]) == want
+    blocks = tempo["storage"]["trace"]["local"]["path"]
+    volume, read_only = next((v for path, v in named_mounts("tempo").items() if blocks.startswith(path.rstrip("/") + "/")))
+    assert not read_only and volume in COMPOSE["volumes"]
+
+
+def test_prometheus_retention_is_the_readmes():
+    args = command_args(SERVICES["prometheus"])
+    assert prometheus_duration(flag(args, "--storage.tsdb.retention.time")) == readme_retention()["Prometheus"]
+    volume, read_only = named_mounts("prometheus")[flag(args, "--storage.tsdb.path")]
+    assert not read_only and volume in COMPOSE["volumes"]
+
+
+def test_ledger_retention_is_the_readmes():
+    """The clickhouse exporter's ttl becomes the table's TTL (whole days: toIntervalDay)."""
+    want = readme_retention()["ClickHouse"]
+    for cfg in (collector_config(), yaml.safe_load((ROOT / "collector-config" / "agent.yaml").read_text())):
+        ttl = duration_seconds(cfg["exporters"]["clickhouse/usage"]["ttl"])
+        assert ttl == want and ttl % DAY == 0
+    volume, read_only = named_mounts("clickhouse")["/var/lib/clickhouse"]
+    assert not read_only and volume in COMPOSE["volumes"]
+    # content is kept the shortest, the ledger the longest
+    assert readme_retention()["Tempo"] < readme_retention()["Prometheus"] < want

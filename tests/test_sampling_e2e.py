@@ -5,6 +5,12 @@ OTLP receiver. We produce one trace per case (normal, unknown model 404, aborted
 big prompt, cache miss on a long prompt and the cache hit of its second send), then run the same
 policy evaluator as tests/test_collector_config.py on the spans the server really exported.
 
+The server captures prompt and completion content (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
+on, redacted in the server), so the model of the collector's content processors runs on the real
+spans too: the policy tail_sampling records (the first in config order that samples), then
+otelcol.yaml's transforms. Content must survive exactly on the traces kept for a reason, redacted a
+second time, and be gone from a trace kept only by the probabilistic baseline.
+
 The policies are loaded from otelcol.yaml; only numeric thresholds are scaled down to values the
 tiny model reaches (max-model-len 2048). Names, types, attribute keys and OTTL conditions are the
 config's own, so this checks that the attributes the server really emits (names, int vs float
@@ -15,6 +21,7 @@ is our reading of the processor's semantics; the real otelcol decides (not runna
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from types import SimpleNamespace
 
@@ -23,15 +30,19 @@ import pytest
 import yaml
 from conftest import Traceparent, start_server
 from helpers import abandon_stream, genai_spans, request_trace
-from test_collector_config import BASELINE, CONFIG_DIR, keeping_policies, parse_ottl, tail_sampling_policies
+from test_collector_config import (BASELINE, CONFIG_DIR, CONTENT_ATTRIBUTES, collector_redact, keeping_policies,
+                                   parse_ottl, recorded_policy, release, tail_sampling_policies)
 
-from otel_llm import semconv
+from otel_llm import content, semconv
 from otel_llm.tiny_model import MODEL_NAME
 
 MAX_MODEL_LEN = 2048
 LONG_PROMPT_TOKENS = 600  # cache-miss case (> scaled cache-miss threshold, < big-input threshold)
 BIG_PROMPT_TOKENS = 1500  # big-input case
 SLOW_MAX_TOKENS = 1500
+# personal data in two prompts: a 404 (kept for its error) and a normal request (baseline only)
+PII = "I am jane.doe@example.com, card 4111 1111 1111 1111, from 10.0.12.7"
+PII_PIECES = ("jane.doe", "4111 1111 1111 1111", "10.0.12.7")
 ABORT_MAX_TOKENS = 1900
 
 # Scaled thresholds (the config's are for real models: 32k/8k tokens, 4000-token prompts, 30 s).
@@ -105,7 +116,8 @@ def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
     srv = start_server(receiver, tmp_path_factory, "sampling",
-                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)], paced=True)
+                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)], paced=True,
+                       env={content.CAPTURE_CONTENT_ENV: "true"})
     yield srv
     srv.stop()
 
@@ -125,11 +137,11 @@ def traces(server, receiver):
             assert r.status_code == 200, r.text
             responses[case] = r.json()
 
-        complete("normal", "hello there", 8)
+        complete("normal", f"hello there. {PII}", 8)
 
         tp = ids["error_404"] = Traceparent()
         r = c.post("/v1/chat/completions", headers=tp.headers(**{"x-tenant-id": "acme"}),
-                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+                   json={"model": "no-such-model", "messages": [{"role": "user", "content": f"hi. {PII}"}]})
         assert r.status_code == 404, r.text
 
         left = abandon_stream(server.url, "/v1/chat/completions",
@@ -184,10 +196,15 @@ def test_real_trace_kept_by_its_policies(case, traces, policies):
     print(f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
           f"{ {k: v for k, v in genai.attributes.items() if k.startswith(('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error'))} }")
     assert BASELINE in kept_by
+    assert kept_by - {BASELINE} == _reasons(case, genai), f"{case}: kept by {sorted(kept_by)}"
+
+
+def _reasons(case, genai) -> set[str]:
+    """The policies besides the baseline that must keep the case's trace."""
     expected = set(EXPECTED[case])
     if _ttft(genai) > SLOW_TTFT_S:  # a machine so busy that a first token took over 5 s
         expected.add("slow-ttft")
-    assert kept_by - {BASELINE} == expected, f"{case}: kept by {sorted(kept_by)}"
+    return expected
 
 
 SLOW_TTFT_S = 5.0  # the slow-ttft policy's threshold in otelcol.yaml, kept unscaled
@@ -245,3 +262,55 @@ def test_every_span_attribute_a_traceql_panel_reads_is_on_real_spans(traces):
     assert [(name, title, attr) for name, title, attr in sorted(read) if attr not in emitted] == []
     # and the check can fail: the panel the fault-and-fuzz run found reading nothing
     assert semconv.VLLM_E2E_SECONDS not in emitted
+
+
+@pytest.mark.parametrize("baseline_samples", [True, False], ids=["baseline-samples", "baseline-not"])
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_content_survives_only_where_a_reason_kept_the_trace(case, baseline_samples, traces, policies):
+    """tail_sampling records the first policy in config order that samples the trace; otelcol.yaml's
+    transforms then delete content where that is the baseline (or nothing) and redact what is left.
+    Both probabilistic outcomes: a trace with a reason is recorded under it either way."""
+    cfg = yaml.safe_load((CONFIG_DIR / "otelcol.yaml").read_text())
+    spans = traces[case]
+    (genai,) = genai_spans(spans)
+    assert semconv.GEN_AI_INPUT_MESSAGES in genai.attributes  # the server captured it
+    trace = as_eval_trace(spans)
+    reasons = _reasons(case, genai)
+    policy = recorded_policy(policies, trace, baseline_samples)
+    if reasons:
+        assert policy == next(p["name"] for p in policies if p["name"] in reasons), (case, policy)
+    else:
+        assert policy == (BASELINE if baseline_samples else None), (case, policy)
+    if policy is None:
+        return  # not kept at all
+    exported = release(cfg, trace, policy)
+    kept = {(s["name"], key) for s in exported for key in CONTENT_ATTRIBUTES if key in s["attributes"]}
+    if not reasons:
+        assert kept == set(), f"{case}: content left on a baseline-only trace: {kept}"
+        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == \
+               [s["attributes"] for s in exported]  # nothing else removed
+        return
+    assert kept == {(s["name"], key) for s in trace for key in CONTENT_ATTRIBUTES if key in s["attributes"]}
+    assert (genai.name, semconv.GEN_AI_INPUT_MESSAGES) in kept
+    for before, after in zip(trace, exported):
+        for key in CONTENT_ATTRIBUTES:
+            if key in before["attributes"]:
+                assert after["attributes"][key] == collector_redact(cfg, before["attributes"][key])
+
+
+def test_exported_content_has_no_personal_data(traces, policies):
+    """The 404's prompt had an e-mail, a card number and an address: the server's redaction removed
+    them and the collector's second line left its tokens alone; the normal request's prompt (the same
+    data) is not exported at all when only the baseline keeps the trace."""
+    cfg = yaml.safe_load((CONFIG_DIR / "otelcol.yaml").read_text())
+    (genai,) = genai_spans(traces["error_404"])
+    assert "<EMAIL>" in genai.attributes[semconv.GEN_AI_INPUT_MESSAGES]
+    for case in ("error_404", "normal"):
+        trace = as_eval_trace(traces[case])
+        for baseline_samples in (True, False):
+            policy = recorded_policy(policies, trace, baseline_samples)
+            exported = json.dumps([s["attributes"] for s in release(cfg, trace, policy)]) if policy else ""
+            assert not [p for p in PII_PIECES if p in exported], (case, baseline_samples)
+    (exported,) = [s for s in release(cfg, as_eval_trace(traces["error_404"]), "errors-status")
+                   if semconv.GEN_AI_OPERATION_NAME in s["attributes"]]
+    assert exported["attributes"][semconv.GEN_AI_INPUT_MESSAGES] == genai.attributes[semconv.GEN_AI_INPUT_MESSAGES]
