@@ -40,6 +40,14 @@ def defer(fn, *args, **kwargs) -> None:
     _pending.put((fn, args, kwargs))
 
 
+def drain(timeout: float = 10.0) -> bool:
+    """Wait until everything deferred so far has run (tests; a shutdown that wants the ends)."""
+    ensure_started()
+    done = threading.Event()
+    _pending.put((done.set, (), {}))
+    return done.wait(timeout)
+
+
 def _run() -> None:
     global _warned
     while True:
