@@ -88,36 +88,43 @@ class Rule:
     starts: str | None = None
 
 
+def _ascii(pattern: str) -> str:
+    """\\b, \\w and \\d in ASCII's sense: in Unicode's, a letter of another script is a word character,
+    so `密钥sk-...` or `邮箱jane@...` has no word boundary before the secret and it would leak whole
+    (or the e-mail's first part would)."""
+    return f"(?a:{pattern})"
+
+
 # Order matters: at one position the first rule that matches and passes its check wins (an 18-digit
 # number is an ID if its check digit says so, else perhaps a card; a card is not read as a phone).
 BUILTIN_RULES = (
     Rule(semconv.REDACTION_RULE_SECRET,
-         r"(?<=(?i:bearer) )[A-Za-z0-9._~+/=-]{8,}"
+         _ascii(r"(?<=(?i:bearer) )[A-Za-z0-9._~+/=-]{8,}"
          r"|\b(?:sk|pk|rk)-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{16,}"
          r"|\bAKIA[0-9A-Z]{16}\b"
          r"|\bgh[pousr]_[A-Za-z0-9]{36,}"
          r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
          r"|\bAIza[0-9A-Za-z_-]{35}"
-         r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+         r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
          "<SECRET>", gate=_may_hold_secret),
     Rule(semconv.REDACTION_RULE_EMAIL,
-         r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", "<EMAIL>", gate=lambda text: "@" in text),
-    Rule(semconv.REDACTION_RULE_PRC_ID, r"(?<!\d)\d{17}[\dXx](?![\dA-Za-z])", "<NATIONAL_ID>", prc_id_valid, gate=_has_digit,
+         _ascii(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"), "<EMAIL>", gate=lambda text: "@" in text),
+    Rule(semconv.REDACTION_RULE_PRC_ID, _ascii(r"(?<!\d)\d{17}[\dXx](?![\dA-Za-z])"), "<NATIONAL_ID>", prc_id_valid, gate=_has_digit,
          starts=r"\d"),
     Rule(semconv.REDACTION_RULE_PAYMENT_CARD,
-         r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])", "<PAYMENT_CARD>", luhn_valid, gate=_has_digit,
+         _ascii(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])"), "<PAYMENT_CARD>", luhn_valid, gate=_has_digit,
          starts=r"\d"),
     Rule(semconv.REDACTION_RULE_PHONE,
-         r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}(?!\d)"
+         _ascii(r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}(?!\d)"
          r"|(?<!\d)\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}(?!\d)"
          r"|(?<![\d-])\d{3}[.-]\d{3}[.-]\d{4}(?![\d-])"
-         r"|(?<!\d)1[3-9]\d[ -]?\d{4}[ -]?\d{4}(?!\d)",
+         r"|(?<!\d)1[3-9]\d[ -]?\d{4}[ -]?\d{4}(?!\d)"),
          "<PHONE>", gate=_has_digit, starts=r"[\d+(]"),
-    Rule(semconv.REDACTION_RULE_IP_ADDRESS, r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])", "<IP_ADDRESS>", _ip_valid,
+    Rule(semconv.REDACTION_RULE_IP_ADDRESS, _ascii(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?!\d|\.\d)"), "<IP_ADDRESS>", _ip_valid,
          gate=lambda text: "." in text and _has_digit(text), starts=r"\d"),
     Rule(semconv.REDACTION_RULE_IP_ADDRESS,
-         r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){1,7}(?::|(?::[0-9A-Fa-f]{1,4}){1,7}|[0-9A-Fa-f]{1,4})(?![\w:])"
-         r"|(?<![\w:])::(?:[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6})?(?![\w:])",
+         _ascii(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){1,7}(?::|(?::[0-9A-Fa-f]{1,4}){1,7}|[0-9A-Fa-f]{1,4})(?![\w:])"
+         r"|(?<![\w:])::(?:[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6})?(?![\w:])"),
          "<IP_ADDRESS>", _ip_valid, gate=lambda text: text.count(":") >= 2),
 )
 

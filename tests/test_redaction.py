@@ -130,3 +130,17 @@ def test_content_caps_from_the_environment(caplog):
     capture = content.Capture(meter, {content.MAX_TEXT_LENGTH_ENV: "10", content.MAX_LENGTH_ENV: "lots"})
     assert (capture.max_text, capture.max_total) == (10, content.DEFAULT_MAX_LENGTH)
     assert any(content.MAX_LENGTH_ENV in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("text,redacted", [
+    # a letter of another script is no word boundary in Unicode's sense: the secret or the e-mail's
+    # first part would leak whole
+    ("邮箱jane.doe@example.com谢谢", "邮箱<EMAIL>谢谢"),
+    ("密钥sk-proj-abcdefghijklmnopqrstuv1234结束", "密钥<SECRET>结束"),
+    ("令牌AKIAABCDEFGHIJKLMNOP吗", "令牌<SECRET>吗"),
+    # an address that ends a sentence
+    ("the server is 10.0.0.1.", "the server is <IP_ADDRESS>."),
+    ("version 1.2.3.4.5 stays", "version 1.2.3.4.5 stays"),
+])
+def test_rules_hold_next_to_other_scripts_and_punctuation(text, redacted):
+    assert redaction.Redactor().redact(text) == redacted
