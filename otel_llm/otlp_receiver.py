@@ -34,6 +34,12 @@ def attributes(kvs) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in kvs}
 
 
+@dataclass(frozen=True)
+class Link:
+    trace_id: str
+    span_id: str
+
+
 @dataclass
 class Span:
     trace_id: str
@@ -49,6 +55,7 @@ class Span:
     resource: dict[str, Any]
     scope: str
     events: list[dict] = field(default_factory=list)
+    links: list["Link"] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -184,6 +191,7 @@ class Receiver:
                             resource=resource,
                             scope=ss.scope.name,
                             events=[{"name": e.name, "attributes": attributes(e.attributes)} for e in s.events],
+                            links=[Link(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                         )
                     )
         with self._lock:

@@ -43,6 +43,16 @@ SERVER_PORT = "server.port"
 OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EMBEDDINGS = "embeddings"
+# vLLM endpoints the conventions name no operation for (custom values are allowed): pooling ones
+# produce no output tokens
+OP_SCORE = "score"
+OP_RERANK = "rerank"
+OP_CLASSIFY = "classify"
+OP_POOLING = "pooling"
+OP_TRANSCRIPTION = "transcription"
+OP_TRANSLATION = "translation"
+OP_GENERATIVE_SCORING = "generative_scoring"  # scores from the logprobs of one generated token
+POOLING_OPERATIONS = frozenset({OP_EMBEDDINGS, OP_SCORE, OP_RERANK, OP_CLASSIFY, OP_POOLING})
 
 PROVIDER_VLLM = "vllm"
 PROVIDER_OPENAI = "openai"
@@ -92,6 +102,10 @@ VLLM_STREAM_TTFT_SECONDS = "vllm.latency.time_to_first_chunk_sent"
 VLLM_PHASE_TIMING_UNAVAILABLE = "vllm.latency.unavailable"
 # engine requests of an n > 1 request whose queue/prefill/decode child spans were not made
 VLLM_PHASE_SPANS_OMITTED = "vllm.latency.phase_spans_omitted"
+# disaggregated prefill/decode (--kv-transfer-config): which leg of a logical request this node served
+VLLM_PD_ROLE = "vllm.pd.role"
+PD_ROLE_PREFILL = "prefill"  # kv_transfer_params.do_remote_decode: never billed (its decode leg is)
+PD_ROLE_DECODE = "decode"  # kv_transfer_params.do_remote_prefill
 
 # Tenant attribution (spans carry the full value; metric labels are capped, see config)
 TENANT_ID = "tenant.id"
@@ -145,6 +159,9 @@ SPAN_QUEUE = "queue"
 SPAN_PREFILL = "prefill"
 SPAN_DECODE = "decode"
 PHASE_SPANS = (SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE)
+# a decode leg's first phase: queued, then waiting for the prefill node's KV cache (vLLM records no
+# timestamp between the two)
+SPAN_KV_TRANSFER_WAIT = "queue_and_kv_transfer"
 
 
 def genai_span_name(operation: str, model: str | None) -> str:

@@ -94,20 +94,48 @@ PACED_NETWORK = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_lay
 PACED_SERVE_ARGS = ("--load-format", "dummy")
 
 
+def _copy_all_but_weights(tiny_dir: Path, out_dir: Path) -> None:
+    """The tiny model's tokenizer, chat template and config, for a variant to change."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in tiny_dir.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and item.name != "otel-llm-tiny-model.json":
+            (out_dir / item.name).write_bytes(item.read_bytes())
+
+
 def build_paced(out_dir: Path, tiny_dir: Path) -> Path:
     """The tiny model's tokenizer and chat template on PACED_NETWORK, without weights (idempotent)."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and (out_dir / "otel-llm-tiny-model.json").exists():
         return out_dir
     tiny_dir = build(tiny_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for item in tiny_dir.iterdir():
-        if item.is_file() and item.suffix != ".safetensors" and item.name != "otel-llm-tiny-model.json":
-            (out_dir / item.name).write_bytes(item.read_bytes())
+    _copy_all_but_weights(tiny_dir, out_dir)
     config = json.loads((tiny_dir / "config.json").read_text())
     config.update(PACED_NETWORK)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "otel-llm-tiny-model.json").write_text(json.dumps({"name": MODEL_NAME, "paced": PACED_NETWORK}))
+    return out_dir
+
+
+def build_scorer(out_dir: Path, tiny_dir: Path, seed: int = 0) -> Path:
+    """The tiny model as a one-label sequence classifier (a cross-encoder): vLLM serves /classify,
+    /score and /rerank with it. The tiny weights plus a seeded `score` head (idempotent)."""
+    out_dir = Path(out_dir)
+    if (out_dir / "otel-llm-tiny-model.json").exists():
+        return out_dir
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tiny_dir = build(tiny_dir)
+    _copy_all_but_weights(tiny_dir, out_dir)
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config.update(architectures=["LlamaForSequenceClassification"], num_labels=1, id2label={"0": "LABEL_0"},
+                  label2id={"LABEL_0": 0}, pad_token_id=config.get("eos_token_id"))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    weights = {k: v for k, v in load_file(tiny_dir / "model.safetensors").items() if not k.startswith("lm_head")}
+    generator = torch.Generator().manual_seed(seed)
+    weights["score.weight"] = torch.randn(1, config["hidden_size"], generator=generator) * 0.02
+    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    (out_dir / "otel-llm-tiny-model.json").write_text(json.dumps({"name": MODEL_NAME, "scorer": True}))
     return out_dir
 
 

@@ -39,6 +39,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         telemetry = Telemetry(tracer, meter, Settings.from_env(),
                               resource_attributes=resource.attributes if resource is not None else None)
         _warn_unknown_service(provider)
+        _warn_rust_frontend()
         patcher = Patcher(telemetry)
         patcher.install()
         VLLMInstrumentor._patcher = patcher
@@ -47,6 +48,15 @@ class VLLMInstrumentor(BaseInstrumentor):
         patcher, VLLMInstrumentor._patcher = VLLMInstrumentor._patcher, None
         if patcher is not None:
             patcher.uninstall()
+
+
+def _warn_rust_frontend() -> None:
+    import os
+
+    if os.environ.get("VLLM_USE_RUST_FRONTEND", "").strip().lower() in ("1", "true", "yes"):
+        _log.warning("otel-llm: VLLM_USE_RUST_FRONTEND is set: the Rust frontend serves requests outside vLLM's "
+                     "Python API server and otel-llm traces none of them (no spans, metrics or usage records). "
+                     "Unset it to have requests traced.")
 
 
 def _warn_unknown_service(provider) -> None:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import wrapt
+from opentelemetry import context as otel_context, trace
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_llm import finalizer, semconv
-from otel_llm.vllm import http
+from otel_llm.vllm import http, routes
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, Telemetry, attach, detach
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -61,11 +62,13 @@ def _safe(what: str):
     return deco
 
 
-def _request_info(operation: str, request, tel: Telemetry, raw_request) -> RequestInfo:
+def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
     get = lambda name: getattr(request, name, None)  # noqa: E731
     max_tokens = get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = get("max_tokens")
+    if max_tokens is None:
+        max_tokens = get("max_output_tokens")  # Responses API
     top_k = get("top_k")
     if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
         top_k = None
@@ -86,6 +89,8 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request) -> Reque
         tenant=tenant,
         cost_center=cost_center,
         scene=scene,
+        api_type=api_type,
+        beam_search=get("use_beam_search") is True,
         request=request if tel.capture is not None else None,
     )
 
@@ -189,10 +194,11 @@ def _end_with_exception(record, exc: BaseException) -> None:
         record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
 
 
-def handler_wrapper(operation: str):
+def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
         start = _safe(f"starting the {operation} span")(
-            lambda request, raw_request: tel.start(_request_info(operation, request, tel, raw_request))
+            lambda request, raw_request: _claimed(tel.start(_request_info(operation, request, tel, raw_request,
+                                                                           api_type)))
         )
 
         async def wrapper(wrapped, instance, args, kwargs):
@@ -202,19 +208,32 @@ def handler_wrapper(operation: str):
             if record is None:
                 return await wrapped(*args, **kwargs)
             _mark_traced(raw_request)
-            tokens = _make_current(record)
-            try:
-                result = await wrapped(*args, **kwargs)
-            except BaseException as exc:
-                _end_on_exception(record, exc)
-                raise
-            finally:
-                _restore_context(tokens)
+            result = await _run_current(record, wrapped, args, kwargs)
             return _finish_handler(record, result, raw_request)
 
         return wrapper
 
     return factory
+
+
+async def _run_current(record, wrapped, args, kwargs):
+    """await vLLM's coroutine with `record` current; an exception ends the record and goes on."""
+    tokens = _make_current(record)
+    try:
+        return await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        _end_on_exception(record, exc)
+        raise
+    finally:
+        _restore_context(tokens)
+
+
+def _claimed(record):
+    _claim(record)  # the route this request came by adds no span of its own
+    return record
+
+
+_claim = _safe("claiming a request for its route")(lambda record: routes.claim(record))
 
 
 @_safe("marking a request as traced")
@@ -229,6 +248,7 @@ def _mark_traced(raw_request) -> None:
 def _read_response(record, result, raw_request):
     # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
     metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
+    record.metadata = metadata
     response_id = getattr(metadata, "request_id", None)
     if isinstance(response_id, str):
         record.response_id = response_id
@@ -266,11 +286,28 @@ def attach_engine_request(tel: Telemetry):
 
 def _attach(tel: Telemetry, output_processor, request) -> None:
     record = CURRENT.get()
+    if record is None:
+        record = routes.record_for_engine_request(tel)
     if record is None or record.ended:
         return
     state = output_processor.request_states.get(request.request_id)
     if state is not None and state.request_id not in tel.by_engine_id:
         record.attach_engine_request(state)
+        if record.pd_role is None:
+            record.pd_role = _pd_role(request)
+
+
+def _pd_role(request) -> str | None:
+    """The P/D leg an engine request is, from the kv_transfer_params vLLM passes in extra_args."""
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
+    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+    if not isinstance(params, dict):
+        return None
+    if params.get("do_remote_decode"):
+        return semconv.PD_ROLE_PREFILL
+    if params.get("do_remote_prefill"):
+        return semconv.PD_ROLE_DECODE
+    return None
 
 
 def engine_finished(tel: Telemetry):
@@ -295,7 +332,10 @@ def engine_aborted(tel: Telemetry):
     def on_abort(aborted_ids):
         for request_id in aborted_ids or ():
             record = tel.by_engine_id.pop(request_id, None)
-            if record is not None and record.engine_owned:
+            if record is None:
+                continue
+            record.engine_aborted = True
+            if record.engine_owned:
                 record.end(aborted=True)
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -327,7 +367,7 @@ def async_llm_generate(tel: Telemetry):
     )
 
     def wrapper(wrapped, instance, args, kwargs):
-        if CURRENT.get() is not None:
+        if CURRENT.get() is not None or routes.SCOPE.get() is not None:  # a handler's or a route's span
             return wrapped(*args, **kwargs)
         record = start(instance, args[1] if len(args) > 1 else kwargs.get("sampling_params"))
         if record is None:
@@ -394,11 +434,13 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
 
     @_safe("recording a rejected request")
     def record_rejection(request, exc, response):
-        operation = _OPERATION_BY_PATH.get(request.url.path)
-        if operation is None or getattr(request.state, "otel_llm_traced", False):
+        route = routes.ROUTES.get(request.url.path)
+        if route is None or getattr(request.state, "otel_llm_traced", False):
             return
+        operation = route.operation or semconv.OP_TEXT_COMPLETION
         tenant, scene, cost_center = tel.attribution(request.headers)
-        record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center))
+        record = tel.start(RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center,
+                                       api_type=route.api_type))
         error_type = str(getattr(response, "status_code", "400"))
         if by_exception and exc is not None:
             error_type = type(exc).__qualname__
@@ -408,6 +450,7 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
             except Exception:
                 pass
         record.end(error_type=error_type, error_message="request rejected before reaching the engine")
+        request.state.otel_llm_traced = True  # the route (routes.py) adds no error span of its own
 
     async def wrapper(wrapped, instance, args, kwargs):
         response = await wrapped(*args, **kwargs)
@@ -424,11 +467,44 @@ def vllm_error_rejection(tel: Telemetry):
     return validation_rejection(tel, by_exception=True)
 
 
-_OPERATION_BY_PATH = {
-    "/v1/chat/completions": semconv.OP_CHAT,
-    "/v1/completions": semconv.OP_TEXT_COMPLETION,
-    "/v1/embeddings": semconv.OP_EMBEDDINGS,
-}
+def background_response(tel: Telemetry):
+    """Responses API with background=true: the handler answers `queued` and a task generates later.
+    That work is its own request (span, tokens, usage record), linked to the request that started it."""
+    start = _safe("starting a background response span")(
+        lambda request, origin: tel.start(
+            _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES)
+            if origin is None else origin.info,
+            links=[trace.Link(origin.span.get_span_context())] if origin is not None else None,
+            context=otel_context.Context())  # a trace of its own: the first one may be decided already
+    )
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        record = start(args[0] if args else kwargs.get("request"), CURRENT.get())
+        if record is None:
+            return await wrapped(*args, **kwargs)
+        result = await _run_current(record, wrapped, args, kwargs)
+        _end_background(record)
+        return result
+
+    return wrapper
+
+
+_end_background = _safe("ending a background response span")(lambda record: record.end())
+
+
+def grpc_not_traced(tel: Telemetry):
+    """`vllm serve --grpc` serves outside the Python HTTP server: say once, at start, it is not traced."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        cli_args = args[0] if args else kwargs.get("args")
+        if getattr(cli_args, "grpc", False) is True:
+            _log.warning("otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
+                         "traces none of them (no spans, metrics or usage records). Serve over HTTP (without "
+                         "--grpc) to have them traced.")
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
 
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
 
@@ -439,6 +515,18 @@ HOOKS: tuple[Hook, ...] = (
     Hook("completion handler", ("vllm.entrypoints.openai.completion.serving", "vllm.entrypoints.openai.serving_completion"),
          "OpenAIServingCompletion.create_completion", handler_wrapper(semconv.OP_TEXT_COMPLETION),
          "GenAI span for /v1/completions"),
+    Hook("responses handler", ("vllm.entrypoints.openai.responses.serving",),
+         "OpenAIServingResponses.create_responses",
+         handler_wrapper(semconv.OP_CHAT, semconv.OPENAI_API_TYPE_RESPONSES),
+         "GenAI span for /v1/responses (one per request across its tool turns)", required=False),
+    Hook("background response", ("vllm.entrypoints.openai.responses.serving",),
+         "OpenAIServingResponses._run_background_request", background_response,
+         "GenAI span for /v1/responses with background=true", required=False),
+    Hook("background response stream", ("vllm.entrypoints.openai.responses.serving",),
+         "OpenAIServingResponses._run_background_request_stream", background_response,
+         "GenAI span for /v1/responses with background=true and stream=true", required=False),
+    Hook("vllm serve", ("vllm.entrypoints.cli.serve",), "ServeSubcommand.cmd", grpc_not_traced,
+         "a warning that `vllm serve --grpc` is not traced", required=False),
     Hook("embeddings handler", ("vllm.entrypoints.pooling.embed.serving",),
          "ServingEmbedding.__call__", handler_wrapper(semconv.OP_EMBEDDINGS),
          "GenAI span for /v1/embeddings", required=False),
@@ -447,7 +535,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("engine request finished", _OUTPUT_PROCESSOR, "OutputProcessor._update_stats_from_finished",
          engine_finished, "finish reasons; ends offline spans"),
     Hook("engine request aborted", _OUTPUT_PROCESSOR, "OutputProcessor.abort_requests", engine_aborted,
-         "ends offline spans of aborted requests"),
+         "ends offline (and marks route) spans of aborted requests"),
     Hook("native tracing", _OUTPUT_PROCESSOR, "OutputProcessor.do_tracing", native_tracing_off,
          "keeps --otlp-traces-endpoint from tracing each request twice", required=False),
     Hook("AsyncLLM.generate", ("vllm.v1.engine.async_llm",), "AsyncLLM.generate", async_llm_generate,
@@ -485,7 +573,20 @@ def module_exists(module: str) -> bool:
 
 
 def locate(hook: Hook) -> str | None:
-    return next((m for m in hook.modules if module_exists(m)), None)
+    """The first candidate module whose file exists; when that file is an alias shim (it replaces
+    itself in sys.modules with the module vLLM moved it to), the module it stands for: a post-import
+    hook fires on the name vLLM imports, never on the alias."""
+    module = next((m for m in hook.modules if module_exists(m)), None)
+    if module is None:
+        return None
+    from otel_llm.vllm import contract
+
+    spec = importlib.util.find_spec(module.split(".")[0])
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        target = contract.shim_target(contract.Source(os.path.dirname(base)), module)
+        if target is not None:
+            return target
+    return module
 
 
 def _has_attribute(module, attribute: str) -> bool:

@@ -107,6 +107,13 @@ class _AccessLogQueryFilter(logging.Filter):
 def build_app_wrapper(tel):
     def wrapper(wrapped, instance, args, kwargs):
         app = wrapped(*args, **kwargs)
+        try:
+            from otel_llm.vllm import routes
+
+            routes.wrap_routes(app, tel)
+        except Exception:
+            _log.warning("otel-llm: could not wrap vLLM's routes; only handler-hooked endpoints get spans",
+                         exc_info=True)
         if fastapi_disabled():
             return app
         try:

@@ -52,13 +52,16 @@ class RequestInfo:
     tenant: str | None = None
     scene: str | None = None
     cost_center: str | None = None
+    api_type: str | None = None  # openai.api.type: set for the Responses API
+    # beam search: one engine request per beam per step, so usage is what vLLM reports, not a sum
+    beam_search: bool = False
     # the request object itself, kept only when content capture is on (read at the end)
     request: Any = field(default=None, compare=False, repr=False)
 
     @property
     def generates(self) -> bool:
-        """False for embeddings: no output tokens, finish reasons or decode."""
-        return self.operation != semconv.OP_EMBEDDINGS
+        """False for pooling (embeddings, score, ...): no output tokens, finish reasons or decode."""
+        return self.operation not in semconv.POOLING_OPERATIONS
 
     def span_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
@@ -77,6 +80,7 @@ class RequestInfo:
             (semconv.TENANT_ID, self.tenant),
             (semconv.TENANT_SCENE, self.scene),
             (semconv.TENANT_COST_CENTER, self.cost_center),
+            (semconv.OPENAI_API_TYPE, self.api_type),
         )
         for key, value in optional:
             if value is not None:
@@ -225,8 +229,10 @@ class Telemetry:
                          "tenant. Further ones are not logged.", limit)
         return value
 
-    def start(self, info: RequestInfo, *, engine_owned: bool = False) -> "RequestTelemetry":
-        return RequestTelemetry(self, info, engine_owned=engine_owned)
+    def start(self, info: RequestInfo, *, engine_owned: bool = False, start_ns: int | None = None,
+              links=None, context=None) -> "RequestTelemetry":
+        return RequestTelemetry(self, info, engine_owned=engine_owned, start_ns=start_ns, links=links,
+                                context=context)
 
 
 def _load_api_keys(path: str | None) -> dict:
@@ -272,16 +278,23 @@ class RequestTelemetry:
         "response_id",
         "engine_owned",
         "ended",
+        "route_made",
+        "metadata",
+        "engine_aborted",
+        "pd_role",
     )
 
-    def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False):
+    def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False,
+                 start_ns: int | None = None, links=None, context=None):
         self.telemetry = telemetry
         self.info = info
-        self.start_ns = time.time_ns()
+        self.start_ns = start_ns or time.time_ns()
         self.span = telemetry.tracer.start_span(
             semconv.genai_span_name(info.operation, info.model),
+            context=context,
             kind=SpanKind.INTERNAL,
             attributes=info.span_attributes(),
+            links=links,
             start_time=self.start_ns,
         )
         self.context = trace.set_span_in_context(self.span)
@@ -291,6 +304,10 @@ class RequestTelemetry:
         self.response_id: str | None = None
         self.engine_owned = engine_owned
         self.ended = False
+        self.route_made = False  # started by a route's first engine request (routes.py), ended there
+        self.metadata: Any = None  # vLLM's RequestResponseMetadata of the HTTP request, if any
+        self.engine_aborted = False  # vLLM aborted one of its engine requests (the client left)
+        self.pd_role: str | None = None  # the P/D leg this node served (semconv.PD_ROLE_*), if any
 
     # --- engine events (API-server process, output handler task) ---------------------------
     def attach_engine_request(self, req_state) -> None:
@@ -322,7 +339,7 @@ class RequestTelemetry:
         try:
             self._end(error_type, error_message, aborted, response)
         except Exception:  # instrumentation must never break serving
-            _warn_once("finishing the span of a vLLM request")
+            warn_once("finishing the span of a vLLM request")
             try:
                 self.span.end()
             except Exception:
@@ -363,26 +380,30 @@ class RequestTelemetry:
                 attrs[semconv.VLLM_ENGINE_REQUESTS] = len(self.engine_states)
         if aborted:
             attrs[semconv.VLLM_ABORTED] = True
+        prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
+        if self.pd_role is not None:
+            attrs[semconv.VLLM_PD_ROLE] = self.pd_role
         if self.first_chunk_ns is not None:
             wire_ttft = (self.first_chunk_ns - self.start_ns) / 1e9
             attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = wire_ttft
 
         # the phases, the usage record and the metrics each fail alone: the rest still arrives
-        timing = _guarded("reading a request's phase timing", self._phases, end_ns) or _Timing()
+        timing = guarded("reading a request's phase timing", self._phases, end_ns) or _Timing()
         attrs.update(timing.attributes)
         if error_type is not None:
             attrs[semconv.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_message or error_type))
         if self.telemetry.capture is not None and self.info.request is not None:
-            _guarded("capturing a request's content", self._capture, attrs, finish_reasons)
-        if self.engine_states and self.telemetry.ledger.enabled:
+            guarded("capturing a request's content", self._capture, attrs, finish_reasons)
+        # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
+        if self.engine_states and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
-            _guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
+            guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
                      response, response_model, end_ns)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
-        _guarded("recording a request's metrics", self._record_metrics, usage, timing, error_type, response_model,
-                 (end_ns - self.start_ns) / 1e9)
+        guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
+                 error_type, response_model, (end_ns - self.start_ns) / 1e9)
 
     def _capture(self, attrs: dict, finish_reasons: list[str]) -> None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
@@ -441,6 +462,10 @@ class RequestTelemetry:
         ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 
     def _usage(self) -> Usage:
+        if self.info.beam_search:
+            reported = _reported_usage(self.metadata)
+            if reported is not None:
+                return reported
         usage = Usage()
         seen_prompts: set[str] = set()
         for state in self.engine_states:
@@ -498,7 +523,7 @@ class RequestTelemetry:
         chains = 0
         for state in states:
             stats = state.stats
-            preemptions += stats.num_preemptions
+            preemptions += getattr(stats, "num_preemptions", 0) or 0  # vLLM >= 0.30
             gen_tokens += stats.num_generation_tokens
             if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
                 ttft = stats.first_token_latency
@@ -543,7 +568,8 @@ class RequestTelemetry:
         attrs = {semconv.VLLM_REQUEST_ID: state.request_id} if tag else None
         tracer = self.telemetry.tracer
         prev_end = lo
-        phases = [(semconv.SPAN_QUEUE, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
+        first = semconv.SPAN_KV_TRANSFER_WAIT if self.pd_role == semconv.PD_ROLE_DECODE else semconv.SPAN_QUEUE
+        phases = [(first, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
         if state.detokenizer is not None:  # pooling (embeddings) requests have no decode
             phases.append((semconv.SPAN_DECODE, p1, d1))
         for name, start, stop in phases:
@@ -576,7 +602,7 @@ class RequestTelemetry:
                 tel.time_per_output_token.record(timing.tpot, attrs, context=ctx)
         else:
             attrs = {**attrs, semconv.ERROR_TYPE: error_type}
-        if self.engine_states:
+        if self.engine_states and usage is not None:  # (None: a P/D prefill leg, counted on its decode node)
             tel.add_tokens(key, usage)
         tel.request_duration.record(duration, attrs, context=ctx)
 
@@ -585,6 +611,18 @@ def _outcome(error_type: str | None) -> str:
     if error_type is None:
         return semconv.OUTCOME_FINISHED
     return semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR
+
+
+def _reported_usage(metadata) -> Usage | None:
+    """The usage vLLM computed for the response (beam search: the prompt once, the returned beams'
+    tokens), from its RequestResponseMetadata."""
+    info = getattr(metadata, "final_usage_info", None)
+    prompt = getattr(info, "prompt_tokens", None)
+    if not isinstance(prompt, int):
+        return None
+    cached = getattr(getattr(info, "prompt_tokens_details", None), "cached_tokens", None)
+    return Usage(input_tokens=prompt, output_tokens=getattr(info, "completion_tokens", None) or 0,
+                 cached_input_tokens=cached if isinstance(cached, int) else 0)
 
 
 def _reasoning_tokens(response) -> int | None:
@@ -605,7 +643,7 @@ class _Timing:
 _warned: set[str] = set()
 
 
-def _warn_once(what: str) -> None:
+def warn_once(what: str) -> None:
     """One warning (with its traceback) per kind of failure and process, never one per request."""
     if what not in _warned:
         _warned.add(what)
@@ -613,12 +651,12 @@ def _warn_once(what: str) -> None:
                      exc_info=True)
 
 
-def _guarded(what: str, fn, *args):
-    """fn(*args), or None after _warn_once(what) when it raised."""
+def guarded(what: str, fn, *args):
+    """fn(*args), or None after warn_once(what) when it raised."""
     try:
         return fn(*args)
     except Exception:  # instrumentation must never break serving
-        _warn_once(what)
+        warn_once(what)
         return None
 
 

@@ -1,0 +1,251 @@
+"""The fields of vLLM objects otel-llm reads, declared next to the hook table, and a checker of both
+against vLLM's Python sources: the installed vLLM (`otel-llm doctor`) or any release unpacked from
+its wheel (`otel-llm doctor --source DIR`, `make compat`), without importing vLLM or needing a GPU.
+
+The checker reads the sources with `ast`: a class offers a field when it declares it (dataclass,
+pydantic or msgspec annotation), assigns `self.<field>` in a method, defines it as a method or
+property, or inherits it from a base class it can follow (same module or a `from vllm... import`).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_llm.vllm.hooks import HOOKS, Hook
+
+
+@dataclass(frozen=True)
+class Fields:
+    modules: tuple[str, ...]  # candidates, newest vLLM first
+    cls: str
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()  # read with a default where a release lacks them
+    why: str = ""
+
+
+_OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
+_CHAT_PROTOCOL = ("vllm.entrypoints.openai.chat_completion.protocol", "vllm.entrypoints.openai.protocol")
+_COMPLETION_PROTOCOL = ("vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.openai.protocol")
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
+
+FIELDS: tuple[Fields, ...] = (
+    Fields(_OUTPUT_PROCESSOR, "OutputProcessor", ("request_states",), why="engine request -> its RequestState"),
+    Fields(_OUTPUT_PROCESSOR, "RequestState",
+           ("request_id", "external_req_id", "parent_req", "request_index", "prompt_len", "num_cached_tokens",
+            "detokenizer", "stats"),
+           ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens"),
+           why="tokens, ids and timing of each engine request"),
+    Fields(("vllm.v1.metrics.stats",), "RequestStateStats",
+           ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "first_token_latency",
+            "num_generation_tokens"),
+           ("num_preemptions",), why="queue / prefill / decode phases, TTFT"),
+    Fields(("vllm.v1.engine.detokenizer",), "IncrementalDetokenizer", ("num_output_tokens",),
+           why="output tokens"),
+    Fields(("vllm.v1.engine.detokenizer",), "BaseIncrementalDetokenizer", ("output_text",),
+           why="output text for opt-in content capture"),
+    Fields(("vllm.v1.engine.parallel_sampling",), "ParentRequest", ("request_id",),
+           why="n > 1: one prompt for the choices of one request"),
+    Fields(("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.protocol"),
+           "RequestResponseMetadata", ("request_id", "final_usage_info"),
+           why="response id; the usage vLLM reports (beam search)"),
+    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("request_id", "sampling_params"),
+           why="the engine request OutputProcessor.add_request gets"),
+    Fields(("vllm.sampling_params",), "SamplingParams", (), ("extra_args",),
+           why="kv_transfer_params: the P/D leg of a request"),
+    Fields(_CHAT_PROTOCOL, "ChatCompletionRequest",
+           ("model", "messages", "stream", "n", "max_completion_tokens", *_SAMPLING, "use_beam_search"),
+           why="gen_ai.request.* of chat"),
+    Fields(_COMPLETION_PROTOCOL, "CompletionRequest", ("model", "prompt", "stream", "n", *_SAMPLING,
+                                                       "use_beam_search"),
+           why="gen_ai.request.* of completions"),
+    Fields(("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol"), "ResponsesRequest",
+           ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
+           why="gen_ai.request.* of the Responses API"),
+)
+
+
+# --- reading sources without importing them ----------------------------------------------------
+
+
+class Source:
+    """vLLM's Python sources under `root` (the directory holding the `vllm` package)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def path(self, module: str) -> Path | None:
+        base = self.root.joinpath(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def tree(self, module: str) -> ast.Module | None:
+        if module not in self._trees:
+            path = self.path(module)
+            self._trees[module] = ast.parse(path.read_text(encoding="utf-8")) if path else None
+        return self._trees[module]
+
+    def locate(self, modules: tuple[str, ...]) -> str | None:
+        return next((m for m in modules if self.path(m) is not None), None)
+
+    def find_class(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef] | None:
+        tree = self.tree(module)
+        if tree is None or depth > 4:
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return module, node
+        for node in tree.body:  # imported: `from vllm.x import Name`, `from ..x import Name`
+            if isinstance(node, ast.ImportFrom):
+                source_module = self.absolute(module, node)
+                if source_module and source_module.startswith("vllm"):
+                    for alias in node.names:
+                        if (alias.asname or alias.name) == name:
+                            return self.find_class(source_module, alias.name, depth + 1)
+        return None
+
+    def absolute(self, module: str, node: ast.ImportFrom) -> str | None:
+        if not node.level:
+            return node.module
+        path = self.path(module)
+        package = module.split(".") if path is not None and path.name == "__init__.py" else module.split(".")[:-1]
+        if node.level > 1:
+            package = package[: len(package) - (node.level - 1)]
+        return ".".join(package + ([node.module] if node.module else []))
+
+    def members(self, module: str, cls: ast.ClassDef, depth: int = 0) -> set[str]:
+        names: set[str] = set()
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+                for sub in ast.walk(node):
+                    targets = sub.targets if isinstance(sub, ast.Assign) else \
+                        [sub.target] if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else []
+                    for target in targets:
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                and target.value.id == "self":
+                            names.add(target.attr)
+        if depth < 6:
+            for base in cls.bases:
+                base_name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) \
+                    else None
+                found = self.find_class(module, base_name) if base_name else None
+                if found is not None:
+                    names |= self.members(found[0], found[1], depth + 1)
+        return names
+
+    def has_attribute(self, module: str, attribute: str) -> bool:
+        """`Class.method` or a module-level function/name (also one it imports)."""
+        tree = self.tree(module)
+        if tree is None:
+            return False
+        if "." in attribute:
+            cls_name, member = attribute.split(".", 1)
+            found = self.find_class(module, cls_name)
+            return found is not None and member in self.members(*found)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attribute:
+                return True
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                    (a.asname or a.name) == attribute for a in node.names):
+                return True
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attribute
+                                                    for t in node.targets):
+                return True
+        return False
+
+
+def shim_target(source: Source, module: str) -> str | None:
+    """The module `module` replaces itself with in sys.modules (an alias shim left behind by a
+    package move), or None. vLLM imports the target's name, so a hook must be registered there."""
+    path = source.path(module)
+    if path is None:
+        return None
+    text = path.read_text(encoding="utf-8")
+    if "sys.modules[__name__]" not in text:
+        return None
+    names = {node.value for node in ast.walk(ast.parse(text))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and node.value.startswith("vllm.") and node.value != module and source.path(node.value) is not None}
+    names |= {node.module for node in ast.walk(ast.parse(text))
+              if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm.")
+              and node.module != module and source.path(node.module) is not None}
+    return names.pop() if len(names) == 1 else None
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # "hook" | "fields"
+    name: str
+    ok: bool
+    required: bool
+    detail: str
+
+
+def check(root: str | Path, hooks: tuple[Hook, ...] = HOOKS, fields: tuple[Fields, ...] = FIELDS) -> list[Finding]:
+    source = Source(root)
+    findings = []
+    for hook in hooks:
+        module = source.locate(hook.modules)
+        if module is None:
+            findings.append(Finding("hook", hook.name, False, hook.required, "module not found: "
+                                    + " | ".join(hook.modules)))
+            continue
+        target = shim_target(source, module)
+        if target is not None:
+            findings.append(Finding("hook", hook.name, False, hook.required,
+                                    f"{module} is an alias of {target}: a hook on it would never fire "
+                                    f"(list {target} first)"))
+            continue
+        ok = source.has_attribute(module, hook.attribute)
+        findings.append(Finding("hook", hook.name, ok, hook.required, f"{module}.{hook.attribute}"
+                                + ("" if ok else " not found")))
+    for spec in fields:
+        module = source.locate(spec.modules)
+        found = source.find_class(module, spec.cls) if module else None
+        if found is None:
+            findings.append(Finding("fields", spec.cls, False, True, "class not found in " + " | ".join(spec.modules)))
+            continue
+        members = source.members(*found)
+        missing = [f for f in spec.required if f not in members]
+        absent = [f for f in spec.optional if f not in members]
+        detail = f"{found[0]}.{spec.cls}"
+        if missing:
+            detail += " lacks " + ", ".join(missing)
+        if absent:
+            detail += " (optional, absent: " + ", ".join(absent) + ")"
+        findings.append(Finding("fields", spec.cls, not missing, True, detail))
+    return findings
+
+
+def installed_root() -> str | None:
+    """The directory holding the installed `vllm` package, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(list(spec.submodule_search_locations)[0])
+
+
+def version_of(root: str | Path) -> str | None:
+    path = Path(root) / "vllm" / "_version.py"
+    if not path.is_file():
+        return None
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("__version__", "version")
+                                                for t in node.targets) and isinstance(node.value, ast.Constant):
+            return str(node.value.value)
+    return None

@@ -1,0 +1,269 @@
+"""vLLM's HTTP routes that reach the engine: one GenAI span per logical request on every one.
+
+The handler hooks (hooks.py) give the richest spans, but many routes reach the engine without
+passing one: Responses API tool turns, chat batch, the pooling endpoints, /inference/v1/generate,
+speech-to-text... Each route of ROUTES has its ASGI app wrapped so that the request is in scope
+while vLLM serves it. A handler hook running inside makes the span as before; otherwise the first
+engine request of the route starts the span (at the request's arrival, with the operation of the
+route and the request parameters read from its JSON body), every later one attaches to the same
+span, and the span ends when the response has been sent. A route that answers 4xx/5xx without
+reaching the engine gets an error span too.
+
+The table is also the rejection table: a request FastAPI rejects on one of these paths before any
+handler runs gets an error span (hooks.validation_rejection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from otel_llm import semconv
+from otel_llm.vllm.request_telemetry import RequestInfo, RequestTelemetry, Telemetry, guarded, warn_once
+
+_log = logging.getLogger("otel_llm.vllm")
+
+
+@dataclass(frozen=True)
+class Route:
+    operation: str | None  # None: the handler decides (SageMaker's /invocations dispatches by body)
+    # a handler hook makes this route's span; the route only scopes it (no per-chunk work here)
+    handler_hooked: bool = False
+    api_type: str | None = None
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/chat/completions": Route(semconv.OP_CHAT, handler_hooked=True),
+    "/v1/completions": Route(semconv.OP_TEXT_COMPLETION, handler_hooked=True),
+    "/v1/responses": Route(semconv.OP_CHAT, handler_hooked=True, api_type=semconv.OPENAI_API_TYPE_RESPONSES),
+    "/v1/messages": Route(semconv.OP_CHAT, handler_hooked=True),  # Anthropic, through the chat handler
+    "/cohere/v2/chat": Route(semconv.OP_CHAT, handler_hooked=True),  # Cohere, through the chat handler
+    # ServingEmbedding is hooked; token-embed models (vLLM >= 0.33) reach the engine without it
+    "/v1/embeddings": Route(semconv.OP_EMBEDDINGS, handler_hooked=True),
+    "/v1/chat/completions/batch": Route(semconv.OP_CHAT),
+    "/v2/embed": Route(semconv.OP_EMBEDDINGS),
+    "/pooling": Route(semconv.OP_POOLING),
+    "/classify": Route(semconv.OP_CLASSIFY),
+    "/score": Route(semconv.OP_SCORE),
+    "/v1/score": Route(semconv.OP_SCORE),
+    "/rerank": Route(semconv.OP_RERANK),
+    "/v1/rerank": Route(semconv.OP_RERANK),
+    "/v2/rerank": Route(semconv.OP_RERANK),
+    "/generative_scoring": Route(semconv.OP_GENERATIVE_SCORING),
+    "/inference/v1/generate": Route(semconv.OP_TEXT_COMPLETION),
+    "/v1/decisions": Route(semconv.OP_CHAT),
+    "/v1/systemone": Route(semconv.OP_CHAT),  # structured decisions, vLLM 0.32's path
+    "/v1/audio/transcriptions": Route(semconv.OP_TRANSCRIPTION),
+    "/v1/audio/translations": Route(semconv.OP_TRANSLATION),
+    "/invocations": Route(None),
+}
+
+# What reaches vLLM's engine without passing through any route above: listed by `otel-llm doctor`.
+NOT_COVERED = {
+    "/v1/realtime": "WebSocket sessions (realtime transcription): engine requests get the AsyncLLM.generate span",
+    "vllm serve --grpc": "the gRPC frontend bypasses the Python HTTP server: nothing is traced",
+    "VLLM_USE_RUST_FRONTEND=1": "the Rust frontend bypasses the Python API server: nothing is traced",
+}
+
+
+class RouteScope:
+    """One request on a ROUTES path while vLLM serves it."""
+
+    __slots__ = ("route", "scope", "start_ns", "record", "status", "body")
+
+    def __init__(self, route: Route, scope: dict):
+        self.route = route
+        self.scope = scope
+        self.start_ns = time.time_ns()
+        self.record: RequestTelemetry | None = None
+        self.status: int | None = None
+        self.body: list[bytes] | None = None if route.handler_hooked else []
+
+
+SCOPE: ContextVar[RouteScope | None] = ContextVar("otel_llm_vllm_route", default=None)
+
+
+def wrap_routes(app, tel: Telemetry) -> int:
+    """Wrap the ASGI app of every route of `app` listed in ROUTES; returns how many."""
+    wrapped = 0
+    for route in getattr(app, "routes", ()):
+        spec = ROUTES.get(getattr(route, "path", None))
+        inner = getattr(route, "app", None)
+        if spec is None or inner is None or getattr(inner, "_otel_llm_route", False):
+            continue
+        route.app = _route_app(inner, spec, tel)
+        wrapped += 1
+    return wrapped
+
+
+def _route_app(inner, spec: Route, tel: Telemetry):
+    async def app(scope, receive, send):
+        entered = guarded("putting a request in its route's scope", _enter, spec, scope)
+        if entered is None:
+            return await inner(scope, receive, send)
+        state, token = entered
+        if not spec.handler_hooked:  # the body (for request parameters) and the status (for errors)
+            receive, send = _tee_receive(receive, state), _status_send(send, state, tel)
+        try:
+            await inner(scope, receive, send)
+        except BaseException as exc:
+            guarded("ending a route's span", _finish, state, tel, exc)
+            raise
+        finally:
+            guarded("leaving a route's scope", SCOPE.reset, token)
+        guarded("ending a route's span", _finish, state, tel, None)
+
+    app._otel_llm_route = True
+    return app
+
+
+def _enter(spec: Route, scope) -> tuple[RouteScope, Any] | None:
+    """The request in scope, or None (not HTTP)."""
+    if scope.get("type") != "http":
+        return None
+    state = RouteScope(spec, scope)
+    return state, SCOPE.set(state)
+
+
+def _tee_receive(receive, state: RouteScope):
+    async def tee():
+        message = await receive()
+        try:
+            body = state.body
+            if body is not None and message.get("type") == "http.request":
+                chunk = message.get("body")
+                if chunk and sum(map(len, body)) < _MAX_BODY:
+                    body.append(chunk)
+        except Exception:
+            warn_once("keeping a request body for its parameters")
+        return message
+
+    return tee
+
+
+_MAX_BODY = 1 << 20  # request parameters are read from at most the first MiB of a body
+
+
+def _status_send(send, state: RouteScope, tel: Telemetry):
+    """The response's status, and its span ended just before the last body message goes out (inside
+    the HTTP server span, which ends when that message is sent)."""
+
+    async def status_send(message):
+        kind = message.get("type")
+        if kind == "http.response.start":
+            try:
+                state.status = int(message.get("status"))
+            except Exception:
+                warn_once("reading a response status")
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            guarded("ending a route's span", _finish, state, tel, None)
+        await send(message)
+
+    return status_send
+
+
+def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> None:
+    """End the span this route started, or record a route's error that reached no engine."""
+    record = state.record
+    if record is None:
+        if exc is None and state.status is not None and state.status >= 400 and not _traced(state):
+            state.record = record = _start(state, tel)
+            record.end(error_type=str(state.status), error_message="request failed before reaching the engine")
+        return
+    if not record.route_made:
+        return  # a handler hook made it and ends it
+    if exc is None:
+        status = state.status or 200
+        if status >= 400:
+            record.end(error_type=str(status), error_message=f"HTTP {status}")
+        else:
+            # a client that left a stream: the response ends quietly, vLLM aborted the engine requests
+            record.end(aborted=record.engine_aborted)
+    elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        record.end(aborted=True)
+    else:
+        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
+
+
+def _traced(state: RouteScope) -> bool:
+    return bool((state.scope.get("state") or {}).get("otel_llm_traced"))
+
+
+def claim(record: RequestTelemetry) -> None:
+    """A handler hook made `record` for the request in scope: the route adds no span of its own."""
+    state = SCOPE.get()
+    if state is not None and state.record is None:
+        state.record = record
+
+
+def record_for_engine_request(tel: Telemetry) -> RequestTelemetry | None:
+    """The span of the request in scope for an engine request no handler hook claimed: started by
+    the first one, shared by the rest; None outside a route or once the route's span ended."""
+    state = SCOPE.get()
+    if state is None:
+        return None
+    if state.record is None:
+        # on a handler-hooked route (its hook failed, or vLLM took another way) no per-chunk work is
+        # done here: the span ends when the engine finishes or aborts the request
+        state.record = _start(state, tel, engine_owned=state.route.handler_hooked)
+        state.record.route_made = True
+        state.scope.setdefault("state", {})["otel_llm_traced"] = True
+    return state.record
+
+
+def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> RequestTelemetry:
+    from starlette.datastructures import Headers
+
+    try:
+        tenant, scene, cost_center = tel.attribution(Headers(scope=state.scope))
+    except Exception:  # the request still gets its span and bill, attributed to no tenant
+        warn_once("reading a request's tenant")
+        tenant = scene = cost_center = None
+    info = _info_from_body(state.route, _json_body(state), tenant, scene, cost_center)
+    return tel.start(info, start_ns=state.start_ns, engine_owned=engine_owned)
+
+
+def _json_body(state: RouteScope) -> dict:
+    if not state.body:
+        return {}
+    try:
+        body = json.loads(b"".join(state.body))
+    except (ValueError, UnicodeDecodeError):  # multipart (audio), or cut at _MAX_BODY
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _info_from_body(route: Route, body: dict, tenant, scene, cost_center) -> RequestInfo:
+    params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
+
+    def number(name):
+        value = params.get(name)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    max_tokens = number("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = number("max_tokens")
+    if max_tokens is None:
+        max_tokens = number("max_output_tokens")
+    top_k = number("top_k")
+    model = body.get("model")
+    return RequestInfo(
+        operation=route.operation or semconv.OP_TEXT_COMPLETION,
+        model=model if isinstance(model, str) else None,
+        stream=body.get("stream") is True,
+        choice_count=number("n"),
+        max_tokens=max_tokens,
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        top_k=top_k if top_k is not None and top_k > 0 else None,
+        seed=number("seed"),
+        tenant=tenant,
+        scene=scene,
+        cost_center=cost_center,
+        api_type=route.api_type,
+    )

@@ -1,0 +1,131 @@
+"""The hook table and field contract (otel_llm/vllm/contract.py) against vLLM's sources: the installed
+vLLM, every release `make compat` unpacked into .cache/vllm-src/, and small made-up source trees
+that show each check fails when it should."""
+
+from __future__ import annotations
+
+import io
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from otel_llm.cli import doctor
+from otel_llm.vllm import contract, hooks
+
+COMPAT_SOURCES = sorted((Path(__file__).resolve().parents[1] / ".cache" / "vllm-src").glob("*/vllm/_version.py"))
+
+
+def failures(findings):
+    return [f for f in findings if not f.ok and f.required]
+
+
+def test_installed_vllm_offers_every_hook_and_field():
+    findings = contract.check(contract.installed_root())
+    assert failures(findings) == []
+    assert {f.name for f in findings if f.kind == "fields"} == {spec.cls for spec in contract.FIELDS}
+
+
+@pytest.mark.parametrize("version_file", COMPAT_SOURCES, ids=lambda p: p.parent.parent.name)
+def test_unpacked_release_offers_every_hook_and_field(version_file):
+    assert failures(contract.check(version_file.parent.parent)) == []
+
+
+def write(root: Path, module: str, text: str) -> None:
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for parent in path.parents:
+        if parent == root:
+            break
+        (parent / "__init__.py").touch()
+    path.write_text(textwrap.dedent(text))
+
+
+FIELDS = (contract.Fields(("vllm.state",), "State", ("prompt_len", "stats", "tokens"), ("newer",)),)
+HOOK = hooks.Hook("handler", ("vllm.new.serving", "vllm.old.serving"), "Serving.create", hooks.native_tracing_off, "x")
+
+
+def test_fields_are_found_in_annotations_self_assignments_methods_and_relative_bases(tmp_path):
+    write(tmp_path, "vllm.base", """
+        class Base:
+            def __init__(self):
+                self.stats = None
+    """)
+    write(tmp_path, "vllm.state", """
+        from .base import Base
+
+        class State(Base):
+            prompt_len: int = 0
+
+            def tokens(self):
+                return 0
+    """)
+    (finding,) = contract.check(tmp_path, hooks=(), fields=FIELDS)
+    assert finding.ok and "optional, absent: newer" in finding.detail
+
+
+def test_a_missing_field_fails_naming_it(tmp_path):
+    write(tmp_path, "vllm.state", """
+        class State:
+            def __init__(self):
+                self.prompt_len = 0
+                self.tokens = []
+    """)
+    (finding,) = contract.check(tmp_path, hooks=(), fields=FIELDS)
+    assert not finding.ok and finding.detail.endswith("lacks stats (optional, absent: newer)")
+
+
+def test_hook_found_in_the_first_candidate_module_that_exists(tmp_path):
+    write(tmp_path, "vllm.old.serving", """
+        class Serving:
+            async def create(self, request):
+                pass
+    """)
+    (finding,) = contract.check(tmp_path, hooks=(HOOK,), fields=())
+    assert finding.ok and finding.detail == "vllm.old.serving.Serving.create"
+    write(tmp_path, "vllm.new.serving", "class Serving:\n    pass\n")
+    (finding,) = contract.check(tmp_path, hooks=(HOOK,), fields=())
+    assert not finding.ok and finding.detail == "vllm.new.serving.Serving.create not found"
+
+
+def test_an_alias_shim_is_followed_to_the_module_vllm_imports(tmp_path, monkeypatch):
+    # the package move seen in vLLM's repository: the old path stays as a sys.modules alias
+    write(tmp_path, "vllm.frontend.entrypoints.serving", """
+        class Serving:
+            async def create(self, request):
+                pass
+    """)
+    write(tmp_path, "vllm.entrypoints.serving", """
+        import importlib
+        import sys
+
+        sys.modules[__name__] = importlib.import_module("vllm.frontend.entrypoints.serving")
+    """)
+    old_only = hooks.Hook("handler", ("vllm.entrypoints.serving",), "Serving.create", hooks.native_tracing_off, "x")
+    (finding,) = contract.check(tmp_path, hooks=(old_only,), fields=())
+    assert not finding.ok and "is an alias of vllm.frontend.entrypoints.serving" in finding.detail
+    # at instrument time the post-import hook goes to the module vLLM imports
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert hooks.locate(old_only) == "vllm.frontend.entrypoints.serving"
+
+
+def test_doctor_checks_unpacked_sources_and_fails_loudly(tmp_path):
+    write(tmp_path, "vllm.state", "class State:\n    pass\n")
+    out = io.StringIO()
+    assert doctor(out, source=str(tmp_path)) == 1
+    text = out.getvalue()
+    assert "[missing] OutputProcessor: class not found" in text and "required hook(s) or field(s) missing" in text
+
+
+def test_doctor_on_the_installed_vllm_finds_everything():
+    out = io.StringIO()
+    assert doctor(out) == 0, out.getvalue()
+    text = out.getvalue()
+    assert "all required hooks and fields found" in text
+    assert "[ok] RequestStateStats" in text and "vllm serve --grpc" in text
+    for hook in hooks.HOOKS:
+        assert f"[ok] {hook.name}" in text
+    assert "otel_llm_vllm" in text
