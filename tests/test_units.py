@@ -264,3 +264,19 @@ def test_trace_tree_names_the_service_where_it_changes():
         "└─ POST /v1/chat/completions [SERVER vllm] +1.0ms 2.0ms",
         "   └─ chat m [INTERNAL] +1.0ms 2.0ms",
     ]
+
+
+def test_grpc_and_rust_frontends_warn_that_nothing_is_traced(caplog, monkeypatch):
+    from otel_llm.vllm import _warn_rust_frontend
+
+    wrapper = hooks.grpc_not_traced(None)
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        assert wrapper(lambda args: "served", None, (SimpleNamespace(grpc=False),), {}) == "served"
+        assert caplog.records == []
+        assert wrapper(lambda args: "served", None, (SimpleNamespace(grpc=True),), {}) == "served"
+        monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", "1")
+        _warn_rust_frontend()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "--grpc" in messages[0] and "traces none" in messages[0]
+    assert "VLLM_USE_RUST_FRONTEND" in messages[1] and "traces none" in messages[1]
