@@ -142,3 +142,20 @@ def test_redactions_counted_by_rule(client, receiver):
     counted = receiver.wait_for(lambda rx: email_count(rx) if email_count(rx) >= 7 and
                                 email_count(rx) == replaced(rx) else None)
     assert counted == replaced(receiver)
+
+
+def test_no_unredacted_pattern_or_key_anywhere_exported_or_logged(server, client, receiver):
+    """After this module's requests (PII in prompts, an API key on every request): nothing exported
+    (any span attribute, any metric attribute) and nothing in the server's log holds them."""
+    tp = Traceparent()
+    client.chat.completions.create(model=MODEL_NAME, max_tokens=2, extra_headers=tp.headers(),
+                                   messages=[{"role": "user", "content": PII}])
+    genai_span(receiver, tp.trace_id)
+    pieces = ("jane.doe", "4111 1111 1111 1111", "+1 415 555 2671", "11010519491231002X", "10.0.12.7",
+              "sk-content-test-key-0123456789")
+    exported = [json.dumps(s.attributes, ensure_ascii=False) for s in receiver.spans]
+    exported += [json.dumps(p.attributes, ensure_ascii=False) for batch in receiver.metric_batches for p in batch]
+    log = server.log_path.read_text(errors="replace")
+    for piece in pieces:
+        assert not [text for text in exported if piece in text], piece
+        assert piece not in log, piece
