@@ -129,3 +129,25 @@ def test_doctor_on_the_installed_vllm_finds_everything():
     for hook in hooks.HOOKS:
         assert f"[ok] {hook.name}" in text
     assert "otel_llm_vllm" in text
+
+
+def test_what_the_readers_read_is_declared():
+    """Each attribute read_engine_request reads from a RequestState (`state`), its stats (`stats`)
+    and its detokenizer is in FIELDS, so doctor and `make compat` check it on every release."""
+    import ast
+    import inspect
+
+    declared = {spec.cls: set(spec.required) | set(spec.optional) for spec in contract.FIELDS}
+    objects = {"state": declared["RequestState"], "stats": declared["RequestStateStats"],
+               "detokenizer": declared["IncrementalDetokenizer"] | declared["BaseIncrementalDetokenizer"],
+               "parent": declared["ParentRequest"]}
+    tree = ast.parse(textwrap.dedent(inspect.getsource(contract.read_engine_request)))
+    read = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in objects:
+            read.add((node.value.id, node.attr))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in objects:
+            read.add((node.args[0].id, node.args[1].value))
+    assert len(read) > 15
+    assert [(obj, attr) for obj, attr in sorted(read) if attr not in objects[obj]] == []

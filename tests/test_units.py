@@ -266,16 +266,13 @@ def test_trace_tree_names_the_service_where_it_changes():
     ]
 
 
-def test_grpc_and_rust_frontends_warn_that_nothing_is_traced(caplog, monkeypatch):
-    from otel_llm.vllm import _warn_rust_frontend
+def test_grpc_and_rust_frontends_warn_that_nothing_is_traced(caplog):
+    from otel_llm.vllm import _warn_untraced_frontends
 
-    wrapper = hooks.grpc_not_traced(None)
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        assert wrapper(lambda args: "served", None, (SimpleNamespace(grpc=False),), {}) == "served"
+        _warn_untraced_frontends(["vllm", "serve", "m", "--port", "8000"], {})
         assert caplog.records == []
-        assert wrapper(lambda args: "served", None, (SimpleNamespace(grpc=True),), {}) == "served"
-        monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", "1")
-        _warn_rust_frontend()
+        _warn_untraced_frontends(["vllm", "serve", "m", "--grpc"], {"VLLM_USE_RUST_FRONTEND": "1"})
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert "--grpc" in messages[0] and "traces none" in messages[0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import sys
 from typing import Collection
 
 from opentelemetry import metrics, trace
@@ -39,7 +41,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         telemetry = Telemetry(tracer, meter, Settings.from_env(),
                               resource_attributes=resource.attributes if resource is not None else None)
         _warn_unknown_service(provider)
-        _warn_rust_frontend()
+        _warn_untraced_frontends(sys.argv, os.environ)
         patcher = Patcher(telemetry)
         patcher.install()
         VLLMInstrumentor._patcher = patcher
@@ -50,10 +52,15 @@ class VLLMInstrumentor(BaseInstrumentor):
             patcher.uninstall()
 
 
-def _warn_rust_frontend() -> None:
-    import os
-
-    if os.environ.get("VLLM_USE_RUST_FRONTEND", "").strip().lower() in ("1", "true", "yes"):
+def _warn_untraced_frontends(argv, environ) -> None:
+    """Frontends that serve outside vLLM's Python API server: one warning at start. (Read from the
+    command line rather than by patching vLLM's CLI: `vllm serve` pickles its parsed arguments,
+    dispatch function included, into its API-server processes, and a wrapt proxy does not pickle.)"""
+    if "--grpc" in argv[1:] or any(a.startswith("--grpc=") and a[7:].lower() in ("1", "true") for a in argv[1:]):
+        _log.warning("otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
+                     "traces none of them (no spans, metrics or usage records). Serve over HTTP (without --grpc) "
+                     "to have them traced.")
+    if environ.get("VLLM_USE_RUST_FRONTEND", "").strip().lower() in ("1", "true", "yes"):
         _log.warning("otel-llm: VLLM_USE_RUST_FRONTEND is set: the Rust frontend serves requests outside vLLM's "
                      "Python API server and otel-llm traces none of them (no spans, metrics or usage records). "
                      "Unset it to have requests traced.")

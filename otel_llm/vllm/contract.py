@@ -1,6 +1,8 @@
-"""The fields of vLLM objects otel-llm reads, declared next to the hook table, and a checker of both
-against vLLM's Python sources: the installed vLLM (`otel-llm doctor`) or any release unpacked from
-its wheel (`otel-llm doctor --source DIR`, `make compat`), without importing vLLM or needing a GPU.
+"""The fields of vLLM objects otel-llm reads: declared (FIELDS, next to the hook table), read (the
+`read_*` functions below are the only code that reads vLLM's request state, stats, detokenizer and
+response metadata), and checked against vLLM's Python sources: the installed vLLM (`otel-llm
+doctor`) or any release unpacked from its wheel (`otel-llm doctor --source DIR`, `make compat`),
+without importing vLLM or needing a GPU.
 
 The checker reads the sources with `ast`: a class offers a field when it declares it (dataclass,
 pydantic or msgspec annotation), assigns `self.<field>` in a method, defines it as a method or
@@ -14,7 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_llm.vllm.hooks import HOOKS, Hook
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,94 @@ FIELDS: tuple[Fields, ...] = (
            ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
            why="gen_ai.request.* of the Responses API"),
 )
+
+
+# --- reading vLLM's objects --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTiming:
+    """RequestStateStats: engine-core monotonic seconds, 0.0 = not reached."""
+
+    queued: float
+    scheduled: float
+    first_token: float
+    last_token: float
+    first_token_latency: float
+    generation_tokens: int
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One of vLLM's RequestState objects, read once when its request ends."""
+
+    request_id: str  # vLLM's internal id (external id + random suffix)
+    external_id: str | None  # the id the client's request got (its response id)
+    prompt_id: str  # n > 1: the parent's id, shared by the choices of one prompt
+    index: int  # the choice it generates
+    prompt_tokens: int
+    cached_tokens: int
+    cache_creation_tokens: int
+    remote_cached_tokens: int | None  # P/D decode leg: the prefill node's prefix-cache hits
+    output_tokens: int | None  # None: a pooling request (no detokenizer)
+    output_text: str | None
+    lora_name: str | None
+    timing: EngineTiming | None  # None: stats off (--disable-log-stats)
+
+
+def read_engine_request(state) -> EngineRequest:
+    parent = state.parent_req
+    detokenizer = state.detokenizer
+    stats = state.stats
+    text = getattr(detokenizer, "output_text", None)  # BaseIncrementalDetokenizer only
+    return EngineRequest(
+        request_id=state.request_id,
+        external_id=state.external_req_id,
+        prompt_id=parent.request_id if parent is not None else state.request_id,
+        index=state.request_index or 0,
+        prompt_tokens=state.prompt_len or 0,
+        cached_tokens=state.num_cached_tokens or 0,
+        cache_creation_tokens=getattr(state, "num_cache_creation_tokens", 0) or 0,
+        remote_cached_tokens=getattr(state, "remote_prefill_cached_tokens", None),
+        output_tokens=detokenizer.num_output_tokens() if detokenizer is not None else None,
+        output_text=text if isinstance(text, str) else None,
+        lora_name=getattr(state, "lora_name", None),
+        timing=None if stats is None else EngineTiming(
+            queued=stats.queued_ts, scheduled=stats.scheduled_ts, first_token=stats.first_token_ts,
+            last_token=stats.last_token_ts, first_token_latency=stats.first_token_latency,
+            generation_tokens=stats.num_generation_tokens,
+            preemptions=getattr(stats, "num_preemptions", 0) or 0),  # vLLM >= 0.30
+    )
+
+
+def read_request_states(output_processor) -> dict:
+    """OutputProcessor.request_states: internal request id -> RequestState."""
+    return output_processor.request_states
+
+
+def read_kv_transfer_params(engine_request) -> dict | None:
+    """The kv_transfer_params of an EngineCoreRequest (P/D), from its sampling params' extra_args."""
+    extra = getattr(getattr(engine_request, "sampling_params", None), "extra_args", None)
+    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+    return params if isinstance(params, dict) else None
+
+
+def read_reported_usage(metadata) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached prompt) tokens vLLM put in the response's usage, from its
+    RequestResponseMetadata.final_usage_info."""
+    info = getattr(metadata, "final_usage_info", None)
+    prompt = getattr(info, "prompt_tokens", None)
+    if not isinstance(prompt, int):
+        return None
+    cached = getattr(getattr(info, "prompt_tokens_details", None), "cached_tokens", None)
+    return prompt, getattr(info, "completion_tokens", None) or 0, cached if isinstance(cached, int) else 0
+
+
+def read_response_id(metadata) -> str | None:
+    """RequestResponseMetadata.request_id: the id vLLM puts in the response and every chunk."""
+    response_id = getattr(metadata, "request_id", None)
+    return response_id if isinstance(response_id, str) else None
 
 
 # --- reading sources without importing them ----------------------------------------------------
@@ -194,7 +283,10 @@ class Finding:
     detail: str
 
 
-def check(root: str | Path, hooks: tuple[Hook, ...] = HOOKS, fields: tuple[Fields, ...] = FIELDS) -> list[Finding]:
+def check(root: str | Path, hooks: tuple | None = None, fields: tuple[Fields, ...] = FIELDS) -> list[Finding]:
+    """Every hook (otel_llm.vllm.hooks.HOOKS by default) and field against the sources under root."""
+    if hooks is None:
+        from otel_llm.vllm.hooks import HOOKS as hooks
     source = Source(root)
     findings = []
     for hook in hooks:

@@ -22,7 +22,7 @@ from opentelemetry import context as otel_context, trace
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_llm import finalizer, semconv
-from otel_llm.vllm import http, routes
+from otel_llm.vllm import contract, http, routes
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, Telemetry, attach, detach
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -249,8 +249,8 @@ def _read_response(record, result, raw_request):
     # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
     metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
     record.metadata = metadata
-    response_id = getattr(metadata, "request_id", None)
-    if isinstance(response_id, str):
+    response_id = contract.read_response_id(metadata)
+    if response_id is not None:
         record.response_id = response_id
     error = _error_of(result)
     if error is not None:
@@ -290,7 +290,7 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         record = routes.record_for_engine_request(tel)
     if record is None or record.ended:
         return
-    state = output_processor.request_states.get(request.request_id)
+    state = contract.read_request_states(output_processor).get(request.request_id)
     if state is not None and state.request_id not in tel.by_engine_id:
         record.attach_engine_request(state)
         if record.pd_role is None:
@@ -299,9 +299,8 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
 
 def _pd_role(request) -> str | None:
     """The P/D leg an engine request is, from the kv_transfer_params vLLM passes in extra_args."""
-    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
-    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
-    if not isinstance(params, dict):
+    params = contract.read_kv_transfer_params(request)
+    if params is None:
         return None
     if params.get("do_remote_decode"):
         return semconv.PD_ROLE_PREFILL
@@ -492,20 +491,6 @@ def background_response(tel: Telemetry):
 _end_background = _safe("ending a background response span")(lambda record: record.end())
 
 
-def grpc_not_traced(tel: Telemetry):
-    """`vllm serve --grpc` serves outside the Python HTTP server: say once, at start, it is not traced."""
-
-    def wrapper(wrapped, instance, args, kwargs):
-        cli_args = args[0] if args else kwargs.get("args")
-        if getattr(cli_args, "grpc", False) is True:
-            _log.warning("otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
-                         "traces none of them (no spans, metrics or usage records). Serve over HTTP (without "
-                         "--grpc) to have them traced.")
-        return wrapped(*args, **kwargs)
-
-    return wrapper
-
-
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
 
 HOOKS: tuple[Hook, ...] = (
@@ -525,8 +510,6 @@ HOOKS: tuple[Hook, ...] = (
     Hook("background response stream", ("vllm.entrypoints.openai.responses.serving",),
          "OpenAIServingResponses._run_background_request_stream", background_response,
          "GenAI span for /v1/responses with background=true and stream=true", required=False),
-    Hook("vllm serve", ("vllm.entrypoints.cli.serve",), "ServeSubcommand.cmd", grpc_not_traced,
-         "a warning that `vllm serve --grpc` is not traced", required=False),
     Hook("embeddings handler", ("vllm.entrypoints.pooling.embed.serving",),
          "ServingEmbedding.__call__", handler_wrapper(semconv.OP_EMBEDDINGS),
          "GenAI span for /v1/embeddings", required=False),
@@ -579,8 +562,6 @@ def locate(hook: Hook) -> str | None:
     module = next((m for m in hook.modules if module_exists(m)), None)
     if module is None:
         return None
-    from otel_llm.vllm import contract
-
     spec = importlib.util.find_spec(module.split(".")[0])
     for base in (spec.submodule_search_locations or []) if spec else []:
         target = contract.shim_target(contract.Source(os.path.dirname(base)), module)

@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from otel_llm import content, semconv
 from otel_llm.config import LabelGuard, Settings, attribution_value, load_api_keys
 from otel_llm.usage import UsageLedger
+from otel_llm.vllm import contract
 
 _log = logging.getLogger(__name__)
 
@@ -353,19 +354,20 @@ class RequestTelemetry:
             by_engine_id.pop(state.request_id, None)
         if aborted and error_type is None:
             error_type = semconv.ERROR_CLIENT_ABORTED
+        engines = [contract.read_engine_request(state) for state in self.engine_states]
 
-        usage = self._usage()
-        finish_reasons = self._finish_reasons(response, aborted or error_type is not None)
+        usage = self._usage(engines)
+        finish_reasons = self._finish_reasons(response, aborted or error_type is not None, engines)
         attrs: dict[str, Any] = {}
         generates = self.info.generates
-        if self.engine_states or response is not None:
+        if engines or response is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
             if generates:
                 attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
         response_id = self.response_id or getattr(response, "id", None)
-        if response_id is None and self.engine_states and generates:
-            response_id = self.engine_states[0].external_req_id
+        if response_id is None and engines and generates:
+            response_id = engines[0].external_id
         if response_id:
             attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
         # vLLM answers with the served name it was asked for; a failed request has no response model
@@ -374,10 +376,10 @@ class RequestTelemetry:
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
         if finish_reasons and generates:
             attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = finish_reasons
-        if self.engine_states:
-            attrs[semconv.VLLM_REQUEST_ID] = self.engine_states[0].external_req_id
-            if len(self.engine_states) > 1:
-                attrs[semconv.VLLM_ENGINE_REQUESTS] = len(self.engine_states)
+        if engines:
+            attrs[semconv.VLLM_REQUEST_ID] = engines[0].external_id
+            if len(engines) > 1:
+                attrs[semconv.VLLM_ENGINE_REQUESTS] = len(engines)
         if aborted:
             attrs[semconv.VLLM_ABORTED] = True
         prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
@@ -388,24 +390,24 @@ class RequestTelemetry:
             attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = wire_ttft
 
         # the phases, the usage record and the metrics each fail alone: the rest still arrives
-        timing = guarded("reading a request's phase timing", self._phases, end_ns) or _Timing()
+        timing = guarded("reading a request's phase timing", self._phases, end_ns, engines) or _Timing()
         attrs.update(timing.attributes)
         if error_type is not None:
             attrs[semconv.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_message or error_type))
         if self.telemetry.capture is not None and self.info.request is not None:
-            guarded("capturing a request's content", self._capture, attrs, finish_reasons)
+            guarded("capturing a request's content", self._capture, attrs, finish_reasons, engines)
         # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
-        if self.engine_states and self.telemetry.ledger.enabled and not prefill_leg:
+        if engines and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
             guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
-                     response, response_model, end_ns)
+                    response, response_model, end_ns, engines[0])
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
-                 error_type, response_model, (end_ns - self.start_ns) / 1e9)
+                error_type, response_model, (end_ns - self.start_ns) / 1e9)
 
-    def _capture(self, attrs: dict, finish_reasons: list[str]) -> None:
+    def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
         choice (the detokenizer's whole text: assembled once here, never per chunk)."""
         request = self.info.request
@@ -414,24 +416,22 @@ class RequestTelemetry:
         if inputs is None:
             return
         outputs: dict[int, list] = {}
-        for state in self.engine_states:
-            text = getattr(getattr(state, "detokenizer", None), "output_text", None)
-            if isinstance(text, str):
-                outputs.setdefault(getattr(state, "request_index", 0) or 0, []).append(text)
+        for engine in engines:
+            if engine.output_text is not None:
+                outputs.setdefault(engine.index, []).append(engine.output_text)
         self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
-    def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int) -> None:
+    def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int,
+                     first: contract.EngineRequest) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
         info = self.info
-        first = self.engine_states[0]
-        parent = first.parent_req
         ledger = self.telemetry.ledger
         fields: dict[str, Any] = {
-            semconv.USAGE_ID: ledger.key(parent.request_id if parent is not None else first.request_id),
+            semconv.USAGE_ID: ledger.key(first.prompt_id),
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
             semconv.SERVICE_NAME: ledger.service,
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
-            semconv.VLLM_REQUEST_ID: first.external_req_id,
+            semconv.VLLM_REQUEST_ID: first.external_id,
             semconv.GEN_AI_OPERATION_NAME: info.operation,
             semconv.REQUEST_OUTCOME: _outcome(error_type),
             semconv.USAGE_DURATION: (end_ns - self.start_ns) / 1e9,
@@ -440,7 +440,7 @@ class RequestTelemetry:
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
             semconv.GEN_AI_REQUEST_CHOICE_COUNT: info.choice_count or 1,
         }
-        served = getattr(first, "lora_name", None)
+        served = first.lora_name
         optional = (
             (semconv.GEN_AI_REQUEST_MODEL, info.model),
             (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or info.model),
@@ -461,54 +461,50 @@ class RequestTelemetry:
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
         ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 
-    def _usage(self) -> Usage:
+    def _usage(self, engines: list[contract.EngineRequest]) -> Usage:
         if self.info.beam_search:
-            reported = _reported_usage(self.metadata)
+            reported = contract.read_reported_usage(self.metadata)
             if reported is not None:
-                return reported
+                return Usage(input_tokens=reported[0], output_tokens=reported[1], cached_input_tokens=reported[2])
         usage = Usage()
         seen_prompts: set[str] = set()
-        for state in self.engine_states:
-            detok = state.detokenizer
-            if detok is not None:
-                usage.output_tokens += detok.num_output_tokens()
+        for engine in engines:
+            usage.output_tokens += engine.output_tokens or 0
             # n > 1: the children of one ParentRequest share the prompt; count it once,
             # as vLLM's `usage` does.
-            parent = state.parent_req
-            prompt_key = parent.request_id if parent is not None else state.request_id
-            if prompt_key in seen_prompts:
+            if engine.prompt_id in seen_prompts:
                 continue
-            seen_prompts.add(prompt_key)
-            usage.input_tokens += state.prompt_len or 0
-            usage.cached_input_tokens += state.num_cached_tokens or 0
-            usage.cache_creation_input_tokens += getattr(state, "num_cache_creation_tokens", 0) or 0
-            remote = getattr(state, "remote_prefill_cached_tokens", None)
-            if remote is not None:
-                usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + remote
+            seen_prompts.add(engine.prompt_id)
+            usage.input_tokens += engine.prompt_tokens
+            usage.cached_input_tokens += engine.cached_tokens
+            usage.cache_creation_input_tokens += engine.cache_creation_tokens
+            if engine.remote_cached_tokens is not None:
+                usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + \
+                    engine.remote_cached_tokens
         return usage
 
-    def _finish_reasons(self, response, failed: bool) -> list[str]:
+    def _finish_reasons(self, response, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
         choices = getattr(response, "choices", None)
         if choices:
             return [str(c.finish_reason) if c.finish_reason is not None else "error" for c in choices]
         reasons = []
-        for state in sorted(self.engine_states, key=lambda s: s.request_index):
-            reason = self.finish_reasons.get(state.request_id)
+        for engine in sorted(engines, key=lambda e: e.index):
+            reason = self.finish_reasons.get(engine.request_id)
             if reason is None:
                 reason = semconv.FINISH_REASON_ABORT if failed else None
             if reason is not None:
                 reasons.append(reason)
         return reasons
 
-    def _phases(self, end_ns: int) -> "_Timing":
+    def _phases(self, end_ns: int, engines: list[contract.EngineRequest]) -> "_Timing":
         """Queue / prefill / decode of the request, and child spans from the engine's monotonic
         timestamps. With n > 1 (one engine request per choice) the request's phases span its
         engine requests: queue until the first was scheduled, prefill until the first token,
         decode until the last token of any; child spans for the first MAX_PHASE_SPAN_CHAINS."""
         timing = _Timing()
-        states = [s for s in self.engine_states if s.stats is not None]
-        if len(states) < len(self.engine_states) or not states:
-            if self.engine_states:
+        timed = [e for e in engines if e.timing is not None]
+        if len(timed) < len(engines) or not timed:
+            if engines:
                 timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
             return timing
         # The engine core stamps time.monotonic(); on one host that clock is shared by all
@@ -521,28 +517,28 @@ class RequestTelemetry:
         # an unsampled request (head sampling) pays for no child spans
         make_spans = self.telemetry.settings.phase_spans and self.span.is_recording()
         chains = 0
-        for state in states:
-            stats = state.stats
-            preemptions += getattr(stats, "num_preemptions", 0) or 0  # vLLM >= 0.30
-            gen_tokens += stats.num_generation_tokens
+        for engine in timed:
+            stats = engine.timing
+            preemptions += stats.preemptions
+            gen_tokens += stats.generation_tokens
             if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
                 ttft = stats.first_token_latency
-            if stats.first_token_ts and stats.last_token_ts:
-                first = _earliest(first, stats.first_token_ts)
-                last = max(last, stats.last_token_ts)
+            if stats.first_token and stats.last_token:
+                first = _earliest(first, stats.first_token)
+                last = max(last, stats.last_token)
             bounds = _phase_bounds(stats)
             if bounds is None:
                 # no QUEUED event: the engine core records none when it was started with
                 # stats off (--disable-log-stats with --api-server-count > 1)
                 have_events = False
-                if stats.first_token_ts:
+                if stats.first_token:
                     _warn_no_engine_events()
                 continue
             queued = _earliest(queued, bounds[0])
             scheduled = _earliest(scheduled, bounds[1])
             if make_spans and chains < MAX_PHASE_SPAN_CHAINS:
                 chains += 1
-                self._phase_spans(state, bounds, offset, end_ns, len(states) > 1)
+                self._phase_spans(engine, bounds, offset, end_ns, len(timed) > 1)
         if have_events:
             timing.attributes[semconv.VLLM_QUEUE_SECONDS] = scheduled - queued if scheduled else 0.0
             timing.attributes[semconv.VLLM_PREFILL_SECONDS] = first - scheduled if scheduled and first else 0.0
@@ -551,26 +547,26 @@ class RequestTelemetry:
         decode = last - first if first else 0.0
         if self.info.generates:
             timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
-        if make_spans and len(states) > chains and have_events:
-            timing.attributes[semconv.VLLM_PHASE_SPANS_OMITTED] = len(states) - chains
+        if make_spans and len(timed) > chains and have_events:
+            timing.attributes[semconv.VLLM_PHASE_SPANS_OMITTED] = len(timed) - chains
         timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
         if ttft is not None:
             timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
             timing.ttft = ttft
-        if len(states) == 1 and gen_tokens > 1:
+        if len(timed) == 1 and gen_tokens > 1:
             timing.tpot = decode / (gen_tokens - 1)
             timing.attributes[semconv.VLLM_TPOT_SECONDS] = timing.tpot
         return timing
 
-    def _phase_spans(self, state, bounds, offset: float, end_ns: int, tag: bool) -> None:
+    def _phase_spans(self, engine: contract.EngineRequest, bounds, offset: float, end_ns: int, tag: bool) -> None:
         q0, q1, p1, d1 = bounds
         lo, hi = self.start_ns, end_ns
-        attrs = {semconv.VLLM_REQUEST_ID: state.request_id} if tag else None
+        attrs = {semconv.VLLM_REQUEST_ID: engine.request_id} if tag else None
         tracer = self.telemetry.tracer
         prev_end = lo
         first = semconv.SPAN_KV_TRANSFER_WAIT if self.pd_role == semconv.PD_ROLE_DECODE else semconv.SPAN_QUEUE
         phases = [(first, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
-        if state.detokenizer is not None:  # pooling (embeddings) requests have no decode
+        if engine.output_tokens is not None:  # pooling (embeddings) requests have no decode
             phases.append((semconv.SPAN_DECODE, p1, d1))
         for name, start, stop in phases:
             if not start:
@@ -611,18 +607,6 @@ def _outcome(error_type: str | None) -> str:
     if error_type is None:
         return semconv.OUTCOME_FINISHED
     return semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR
-
-
-def _reported_usage(metadata) -> Usage | None:
-    """The usage vLLM computed for the response (beam search: the prompt once, the returned beams'
-    tokens), from its RequestResponseMetadata."""
-    info = getattr(metadata, "final_usage_info", None)
-    prompt = getattr(info, "prompt_tokens", None)
-    if not isinstance(prompt, int):
-        return None
-    cached = getattr(getattr(info, "prompt_tokens_details", None), "cached_tokens", None)
-    return Usage(input_tokens=prompt, output_tokens=getattr(info, "completion_tokens", None) or 0,
-                 cached_input_tokens=cached if isinstance(cached, int) else 0)
 
 
 def _reasoning_tokens(response) -> int | None:
@@ -678,14 +662,14 @@ def _earliest(current: float, candidate: float) -> float:
     return candidate if not current or (candidate and candidate < current) else current
 
 
-def _phase_bounds(stats):
+def _phase_bounds(stats: contract.EngineTiming):
     """(queued, scheduled, first_token, last_token) engine-monotonic seconds; 0 = not reached."""
-    if not stats.queued_ts:
+    if not stats.queued:
         return None
-    scheduled = stats.scheduled_ts or 0.0
-    first = stats.first_token_ts if scheduled and stats.first_token_ts else 0.0
-    last = stats.last_token_ts if first and stats.last_token_ts else 0.0
-    return stats.queued_ts, scheduled, first, last
+    scheduled = stats.scheduled or 0.0
+    first = stats.first_token if scheduled and stats.first_token else 0.0
+    last = stats.last_token if first and stats.last_token else 0.0
+    return stats.queued, scheduled, first, last
 
 
 def attach(record: RequestTelemetry):
