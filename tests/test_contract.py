@@ -151,3 +151,40 @@ def test_what_the_readers_read_is_declared():
             read.add((node.args[0].id, node.args[1].value))
     assert len(read) > 15
     assert [(obj, attr) for obj, attr in sorted(read) if attr not in objects[obj]] == []
+
+
+def test_the_reader_on_vllms_own_objects():
+    """read_engine_request on RequestStates the installed vLLM's OutputProcessor builds itself (no
+    engine needed): a renamed or retyped field fails here, where a hand-made copy would not."""
+    import time
+
+    from vllm import PoolingParams, SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    def engine_request(request_id, **params):
+        return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 2, 3, 4, 5], mm_features=None,
+                                 arrival_time=time.time(), lora_request=None, cache_salt=None, data_parallel_rank=None,
+                                 external_req_id="client-id", **params)
+
+    decode_leg = engine_request("r-generate", pooling_params=None, sampling_params=SamplingParams(
+        max_tokens=3, detokenize=False,
+        extra_args={"kv_transfer_params": {"do_remote_prefill": True, "remote_prefill_cached_tokens": 4}}))
+    pooling = engine_request("r-pool", sampling_params=None, pooling_params=PoolingParams(task="embed"))
+    processor = OutputProcessor(tokenizer=None, log_stats=True)
+    processor.add_request(decode_leg, prompt=None)
+    processor.add_request(pooling, prompt=None, request_index=1)
+    states = contract.read_request_states(processor)
+
+    generated = contract.read_engine_request(states["r-generate"])
+    assert (generated.request_id, generated.external_id, generated.prompt_id, generated.index) == \
+        ("r-generate", "client-id", "r-generate", 0)
+    assert (generated.prompt_tokens, generated.cached_tokens, generated.remote_cached_tokens) == (5, 0, 4)
+    assert generated.output_tokens == 0 and generated.lora_name is None
+    assert generated.timing == contract.EngineTiming(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    assert contract.read_kv_transfer_params(decode_leg)["do_remote_prefill"] is True
+
+    pooled = contract.read_engine_request(states["r-pool"])
+    assert pooled.index == 1 and pooled.prompt_tokens == 5
+    assert pooled.output_tokens is None and pooled.output_text is None  # no detokenizer: no decode
+    assert contract.read_kv_transfer_params(pooling) is None
