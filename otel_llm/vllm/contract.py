@@ -262,13 +262,15 @@ def shim_target(source: Source, module: str) -> str | None:
     text = path.read_text(encoding="utf-8")
     if "sys.modules[__name__]" not in text:
         return None
-    names = {node.value for node in ast.walk(ast.parse(text))
-             if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and node.value.startswith("vllm.") and node.value != module and source.path(node.value) is not None}
-    names |= {node.module for node in ast.walk(ast.parse(text))
-              if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm.")
-              and node.module != module and source.path(node.module) is not None}
-    return names.pop() if len(names) == 1 else None
+    names = set()
+    for node in ast.walk(ast.parse(text)):  # `import_module("vllm.x")` or `from vllm.x import *`
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    targets = {name for name in names
+               if name.startswith("vllm.") and name != module and source.path(name) is not None}
+    return targets.pop() if len(targets) == 1 else None
 
 
 # --- the check ---------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ A hook that cannot be found logs one warning naming it, and serving goes on with
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import logging
@@ -23,7 +22,8 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from otel_llm import finalizer, semconv
 from otel_llm.vllm import contract, http, routes
-from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, Telemetry, attach, detach
+from otel_llm.vllm.request_telemetry import (CURRENT, RequestInfo, Telemetry, attach, detach, end_with_exception,
+                                             request_info)
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -63,36 +63,10 @@ def _safe(what: str):
 
 
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
-    get = lambda name: getattr(request, name, None)  # noqa: E731
-    max_tokens = get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = get("max_tokens")
-    if max_tokens is None:
-        max_tokens = get("max_output_tokens")  # Responses API
-    top_k = get("top_k")
-    if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
-        top_k = None
-    headers = getattr(raw_request, "headers", None)
-    tenant, scene, cost_center = tel.attribution(headers)
-    return RequestInfo(
-        operation=operation,
-        model=get("model"),
-        stream=bool(get("stream")),
-        choice_count=get("n"),
-        max_tokens=max_tokens,
-        temperature=get("temperature"),
-        top_p=get("top_p"),
-        top_k=top_k,
-        seed=get("seed"),
-        frequency_penalty=get("frequency_penalty"),
-        presence_penalty=get("presence_penalty"),
-        tenant=tenant,
-        cost_center=cost_center,
-        scene=scene,
-        api_type=api_type,
-        beam_search=get("use_beam_search") is True,
-        request=request if tel.capture is not None else None,
-    )
+    tenant, scene, cost_center = tel.attribution(getattr(raw_request, "headers", None))
+    return request_info(operation, lambda name: getattr(request, name, None), tenant=tenant, scene=scene,
+                        cost_center=cost_center, api_type=api_type,
+                        request=request if tel.capture is not None else None)
 
 
 def _error_of(result) -> tuple[str, str] | None:
@@ -185,13 +159,7 @@ _end_on_exception = _safe("ending a request's span on an exception")(
 )
 
 
-def _end_with_exception(record, exc: BaseException) -> None:
-    if isinstance(exc, StopAsyncIteration):  # the stream is done
-        record.end()
-    elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        record.end(aborted=True)
-    else:
-        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
+_end_with_exception = end_with_exception  # (a name here: the fault-injection suite targets it)
 
 
 def handler_wrapper(operation: str, api_type: str | None = None):

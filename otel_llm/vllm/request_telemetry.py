@@ -8,6 +8,7 @@ nothing here runs per output token.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import socket
@@ -91,6 +92,40 @@ class RequestInfo:
         if self.choice_count is not None and self.choice_count != 1:
             attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = self.choice_count
         return attrs
+
+
+def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=None, api_type=None,
+                 request=None) -> RequestInfo:
+    """RequestInfo from a request's parameters, get(name) giving each or None: a handler's request
+    object, or a route's JSON body. The first of max_completion_tokens / max_tokens /
+    max_output_tokens (Responses API) is the request's max tokens."""
+    max_tokens = get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = get("max_tokens")
+    if max_tokens is None:
+        max_tokens = get("max_output_tokens")
+    top_k = get("top_k")
+    if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
+        top_k = None
+    return RequestInfo(
+        operation=operation,
+        model=get("model"),
+        stream=get("stream") is True,
+        choice_count=get("n"),
+        max_tokens=max_tokens,
+        temperature=get("temperature"),
+        top_p=get("top_p"),
+        top_k=top_k,
+        seed=get("seed"),
+        frequency_penalty=get("frequency_penalty"),
+        presence_penalty=get("presence_penalty"),
+        tenant=tenant,
+        scene=scene,
+        cost_center=cost_center,
+        api_type=api_type,
+        beam_search=get("use_beam_search") is True,
+        request=request,
+    )
 
 
 @dataclass
@@ -670,6 +705,16 @@ def _phase_bounds(stats: contract.EngineTiming):
     first = stats.first_token if scheduled and stats.first_token else 0.0
     last = stats.last_token if first and stats.last_token else 0.0
     return stats.queued, scheduled, first, last
+
+
+def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:
+    """End `record` for the exception that stopped its request (or its stream)."""
+    if isinstance(exc, StopAsyncIteration):  # the stream is done
+        record.end()
+    elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        record.end(aborted=True)
+    else:
+        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
 
 
 def attach(record: RequestTelemetry):

@@ -15,7 +15,6 @@ handler runs gets an error span (hooks.validation_rejection).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_llm import semconv
-from otel_llm.vllm.request_telemetry import RequestInfo, RequestTelemetry, Telemetry, guarded, warn_once
+from otel_llm.vllm.request_telemetry import (RequestTelemetry, Telemetry, end_with_exception, guarded, request_info,
+                                             warn_once)
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -177,17 +177,15 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
         return
     if not record.route_made:
         return  # a handler hook made it and ends it
-    if exc is None:
-        status = state.status or 200
-        if status >= 400:
-            record.end(error_type=str(status), error_message=f"HTTP {status}")
-        else:
-            # a client that left a stream: the response ends quietly, vLLM aborted the engine requests
-            record.end(aborted=record.engine_aborted)
-    elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        record.end(aborted=True)
+    if exc is not None:
+        end_with_exception(record, exc)
+        return
+    status = state.status or 200
+    if status >= 400:
+        record.end(error_type=str(status), error_message=f"HTTP {status}")
     else:
-        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
+        # a client that left a stream: the response ends quietly, vLLM aborted the engine requests
+        record.end(aborted=record.engine_aborted)
 
 
 def _traced(state: RouteScope) -> bool:
@@ -224,7 +222,9 @@ def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> Req
     except Exception:  # the request still gets its span and bill, attributed to no tenant
         warn_once("reading a request's tenant")
         tenant = scene = cost_center = None
-    info = _info_from_body(state.route, _json_body(state), tenant, scene, cost_center)
+    route = state.route
+    info = request_info(route.operation or semconv.OP_TEXT_COMPLETION, _body_params(_json_body(state)),
+                        tenant=tenant, scene=scene, cost_center=cost_center, api_type=route.api_type)
     return tel.start(info, start_ns=state.start_ns, engine_owned=engine_owned)
 
 
@@ -238,32 +238,17 @@ def _json_body(state: RouteScope) -> dict:
     return body if isinstance(body, dict) else {}
 
 
-def _info_from_body(route: Route, body: dict, tenant, scene, cost_center) -> RequestInfo:
+def _body_params(body: dict):
+    """get(name) over a JSON request body (its `sampling_params` first, as /inference/v1/generate
+    nests them), typed as a validated request would be: None for anything else."""
     params = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
 
-    def number(name):
-        value = params.get(name)
+    def get(name):
+        value = params.get(name, body.get(name))
+        if name in ("stream", "use_beam_search"):
+            return value
+        if name == "model":
+            return value if isinstance(value, str) else None
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    max_tokens = number("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = number("max_tokens")
-    if max_tokens is None:
-        max_tokens = number("max_output_tokens")
-    top_k = number("top_k")
-    model = body.get("model")
-    return RequestInfo(
-        operation=route.operation or semconv.OP_TEXT_COMPLETION,
-        model=model if isinstance(model, str) else None,
-        stream=body.get("stream") is True,
-        choice_count=number("n"),
-        max_tokens=max_tokens,
-        temperature=number("temperature"),
-        top_p=number("top_p"),
-        top_k=top_k if top_k is not None and top_k > 0 else None,
-        seed=number("seed"),
-        tenant=tenant,
-        scene=scene,
-        cost_center=cost_center,
-        api_type=route.api_type,
-    )
+    return get
