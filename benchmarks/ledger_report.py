@@ -15,7 +15,7 @@ What it builds (under .cache/bench-ledger/, reused while the parameters are unch
   files by `otel_llm.usage.UsageLedger.write` (the product's writer: same field names and
   types, 64 MiB rotation).
 - `prom-<params>/`: a Prometheus TSDB (`promtool tsdb create-blocks-from openmetrics`) holding
-  `gen_ai_server_token_usage_total` for the same traffic as the exporter would have exposed it
+  `otel_llm_server_token_usage_total` for the same traffic as the exporter would have exposed it
   and Prometheus scraped it every 15 s: the labels of `_record_metrics` (operation, provider,
   request/response model, tenant, scene, cost center, token type) plus job/instance, with the
   tenant label capped as LabelGuard does (the 50 largest tenants keep theirs, the rest are
@@ -271,7 +271,7 @@ def step_check_spool(directory: str, start: float, end: float) -> None:
 
 
 def step_openmetrics(directory: str, out_path: str, start: float, end: float, month_start: float) -> None:
-    """gen_ai_server_token_usage_total of the records ended in [start, end) as Prometheus would have
+    """otel_llm_server_token_usage_total of the records ended in [start, end) as Prometheus would have
     scraped it every SCRAPE_S seconds from the exporter (cumulative per series, one sample per
     scrape from the series' first scrape on), written as OpenMetrics for promtool."""
     from chdb import session

@@ -79,9 +79,7 @@ class Capture:
         self.redactor = redaction.from_environment(environ)
         self.max_text = _env_int(environ, MAX_TEXT_LENGTH_ENV, DEFAULT_MAX_TEXT_LENGTH)
         self.max_total = _env_int(environ, MAX_LENGTH_ENV, DEFAULT_MAX_LENGTH)
-        self.redactions = meter.create_counter(
-            semconv.REDACTIONS, unit=semconv.UNIT_REDACTION,
-            description="Replacements made in captured prompt and completion content, by rule")
+        self.redactions = semconv.create_instrument(meter, semconv.REDACTIONS)
 
     def set_attributes(self, attributes: dict, inputs: list[dict], outputs, reasons: dict) -> None:
         """gen_ai.input.messages / gen_ai.output.messages, redacted and capped; redactions counted."""

@@ -21,7 +21,7 @@ from otel_llm import rules, semconv
 from otel_llm.rules import DURATION, MODEL, OUTCOME, REQUESTS, TENANT, TOKEN_TYPE, TOKENS, TPOT, TTFT
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
-SCENE = semconv.prometheus_name(semconv.TENANT_SCENE)
+SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
 VLLM_MODEL = rules.VLLM_MODEL
 
 # vLLM's own metrics the dashboards query (vllm/v1/metrics/loggers.py, prometheus_client names).

@@ -2,7 +2,7 @@
 
 Billing must equal what the engine counted, to the token, so totals are not taken from PromQL's
 `increase()` (which extrapolates to the window's edges and returns fractions). Each series' increments
-between raw samples of `gen_ai.server.token.usage` are added up instead (`increments()`): a counter
+between raw samples of `otel_llm.server.token.usage` are added up instead (`increments()`): a counter
 reset (a restarted server) starts from zero again, and a series first seen inside the window (a server
 started inside it) counts from zero. `exact_increase()` gets those sums from a few values per series
 and chunk of the window, without fetching the samples. The usage ledger (`--ledger`) is what bills
@@ -26,17 +26,17 @@ from pathlib import Path
 
 from otel_llm import semconv
 
-TOKEN_METRIC = semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, semconv.UNIT_TOKEN, counter=True)
+TOKEN_METRIC = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
 # --by dimension -> Prometheus label of the token counter
 DIMENSIONS = {
-    "tenant": semconv.prometheus_name(semconv.TENANT_ID),
-    "scene": semconv.prometheus_name(semconv.TENANT_SCENE),
-    "cost_center": semconv.prometheus_name(semconv.TENANT_COST_CENTER),
-    "model": semconv.prometheus_name(semconv.GEN_AI_REQUEST_MODEL),
-    "operation": semconv.prometheus_name(semconv.GEN_AI_OPERATION_NAME),
+    "tenant": semconv.prometheus_label(semconv.TENANT_ID),
+    "scene": semconv.prometheus_label(semconv.TENANT_SCENE),
+    "cost_center": semconv.prometheus_label(semconv.TENANT_COST_CENTER),
+    "model": semconv.prometheus_label(semconv.GEN_AI_REQUEST_MODEL),
+    "operation": semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME),
     "instance": "instance",
 }
-TYPE_LABEL = semconv.prometheus_name(semconv.GEN_AI_TOKEN_TYPE)
+TYPE_LABEL = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 UNSET = "-"
 BASE_LOOKBACK = "35d"

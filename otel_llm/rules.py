@@ -21,15 +21,15 @@ from otel_llm import semconv
 RULES_FILE = Path(__file__).resolve().parents[1] / "collector-config" / "prometheus" / "otel-llm-rules.yml"
 
 # --- Our metrics, as our exporter serves them to Prometheus -------------------------------
-DURATION = semconv.prometheus_name(semconv.SERVER_REQUEST_DURATION, semconv.UNIT_SECONDS)
-TTFT = semconv.prometheus_name(semconv.SERVER_TIME_TO_FIRST_TOKEN, semconv.UNIT_SECONDS)
-TPOT = semconv.prometheus_name(semconv.SERVER_TIME_PER_OUTPUT_TOKEN, semconv.UNIT_SECONDS)
-TOKENS = semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, semconv.UNIT_TOKEN, counter=True)
-REQUESTS = semconv.prometheus_name(semconv.SERVER_REQUESTS, semconv.UNIT_REQUEST, counter=True)
-MODEL = semconv.prometheus_name(semconv.GEN_AI_REQUEST_MODEL)
-TENANT = semconv.prometheus_name(semconv.TENANT_ID)
-TOKEN_TYPE = semconv.prometheus_name(semconv.GEN_AI_TOKEN_TYPE)
-OUTCOME = semconv.prometheus_name(semconv.REQUEST_OUTCOME)
+DURATION = semconv.prometheus_metric(semconv.SERVER_REQUEST_DURATION)
+TTFT = semconv.prometheus_metric(semconv.SERVER_TIME_TO_FIRST_TOKEN)
+TPOT = semconv.prometheus_metric(semconv.SERVER_TIME_PER_OUTPUT_TOKEN)
+TOKENS = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
+REQUESTS = semconv.prometheus_metric(semconv.SERVER_REQUESTS)
+MODEL = semconv.prometheus_label(semconv.GEN_AI_REQUEST_MODEL)
+TENANT = semconv.prometheus_label(semconv.TENANT_ID)
+TOKEN_TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
+OUTCOME = semconv.prometheus_label(semconv.REQUEST_OUTCOME)
 
 # --- vLLM's own metrics (vllm/v1/metrics/loggers.py, prometheus_client; labels model_name, engine).
 # No semconv constant exists for them: they are vLLM's names, checked against the installed vLLM.

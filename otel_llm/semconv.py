@@ -1,43 +1,165 @@
-"""Every telemetry name otel-llm emits: attributes, spans, metrics, units and buckets.
+"""Every telemetry name otel-llm emits, with its spec: attributes (type, who emits them), metrics
+(kind, unit, description, buckets), span names, values, and the Prometheus names derived from them.
 
 GenAI names follow OpenTelemetry semantic conventions v1.41.0 (the last release published in
-open-telemetry/semantic-conventions). Engine detail that no convention covers lives under
-`vllm.*`. Dashboards, rules, tests and docs import names from here; never retype them.
+open-telemetry/semantic-conventions); `convention=True` marks the names those conventions define,
+and tests check them against the installed `opentelemetry-semantic-conventions` constants. Names
+of our own are visibly ours: engine detail under `vllm.*`, tenant attribution under `tenant.*`,
+everything else under `otel_llm.*`. Instruments are created from METRICS (`create_instrument`);
+dashboards, rules, reports, the collector config check, tests and docs derive names from here.
+
+Post-v1.41 renames (open-telemetry/semantic-conventions-genai, unreleased, still breaking): with
+`OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` spans carry the renamed
+`gen_ai.usage.cache_write.input_tokens` instead of `gen_ai.usage.cache_creation.input_tokens`
+(what opentelemetry-util-genai already emits). Metric names stay at v1.41 under either setting
+until the new repository publishes a release: its renamed client metrics are not final. See
+docs/ARCHITECTURE.md.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- The spec ------------------------------------------------------------------------------
+# Who emits an attribute (a test compares these with what each layer really emits)
+VLLM = "vllm"  # spans of the vLLM server instrumentation (otel_llm/vllm)
+CLIENT = "client"  # spans of the OpenAI client instrumentation (otel_llm/openai)
+METRIC = "metric"  # attribute of our metric points (both layers)
+USAGE = "usage"  # field of a usage (billing) record (otel_llm/usage.py)
+RESOURCE = "resource"  # resource attribute otel-llm sets (otel_llm/distro.py)
+COLLECTOR = "collector"  # only read or removed by collector-config/, set by the collector or peers
+GATEWAY = "gateway"  # the example gateway's metering (examples/gateway)
+
+STRING, INT, DOUBLE, BOOLEAN, STRING_ARRAY = "string", "int", "double", "boolean", "string[]"
+PYTHON_TYPES = {STRING: (str,), INT: (int,), DOUBLE: (float, int), BOOLEAN: (bool,), STRING_ARRAY: (list, tuple)}
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    name: str
+    type: str
+    emitted_by: frozenset[str]
+    convention: bool  # defined by the OpenTelemetry semantic conventions (v1.41)
+
+
+ATTRIBUTES: dict[str, AttributeSpec] = {}
+
+
+def _attribute(name: str, type_: str, *emitted_by: str, convention: bool = False) -> str:
+    assert name not in ATTRIBUTES, name
+    ATTRIBUTES[name] = AttributeSpec(name, type_, frozenset(emitted_by), convention)
+    return name
+
+
+HISTOGRAM, COUNTER, OBSERVABLE_COUNTER = "histogram", "counter", "observable_counter"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str
+    unit: str
+    description: str
+    emitted_by: frozenset[str]
+    buckets: tuple[float, ...] | None = None
+    convention: bool = False
+
+    @property
+    def prometheus(self) -> str:
+        """The series name an OTel Prometheus exporter (the SDK's or the collector's) gives it."""
+        name = self.name.replace(".", "_")
+        if self.unit == UNIT_SECONDS:
+            name += "_seconds"
+        if self.kind != HISTOGRAM:
+            name += "_total"
+        return name
+
+
+METRICS: dict[str, MetricSpec] = {}
+
+
+def _metric(name: str, kind: str, unit: str, description: str, emitted_by, buckets=None,
+            convention: bool = False) -> str:
+    assert name not in METRICS, name
+    emitted_by = frozenset((emitted_by,) if isinstance(emitted_by, str) else emitted_by)
+    METRICS[name] = MetricSpec(name, kind, unit, description, emitted_by, buckets, convention)
+    return name
+
+
+def create_instrument(meter, name: str, callbacks=None):
+    """The instrument METRICS[name] describes, on `meter`."""
+    spec = METRICS[name]
+    if spec.kind == HISTOGRAM:
+        return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                      explicit_bucket_boundaries_advisory=spec.buckets)
+    if spec.kind == OBSERVABLE_COUNTER:
+        return meter.create_observable_counter(spec.name, callbacks=callbacks, unit=spec.unit,
+                                               description=spec.description)
+    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+
+
+def prometheus_metric(name: str) -> str:
+    """Prometheus series name of one of our metrics (histograms: add _bucket/_sum/_count)."""
+    return METRICS[name].prometheus
+
+
+def prometheus_label(attribute: str) -> str:
+    """Prometheus label name of a metric attribute or resource attribute."""
+    return attribute.replace(".", "_")
+
+
 # --- GenAI semantic conventions (v1.41.0) -------------------------------------------------
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
-GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
-GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
-GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
-GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
-GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
-GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
-GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
-GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
-GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
-GEN_AI_RESPONSE_ID = "gen_ai.response.id"
-GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
-GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
-GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
-GEN_AI_REQUEST_ENCODING_FORMATS = "gen_ai.request.encoding_formats"
-GEN_AI_OUTPUT_TYPE = "gen_ai.output.type"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
-GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
-GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-GEN_AI_EMBEDDINGS_DIMENSION_COUNT = "gen_ai.embeddings.dimension.count"
-GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
-ERROR_TYPE = "error.type"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
+_BOTH = (VLLM, CLIENT)
+GEN_AI_OPERATION_NAME = _attribute("gen_ai.operation.name", STRING, *_BOTH, METRIC, USAGE, convention=True)
+GEN_AI_PROVIDER_NAME = _attribute("gen_ai.provider.name", STRING, *_BOTH, METRIC, convention=True)
+GEN_AI_REQUEST_MODEL = _attribute("gen_ai.request.model", STRING, *_BOTH, METRIC, USAGE, convention=True)
+GEN_AI_REQUEST_MAX_TOKENS = _attribute("gen_ai.request.max_tokens", INT, *_BOTH, convention=True)
+GEN_AI_REQUEST_TEMPERATURE = _attribute("gen_ai.request.temperature", DOUBLE, *_BOTH, convention=True)
+GEN_AI_REQUEST_TOP_P = _attribute("gen_ai.request.top_p", DOUBLE, *_BOTH, convention=True)
+GEN_AI_REQUEST_TOP_K = _attribute("gen_ai.request.top_k", DOUBLE, *_BOTH, convention=True)
+GEN_AI_REQUEST_SEED = _attribute("gen_ai.request.seed", INT, *_BOTH, convention=True)
+GEN_AI_REQUEST_STREAM = _attribute("gen_ai.request.stream", BOOLEAN, *_BOTH, convention=True)
+GEN_AI_REQUEST_CHOICE_COUNT = _attribute("gen_ai.request.choice.count", INT, *_BOTH, USAGE, convention=True)
+GEN_AI_REQUEST_FREQUENCY_PENALTY = _attribute("gen_ai.request.frequency_penalty", DOUBLE, *_BOTH, convention=True)
+GEN_AI_REQUEST_PRESENCE_PENALTY = _attribute("gen_ai.request.presence_penalty", DOUBLE, *_BOTH, convention=True)
+GEN_AI_REQUEST_STOP_SEQUENCES = _attribute("gen_ai.request.stop_sequences", STRING_ARRAY, *_BOTH, convention=True)
+GEN_AI_REQUEST_ENCODING_FORMATS = _attribute("gen_ai.request.encoding_formats", STRING_ARRAY, *_BOTH,
+                                             convention=True)
+GEN_AI_RESPONSE_ID = _attribute("gen_ai.response.id", STRING, *_BOTH, USAGE, convention=True)
+GEN_AI_RESPONSE_MODEL = _attribute("gen_ai.response.model", STRING, *_BOTH, METRIC, USAGE, convention=True)
+GEN_AI_RESPONSE_FINISH_REASONS = _attribute("gen_ai.response.finish_reasons", STRING_ARRAY, *_BOTH, USAGE,
+                                            convention=True)
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _attribute("gen_ai.response.time_to_first_chunk", DOUBLE, CLIENT,
+                                                 convention=True)
+GEN_AI_USAGE_INPUT_TOKENS = _attribute("gen_ai.usage.input_tokens", INT, *_BOTH, USAGE, convention=True)
+GEN_AI_USAGE_OUTPUT_TOKENS = _attribute("gen_ai.usage.output_tokens", INT, *_BOTH, USAGE, convention=True)
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = _attribute("gen_ai.usage.cache_read.input_tokens", INT, *_BOTH, USAGE,
+                                                  convention=True)
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute("gen_ai.usage.cache_creation.input_tokens", INT, VLLM,
+                                                      USAGE, convention=True)
+# its name in semantic-conventions-genai (unreleased): spans use it under gen_ai_latest_experimental
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = _attribute("gen_ai.usage.cache_write.input_tokens", INT, VLLM)
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = _attribute("gen_ai.usage.reasoning.output_tokens", INT, *_BOTH, USAGE,
+                                                  convention=True)
+GEN_AI_OUTPUT_TYPE = _attribute("gen_ai.output.type", STRING, CLIENT, convention=True)
+GEN_AI_INPUT_MESSAGES = _attribute("gen_ai.input.messages", STRING, *_BOTH, convention=True)
+GEN_AI_OUTPUT_MESSAGES = _attribute("gen_ai.output.messages", STRING, *_BOTH, convention=True)
+# not set by otel-llm (system messages stay in gen_ai.input.messages); peers set it and the
+# collector's content policy removes it with the other two
+GEN_AI_SYSTEM_INSTRUCTIONS = _attribute("gen_ai.system_instructions", STRING, COLLECTOR, convention=True)
+GEN_AI_EMBEDDINGS_DIMENSION_COUNT = _attribute("gen_ai.embeddings.dimension.count", INT, CLIENT, convention=True)
+GEN_AI_TOKEN_TYPE = _attribute("gen_ai.token.type", STRING, METRIC, convention=True)
+ERROR_TYPE = _attribute("error.type", STRING, *_BOTH, METRIC, USAGE, convention=True)
+SERVER_ADDRESS = _attribute("server.address", STRING, CLIENT, METRIC, convention=True)
+SERVER_PORT = _attribute("server.port", INT, CLIENT, METRIC, convention=True)
+# OpenAI-specific attributes (semconv v1.41 openai.md)
+OPENAI_API_TYPE = _attribute("openai.api.type", STRING, *_BOTH, convention=True)
+OPENAI_REQUEST_SERVICE_TIER = _attribute("openai.request.service_tier", STRING, CLIENT, convention=True)
+OPENAI_RESPONSE_SERVICE_TIER = _attribute("openai.response.service_tier", STRING, CLIENT, convention=True)
+OPENAI_RESPONSE_SYSTEM_FINGERPRINT = _attribute("openai.response.system_fingerprint", STRING, CLIENT,
+                                                convention=True)
+SERVICE_NAME = _attribute("service.name", STRING, RESOURCE, USAGE, convention=True)
+SERVICE_INSTANCE_ID = _attribute("service.instance.id", STRING, RESOURCE, USAGE, convention=True)
 
 # gen_ai.operation.name values
 OP_CHAT = "chat"
@@ -57,13 +179,8 @@ POOLING_OPERATIONS = frozenset({OP_EMBEDDINGS, OP_SCORE, OP_RERANK, OP_CLASSIFY,
 PROVIDER_VLLM = "vllm"
 PROVIDER_OPENAI = "openai"
 
-# OpenAI-specific attributes (semconv v1.41 openai.md)
-OPENAI_API_TYPE = "openai.api.type"
 OPENAI_API_TYPE_CHAT = "chat_completions"
 OPENAI_API_TYPE_RESPONSES = "responses"
-OPENAI_REQUEST_SERVICE_TIER = "openai.request.service_tier"
-OPENAI_RESPONSE_SERVICE_TIER = "openai.response.service_tier"
-OPENAI_RESPONSE_SYSTEM_FINGERPRINT = "openai.response.system_fingerprint"
 
 # gen_ai.token.type values on our token counter. "input" includes "cached_input".
 TOKEN_TYPE_INPUT = "input"
@@ -72,81 +189,80 @@ TOKEN_TYPE_OUTPUT = "output"
 
 # error.type values of our own (otherwise the exception class or the HTTP status code)
 ERROR_CLIENT_ABORTED = "client_aborted"
-ERROR_OTHER = "_OTHER"
+# error.type of a client stream the caller stopped reading (break, close, cancel, GC)
+ERROR_STREAM_ABANDONED = "stream_abandoned"
 
 # finish reason reported for a request the client abandoned
 FINISH_REASON_ABORT = "abort"
 # finish reason for a choice whose stream ended before its final event (semconv-genai rule)
 FINISH_REASON_ERROR = "error"
-# error.type of a client stream the caller stopped reading (break, close, cancel, GC)
-ERROR_STREAM_ABANDONED = "stream_abandoned"
 
 # --- Client side of our own (no convention exists) ----------------------------------------
-OTEL_LLM_STREAM_CHUNKS = "otel_llm.stream.chunks"
-OTEL_LLM_USAGE_MISSING = "otel_llm.usage.missing"
+OTEL_LLM_STREAM_CHUNKS = _attribute("otel_llm.stream.chunks", INT, CLIENT)
+OTEL_LLM_USAGE_MISSING = _attribute("otel_llm.usage.missing", BOOLEAN, CLIENT)
 
 # --- vLLM engine detail (no convention exists) --------------------------------------------
-VLLM_REQUEST_ID = "vllm.request.id"
-VLLM_QUEUE_SECONDS = "vllm.latency.queue"
-VLLM_PREFILL_SECONDS = "vllm.latency.prefill"
-VLLM_DECODE_SECONDS = "vllm.latency.decode"
-VLLM_TTFT_SECONDS = "vllm.latency.time_to_first_token"
-VLLM_E2E_SECONDS = "vllm.latency.e2e"
-VLLM_TPOT_SECONDS = "vllm.latency.time_per_output_token"
-VLLM_PREEMPTIONS = "vllm.request.preemptions"
-VLLM_ABORTED = "vllm.request.aborted"
-VLLM_ENGINE_REQUESTS = "vllm.request.engine_requests"
-VLLM_LOCAL_CACHED_TOKENS = "vllm.usage.cache_read.local_input_tokens"
-VLLM_EXTERNAL_CACHED_TOKENS = "vllm.usage.cache_read.external_input_tokens"
-VLLM_STREAM_TTFT_SECONDS = "vllm.latency.time_to_first_chunk_sent"
-VLLM_PHASE_TIMING_UNAVAILABLE = "vllm.latency.unavailable"
+VLLM_REQUEST_ID = _attribute("vllm.request.id", STRING, VLLM, USAGE)
+VLLM_QUEUE_SECONDS = _attribute("vllm.latency.queue", DOUBLE, VLLM)
+VLLM_PREFILL_SECONDS = _attribute("vllm.latency.prefill", DOUBLE, VLLM)
+VLLM_DECODE_SECONDS = _attribute("vllm.latency.decode", DOUBLE, VLLM)
+VLLM_TTFT_SECONDS = _attribute("vllm.latency.time_to_first_token", DOUBLE, VLLM)
+VLLM_TPOT_SECONDS = _attribute("vllm.latency.time_per_output_token", DOUBLE, VLLM)
+VLLM_PREEMPTIONS = _attribute("vllm.request.preemptions", INT, VLLM)
+VLLM_ABORTED = _attribute("vllm.request.aborted", BOOLEAN, VLLM)
+VLLM_ENGINE_REQUESTS = _attribute("vllm.request.engine_requests", INT, VLLM)
+VLLM_EXTERNAL_CACHED_TOKENS = _attribute("vllm.usage.cache_read.external_input_tokens", INT, VLLM, USAGE)
+VLLM_STREAM_TTFT_SECONDS = _attribute("vllm.latency.time_to_first_chunk_sent", DOUBLE, VLLM)
+VLLM_PHASE_TIMING_UNAVAILABLE = _attribute("vllm.latency.unavailable", BOOLEAN, VLLM)
 # engine requests of an n > 1 request whose queue/prefill/decode child spans were not made
-VLLM_PHASE_SPANS_OMITTED = "vllm.latency.phase_spans_omitted"
+VLLM_PHASE_SPANS_OMITTED = _attribute("vllm.latency.phase_spans_omitted", INT, VLLM)
 # disaggregated prefill/decode (--kv-transfer-config): which leg of a logical request this node served
-VLLM_PD_ROLE = "vllm.pd.role"
+VLLM_PD_ROLE = _attribute("vllm.pd.role", STRING, VLLM)
 PD_ROLE_PREFILL = "prefill"  # kv_transfer_params.do_remote_decode: never billed (its decode leg is)
 PD_ROLE_DECODE = "decode"  # kv_transfer_params.do_remote_prefill
+VLLM_LORA_NAME = _attribute("vllm.lora.name", STRING, USAGE)
+RESOURCE_SERVED_MODEL = _attribute("vllm.served_model", STRING, RESOURCE)
 
 # Tenant attribution (spans carry the full value; metric labels are capped, see config)
-TENANT_ID = "tenant.id"
-TENANT_SCENE = "tenant.scene"
-TENANT_COST_CENTER = "tenant.cost_center"
+TENANT_ID = _attribute("tenant.id", STRING, VLLM, METRIC, USAGE, GATEWAY)
+TENANT_SCENE = _attribute("tenant.scene", STRING, VLLM, METRIC, USAGE, GATEWAY)
+TENANT_COST_CENTER = _attribute("tenant.cost_center", STRING, VLLM, METRIC, USAGE)
 LABEL_OTHER = "other"
 
-# Resource attributes
 SERVICE_NAME_DEFAULT = "vllm"
-RESOURCE_SERVED_MODEL = "vllm.served_model"
+
+# requests by outcome (no convention exists): finished, aborted (client gone), error
+REQUEST_OUTCOME = _attribute("otel_llm.request.outcome", STRING, METRIC, USAGE)
+OUTCOME_FINISHED = "finished"
+OUTCOME_ABORTED = "aborted"
+OUTCOME_ERROR = "error"
 
 # --- Usage ledger (billing): one record per request that reached the engine ----------------
 # A record is a flat JSON object in the spool (otel_llm/usage.py) and the attributes of an OTel
 # log record (event USAGE_EVENT) over OTLP; in ClickHouse's otel_logs table they are LogAttributes.
 USAGE_EVENT = "otel_llm.usage"
-USAGE_ID = "otel_llm.usage.id"  # idempotency key: instance + "/" + vLLM's internal request id
-USAGE_DURATION = "otel_llm.usage.duration"  # seconds from arrival to the end of the request
-USAGE_SCHEMA_VERSION = "otel_llm.usage.schema"
+USAGE_ID = _attribute("otel_llm.usage.id", STRING, USAGE)  # idempotency key: instance + "/" + vLLM's request id
+USAGE_DURATION = _attribute("otel_llm.usage.duration", DOUBLE, USAGE)  # seconds from arrival to the end
+USAGE_SCHEMA_VERSION = _attribute("otel_llm.usage.schema", INT, USAGE)
 USAGE_SCHEMA = 1
-SERVICE_NAME = "service.name"
-SERVICE_INSTANCE_ID = "service.instance.id"
-VLLM_LORA_NAME = "vllm.lora.name"
 # spool-only fields (over OTLP they are the log record's own timestamp and trace context)
-USAGE_TIME = "time_unix_nano"
-USAGE_TRACE_ID = "trace_id"
-USAGE_SPAN_ID = "span_id"
+USAGE_TIME = _attribute("time_unix_nano", INT, USAGE)
+USAGE_TRACE_ID = _attribute("trace_id", STRING, USAGE)
+USAGE_SPAN_ID = _attribute("span_id", STRING, USAGE)
 # token fields of a record, in the report's order: (record field, report token type)
 USAGE_TOKEN_FIELDS = (
     (GEN_AI_USAGE_INPUT_TOKENS, TOKEN_TYPE_INPUT),
     (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, TOKEN_TYPE_CACHED_INPUT),
     (GEN_AI_USAGE_OUTPUT_TOKENS, TOKEN_TYPE_OUTPUT),
 )
-# records that could not be written (disk full, unwritable directory)
-USAGE_RECORDS_DROPPED = "otel_llm.usage.records.dropped"
-UNIT_RECORD = "{record}"
+# error.type values of USAGE_RECORDS_DROPPED
+DROP_OPEN = "open"  # no spool file could be opened (unwritable directory)
+DROP_DISK_FULL = "disk_full"
+DROP_WRITE = "write"  # any other write error
+DROP_ERROR = "error"  # building the record failed
 
 # --- Content redaction (otel_llm/redaction.py) ---------------------------------------------
-# replacements made in captured content, by rule
-REDACTIONS = "otel_llm.redactions"
-REDACTION_RULE = "otel_llm.redaction.rule"
-UNIT_REDACTION = "{redaction}"
+REDACTION_RULE = _attribute("otel_llm.redaction.rule", STRING, METRIC)
 REDACTION_RULE_SECRET = "secret"  # API keys, bearer tokens, JWTs
 REDACTION_RULE_EMAIL = "email"
 REDACTION_RULE_PAYMENT_CARD = "payment_card"  # Luhn-checked
@@ -169,44 +285,61 @@ def genai_span_name(operation: str, model: str | None) -> str:
 
 
 # --- Metrics ------------------------------------------------------------------------------
-SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
-SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
-SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
-SERVER_TOKEN_USAGE = "gen_ai.server.token.usage"
-# requests by outcome (no convention exists): finished, aborted (client gone), error
-SERVER_REQUESTS = "otel_llm.server.requests"
-UNIT_REQUEST = "{request}"
-REQUEST_OUTCOME = "otel_llm.request.outcome"
-OUTCOME_FINISHED = "finished"
-OUTCOME_ABORTED = "aborted"
-OUTCOME_ERROR = "error"
-CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
-CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
-CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
-CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
-
-# The example gateway's metering counter (examples/gateway): tokens by tenant, scene, model, type
-GATEWAY_TOKEN_USAGE = "otel_llm.gateway.token.usage"
-GATEWAY_SERVICE_NAME = "llm-gateway"
-
 UNIT_SECONDS = "s"
 UNIT_TOKEN = "{token}"
+UNIT_REQUEST = "{request}"
+UNIT_RECORD = "{record}"
+UNIT_REDACTION = "{redaction}"
 
 # Bucket boundaries from the semconv metric definitions
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# per-chunk gaps of a stream are far shorter than whole operations
+CHUNK_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
 
-
-def prometheus_name(otel_name: str, unit: str = "", counter: bool = False) -> str:
-    """The name a Prometheus exporter gives an OTel metric (dots to underscores, unit suffix)."""
-    name = otel_name.replace(".", "_")
-    if unit == UNIT_SECONDS:
-        name += "_seconds"
-    if counter:
-        name += "_total"
-    return name
+SERVER_REQUEST_DURATION = _metric(
+    "gen_ai.server.request.duration", HISTOGRAM, UNIT_SECONDS,
+    "Time from the request reaching vLLM to its last byte (or abort).", VLLM, DURATION_BUCKETS, convention=True)
+SERVER_TIME_TO_FIRST_TOKEN = _metric(
+    "gen_ai.server.time_to_first_token", HISTOGRAM, UNIT_SECONDS,
+    "Time from request arrival to the first generated token (queue + prefill).", VLLM, TTFT_BUCKETS,
+    convention=True)
+SERVER_TIME_PER_OUTPUT_TOKEN = _metric(
+    "gen_ai.server.time_per_output_token", HISTOGRAM, UNIT_SECONDS,
+    "Decode time divided by the output tokens after the first.", VLLM, TPOT_BUCKETS, convention=True)
+# the conventions define no server token counter (only gen_ai.client.token.usage, a histogram)
+SERVER_TOKEN_USAGE = _metric(
+    "otel_llm.server.token.usage", OBSERVABLE_COUNTER, UNIT_TOKEN,
+    "Tokens by type (input includes cached_input), as the engine counted them.", VLLM)
+SERVER_REQUESTS = _metric(
+    "otel_llm.server.requests", COUNTER, UNIT_REQUEST,
+    "Requests by outcome (finished, aborted, error), model, tenant and scene.", VLLM)
+USAGE_RECORDS_DROPPED = _metric(
+    "otel_llm.usage.records.dropped", COUNTER, UNIT_RECORD,
+    "Usage (billing) records that could not be written, by error.type.", USAGE)
+REDACTIONS = _metric(
+    "otel_llm.redactions", COUNTER, UNIT_REDACTION,
+    "Replacements made in captured prompt and completion content, by rule.", _BOTH)
+CLIENT_OPERATION_DURATION = _metric(
+    "gen_ai.client.operation.duration", HISTOGRAM, UNIT_SECONDS, "GenAI operation duration", CLIENT,
+    DURATION_BUCKETS, convention=True)
+CLIENT_TOKEN_USAGE = _metric(
+    "gen_ai.client.token.usage", HISTOGRAM, UNIT_TOKEN, "Number of input and output tokens used", CLIENT,
+    TOKEN_BUCKETS, convention=True)
+CLIENT_TIME_TO_FIRST_CHUNK = _metric(
+    "gen_ai.client.operation.time_to_first_chunk", HISTOGRAM, UNIT_SECONDS,
+    "Time from the request to the first chunk of a streamed response", CLIENT, DURATION_BUCKETS, convention=True)
+CLIENT_TIME_PER_OUTPUT_CHUNK = _metric(
+    "gen_ai.client.operation.time_per_output_chunk", HISTOGRAM, UNIT_SECONDS,
+    "Time between consecutive chunks of a streamed response, recorded for each chunk after the first",
+    CLIENT, CHUNK_BUCKETS, convention=True)
+# The example gateway's metering counter (examples/gateway): tokens by tenant, scene, model, type
+GATEWAY_TOKEN_USAGE = _metric(
+    "otel_llm.gateway.token.usage", COUNTER, UNIT_TOKEN,
+    "Tokens billed by the gateway, from the upstream response's usage", GATEWAY)
+GATEWAY_SERVICE_NAME = "llm-gateway"
 
 
 # --- Set by the OpenTelemetry Collector, not by otel-llm (collector-config/) -------------------
@@ -215,6 +348,4 @@ def prometheus_name(otel_name: str, unit: str = "", counter: bool = False) -> st
 # attribute of the instrumentation SCOPE of the trace's spans, not of the spans (OTTL:
 # scope.attributes[...]). The collector configs keep prompt/completion content only where it names
 # a policy other than the baseline.
-TAILSAMPLING_POLICY = "tailsampling.policy"
-# true on spans released by the sampled-decision cache (they arrived after their trace's decision)
-TAILSAMPLING_CACHED_DECISION = "tailsampling.cached_decision"
+TAILSAMPLING_POLICY = _attribute("tailsampling.policy", STRING, COLLECTOR)

@@ -80,7 +80,7 @@ class Spool:
             try:
                 fd = self._file()
             except OSError as exc:
-                self._drop("open", f"cannot open a usage spool file in {self.directory}: {exc}")
+                self._drop(semconv.DROP_OPEN, f"cannot open a usage spool file in {self.directory}: {exc}")
                 return False
             data = b"\n" + line if self._torn else line
             try:
@@ -89,7 +89,7 @@ class Spool:
                     self._torn = True
                     written += os.write(fd, data[written:])
             except OSError as exc:
-                what = "disk full" if exc.errno == errno.ENOSPC else "write"
+                what = semconv.DROP_DISK_FULL if exc.errno == errno.ENOSPC else semconv.DROP_WRITE
                 self._drop(what, f"cannot write the usage spool {self._path}: {exc}")
                 return False
             self._torn = False
@@ -203,9 +203,7 @@ class UsageLedger:
                  fsync_interval_s: float = 1.0, max_bytes: int = 64 << 20, max_age_s: float = 3600.0):
         self.instance = instance
         self.service = service
-        self._dropped = meter.create_counter(
-            semconv.USAGE_RECORDS_DROPPED, unit=semconv.UNIT_RECORD,
-            description="Usage (billing) records that could not be written, by reason.")
+        self._dropped = semconv.create_instrument(meter, semconv.USAGE_RECORDS_DROPPED)
         self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
                            on_drop=self._count_drop) if directory else None
         self._event_logger = _event_logger() if events else None
@@ -219,7 +217,7 @@ class UsageLedger:
 
     def _count_drop(self, reason: str) -> None:
         try:
-            self._dropped.add(1, {"reason": reason})
+            self._dropped.add(1, {semconv.ERROR_TYPE: reason})
         except Exception:  # noqa: BLE001
             pass
 
@@ -239,7 +237,7 @@ class UsageLedger:
                 self._event_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
                                         event_name=semconv.USAGE_EVENT, attributes=fields)
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
-            self._count_drop("error")
+            self._count_drop(semconv.DROP_ERROR)
             if not self._warned:
                 self._warned = True
                 _log.warning("otel-llm: writing a usage record failed", exc_info=True)

@@ -12,10 +12,10 @@ import yaml
 from otel_llm import budgets, semconv
 from otel_llm.report import ReportError
 
-TOKENS = semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, semconv.UNIT_TOKEN, counter=True)
-TENANT = semconv.prometheus_name(semconv.TENANT_ID)
-SCENE = semconv.prometheus_name(semconv.TENANT_SCENE)
-TYPE = semconv.prometheus_name(semconv.GEN_AI_TOKEN_TYPE)
+TOKENS = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
+TENANT = semconv.prometheus_label(semconv.TENANT_ID)
+SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
+TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 PROMTOOL = shutil.which("promtool")
 BUDGETS = {"budgets": [
     {"tenant": "acme", "tokens_per_day": 1000},

@@ -55,36 +55,14 @@ KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
 KIND_CLASS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter",
               "connectors": "connector", "extensions": "extension"}
 
-# Attribute types as otel-llm sets them (otel_llm/vllm/request_telemetry.py, openai/telemetry.py):
-# token counts are ints, latencies float seconds, flags bool, error.type a string.
+# Attribute types as otel-llm's spec says it sets them (otel_llm/semconv.py): only names some layer
+# emits on spans count (a policy on a name nothing emits never matches).
+_SPEC_TYPES = {semconv.INT: int, semconv.DOUBLE: float, semconv.BOOLEAN: bool, semconv.STRING: str,
+               semconv.STRING_ARRAY: list}
 EMITTED_TYPES: dict[str, type] = {
-    semconv.GEN_AI_USAGE_INPUT_TOKENS: int,
-    semconv.GEN_AI_USAGE_OUTPUT_TOKENS: int,
-    semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: int,
-    semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: int,
-    semconv.GEN_AI_REQUEST_MAX_TOKENS: int,
-    semconv.VLLM_PREEMPTIONS: int,
-    semconv.VLLM_LOCAL_CACHED_TOKENS: int,
-    semconv.VLLM_EXTERNAL_CACHED_TOKENS: int,
-    semconv.VLLM_QUEUE_SECONDS: float,
-    semconv.VLLM_PREFILL_SECONDS: float,
-    semconv.VLLM_DECODE_SECONDS: float,
-    semconv.VLLM_TTFT_SECONDS: float,
-    semconv.VLLM_TPOT_SECONDS: float,
-    semconv.VLLM_E2E_SECONDS: float,
-    semconv.VLLM_STREAM_TTFT_SECONDS: float,
-    semconv.VLLM_ABORTED: bool,
-    semconv.VLLM_PHASE_TIMING_UNAVAILABLE: bool,
-    semconv.GEN_AI_REQUEST_STREAM: bool,
-    semconv.ERROR_TYPE: str,
-    semconv.GEN_AI_OPERATION_NAME: str,
-    semconv.GEN_AI_REQUEST_MODEL: str,
-    semconv.GEN_AI_RESPONSE_MODEL: str,
-    semconv.GEN_AI_PROVIDER_NAME: str,
-    semconv.TENANT_ID: str,
-    semconv.TENANT_SCENE: str,
-}
-SEMCONV_NAMES = {v for k, v in vars(semconv).items() if k.isupper() and isinstance(v, str)}
+    spec.name: _SPEC_TYPES[spec.type] for spec in semconv.ATTRIBUTES.values()
+    if spec.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.COLLECTOR}}
+SEMCONV_NAMES = set(semconv.ATTRIBUTES)
 # Names the HTTP server spans carry (opentelemetry-instrumentation-fastapi), used by the noise filter.
 HTTP_NAMES = {url_attributes.URL_PATH: str, http_attributes.HTTP_ROUTE: str}
 

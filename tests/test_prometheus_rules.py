@@ -15,8 +15,8 @@ from otel_llm import rules, semconv
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None,
                                     reason="promtool (Debian package prometheus) is installed by `make test`")
-MODEL, TENANT, SCENE = rules.MODEL, rules.TENANT, semconv.prometheus_name(semconv.TENANT_SCENE)
-OPERATION = semconv.prometheus_name(semconv.GEN_AI_OPERATION_NAME)
+MODEL, TENANT, SCENE = rules.MODEL, rules.TENANT, semconv.prometheus_label(semconv.TENANT_SCENE)
+OPERATION = semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME)
 VLLM = {"instance": "vllm-0:8000", "job": "vllm", "model_name": "llama", "engine": "0"}
 N_RECORDING, N_ALERTING = 13, 8
 
@@ -24,7 +24,7 @@ N_RECORDING, N_ALERTING = 13, 8
 def test_names_are_the_exporters():
     assert (rules.DURATION, rules.TTFT, rules.TPOT, rules.TOKENS, rules.REQUESTS) == (
         "gen_ai_server_request_duration_seconds", "gen_ai_server_time_to_first_token_seconds",
-        "gen_ai_server_time_per_output_token_seconds", "gen_ai_server_token_usage_total",
+        "gen_ai_server_time_per_output_token_seconds", "otel_llm_server_token_usage_total",
         "otel_llm_server_requests_total")
     assert (MODEL, TENANT, SCENE, rules.TOKEN_TYPE, rules.OUTCOME) == (
         "gen_ai_request_model", "tenant_id", "tenant_scene", "gen_ai_token_type", "otel_llm_request_outcome")

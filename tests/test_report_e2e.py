@@ -186,8 +186,8 @@ def test_report_of_a_window_before_the_traffic_is_empty(prometheus, traffic):
 
 
 def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic, receiver):
-    name = semconv.prometheus_name(semconv.SERVER_REQUESTS, counter=True)
-    outcome, tenant, cost_center = (semconv.prometheus_name(a) for a in (
+    name = semconv.prometheus_metric(semconv.SERVER_REQUESTS)
+    outcome, tenant, cost_center = (semconv.prometheus_label(a) for a in (
         semconv.REQUEST_OUTCOME, semconv.TENANT_ID, semconv.TENANT_COST_CENTER))
     expected = {("alpha", "finished", "cc-7"): 2, ("beta", "finished", "-"): 2, ("gamma", "aborted", "-"): 1,
                 ("delta", "finished", "cc-42"): 1, ("delta", "error", "cc-42"): 1}

@@ -329,9 +329,9 @@ def test_engine_counters_match_ours_and_no_instrumentation_errors(server, client
     assert totals[semconv.TOKEN_TYPE_OUTPUT] == vllm_counter("vllm:generation_tokens_total")
     assert totals[semconv.TOKEN_TYPE_CACHED_INPUT] == vllm_counter("vllm:prompt_tokens_cached_total")
     # the OTel Prometheus reader shares vLLM's /metrics: our counter is there, equal to OTLP's
-    ours_on_metrics = text.count(semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True) + "{")
+    ours_on_metrics = text.count(semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE) + "{")
     assert ours_on_metrics > 0
-    assert vllm_counter(semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True)) == sum(totals.values())
+    assert vllm_counter(semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)) == sum(totals.values())
     # vLLM's startup spans from the forked engine core and the worker arrive too: the OTLP/gRPC
     # exporter inherited across fork still works there
     names = {s.name for s in receiver.spans}

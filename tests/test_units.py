@@ -16,9 +16,9 @@ from otel_llm.vllm import hooks
 
 
 def test_prometheus_names():
-    assert semconv.prometheus_name(semconv.SERVER_REQUEST_DURATION, semconv.UNIT_SECONDS) == (
+    assert semconv.prometheus_metric(semconv.SERVER_REQUEST_DURATION) == (
         "gen_ai_server_request_duration_seconds")
-    assert semconv.prometheus_name(semconv.SERVER_TOKEN_USAGE, counter=True) == "gen_ai_server_token_usage_total"
+    assert semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE) == "otel_llm_server_token_usage_total"
 
 
 def test_label_guard_allow_list_and_cap():

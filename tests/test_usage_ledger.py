@@ -93,7 +93,7 @@ def test_a_full_disk_drops_and_a_torn_line_does_not_swallow_the_next(tmp_path, m
     assert not spool.write(line(record("dropped")))
     monkeypatch.setattr(usage.os, "write", real_write)
     assert spool.write(line(record("after")))
-    assert drops == ["disk full", "disk full"]
+    assert drops == [semconv.DROP_DISK_FULL, semconv.DROP_DISK_FULL]
     assert [r[semconv.USAGE_ID] for r in ledger.read_spool(str(tmp_path))] == ["before", "after"]
 
 
@@ -144,7 +144,7 @@ def test_the_ledger_counts_dropped_records_by_reason(tmp_path):
     writer.write(record("a"), T0 * 10**9, None)
     points = [p for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
               for m in sm.metrics if m.name == semconv.USAGE_RECORDS_DROPPED for p in m.data.data_points]
-    assert [(p.value, dict(p.attributes)) for p in points] == [(1, {"reason": "open"})]
+    assert [(p.value, dict(p.attributes)) for p in points] == [(1, {semconv.ERROR_TYPE: semconv.DROP_OPEN})]
     assert writer.key("req-1") == "h:1/req-1"
 
 

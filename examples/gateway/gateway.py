@@ -34,10 +34,7 @@ DROPPED_HEADERS = {
 }
 
 meter = metrics.get_meter("otel_llm.examples.gateway")
-token_usage = meter.create_counter(
-    semconv.GATEWAY_TOKEN_USAGE, unit=semconv.UNIT_TOKEN,
-    description="Tokens billed by the gateway, from the upstream response's usage",
-)
+token_usage = semconv.create_instrument(meter, semconv.GATEWAY_TOKEN_USAGE)
 
 
 def hash_key(key: str) -> str:

@@ -64,22 +64,10 @@ class ClientTelemetry:
     def __init__(self, tracer, meter, settings: ClientSettings):
         self.tracer = tracer
         self.settings = settings
-        self.duration = meter.create_histogram(
-            semconv.CLIENT_OPERATION_DURATION, unit=semconv.UNIT_SECONDS,
-            description="GenAI operation duration",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
-        self.tokens = meter.create_histogram(
-            semconv.CLIENT_TOKEN_USAGE, unit=semconv.UNIT_TOKEN,
-            description="Number of input and output tokens used",
-            explicit_bucket_boundaries_advisory=semconv.TOKEN_BUCKETS)
-        self.ttfc = meter.create_histogram(
-            semconv.CLIENT_TIME_TO_FIRST_CHUNK, unit=semconv.UNIT_SECONDS,
-            description="Time from the request to the first chunk of a streamed response",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
-        self.tpoc = meter.create_histogram(
-            semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, unit=semconv.UNIT_SECONDS,
-            description="Mean time between output chunks after the first, one record per stream",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS)
+        self.duration = semconv.create_instrument(meter, semconv.CLIENT_OPERATION_DURATION)
+        self.tokens = semconv.create_instrument(meter, semconv.CLIENT_TOKEN_USAGE)
+        self.ttfc = semconv.create_instrument(meter, semconv.CLIENT_TIME_TO_FIRST_CHUNK)
+        self.tpoc = semconv.create_instrument(meter, semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
         # captured content is redacted and capped before it is set on a span (otel_llm/content.py)
         self.capture = content.Capture(meter) if settings.capture_content else None
 

@@ -161,39 +161,15 @@ class Telemetry:
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[1])
         self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[2])
         self._warned_invalid = False
-        self.requests = meter.create_counter(
-            semconv.SERVER_REQUESTS,
-            unit=semconv.UNIT_REQUEST,
-            description="Requests by outcome (finished, aborted, error), model, tenant and scene.",
-        )
+        self.requests = semconv.create_instrument(meter, semconv.SERVER_REQUESTS)
         self.label_failed_model = LabelGuard(limit=20)
-        self.request_duration = meter.create_histogram(
-            semconv.SERVER_REQUEST_DURATION,
-            unit=semconv.UNIT_SECONDS,
-            description="Time from the request reaching vLLM to its last byte (or abort).",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
-        )
-        self.time_to_first_token = meter.create_histogram(
-            semconv.SERVER_TIME_TO_FIRST_TOKEN,
-            unit=semconv.UNIT_SECONDS,
-            description="Time from request arrival to the first generated token (queue + prefill).",
-            explicit_bucket_boundaries_advisory=semconv.TTFT_BUCKETS,
-        )
-        self.time_per_output_token = meter.create_histogram(
-            semconv.SERVER_TIME_PER_OUTPUT_TOKEN,
-            unit=semconv.UNIT_SECONDS,
-            description="Decode time divided by the output tokens after the first.",
-            explicit_bucket_boundaries_advisory=semconv.TPOT_BUCKETS,
-        )
+        self.request_duration = semconv.create_instrument(meter, semconv.SERVER_REQUEST_DURATION)
+        self.time_to_first_token = semconv.create_instrument(meter, semconv.SERVER_TIME_TO_FIRST_TOKEN)
+        self.time_per_output_token = semconv.create_instrument(meter, semconv.SERVER_TIME_PER_OUTPUT_TOKEN)
         # Token totals are summed here and read by the SDK at collection time: three synchronous
         # counter adds per request cost more than all our spans' attributes together.
         self._token_totals: dict[tuple, int] = {}
-        self.token_usage = meter.create_observable_counter(
-            semconv.SERVER_TOKEN_USAGE,
-            callbacks=[self._observe_tokens],
-            unit=semconv.UNIT_TOKEN,
-            description="Tokens by type (input includes cached_input), as the engine counted them.",
-        )
+        self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
         self._metric_attributes: dict[tuple, dict[str, Any]] = {}
         # internal engine request id -> RequestTelemetry, while the engine holds the request
         self.by_engine_id: dict[str, RequestTelemetry] = {}
