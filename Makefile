@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml Makefile tools/vllm_dist_shim.py
 
 model: $(MODEL_DIR)/otel-llm-tiny-model.json
 
-$(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) otel_llm/tiny_model.py
-	$(PY) -m otel_llm.tiny_model $(MODEL_DIR)
+$(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) devkit/tiny_model.py
+	$(PY) -m devkit.tiny_model $(MODEL_DIR)
 	touch $@
 
 # Real Prometheus (and promtool) for the report and rules tests: the Debian package.
@@ -47,7 +47,7 @@ e2e: install model prometheus
 	$(PY) -m pytest -q -m e2e tests
 
 demo: install model
-	$(PY) -m otel_llm.demo
+	$(PY) -m devkit.demo
 
 doctor: install
 	$(VENV)/bin/otel-llm doctor

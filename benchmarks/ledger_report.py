@@ -473,7 +473,7 @@ def prometheus_reports(prom_dir: Path, windows: dict[str, tuple[int, float]], by
                        repeat: int) -> dict[str, dict]:
     """`report --prometheus` over each window (name -> (minutes, end)), alternated, against one
     Prometheus serving the built TSDB; with the server's CPU seconds and peak RSS."""
-    from otel_llm.devserver import PrometheusServer
+    from devkit.devserver import PrometheusServer
 
     workdir = Path(tempfile.mkdtemp(prefix="prom-", dir=prom_dir))
     # the built TSDB, used in place; no compaction (min = max block duration), no retention cut

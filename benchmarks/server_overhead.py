@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from otel_llm import semconv  # noqa: E402
-from otel_llm.devserver import DEFAULT_MODEL_DIR, VLLMServer, free_port, otlp_env  # noqa: E402
-from otel_llm.tiny_model import MODEL_NAME, build  # noqa: E402
+from devkit.devserver import DEFAULT_MODEL_DIR, VLLMServer, free_port, otlp_env  # noqa: E402
+from devkit.tiny_model import MODEL_NAME, build  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Bare API-server CPU per request from part 1's last run before the ledger variant was added (stream
@@ -58,7 +58,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 def start_receiver_process() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "otel_llm.otlp_receiver", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "devkit.otlp_receiver", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
     return proc, f"http://127.0.0.1:{port}"
@@ -177,9 +177,8 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from otel_llm.vllm import VLLMInstrumentor
-    from otel_llm.vllm import hooks
-    from otel_llm.vllm.request_telemetry import attach, detach
+    from otel_llm.vllm import VLLMInstrumentor, wrappers
+    from otel_llm.vllm.request_telemetry import attach, detach, start_request
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.metrics.stats import IterationStats
@@ -199,13 +198,13 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
 
     def replay(instrumented: bool, iterations: int) -> float:
         op = OutputProcessor(tokenizer, log_stats=True)
-        tel = VLLMInstrumentor._patcher.tel if instrumented else None
+        tel = VLLMInstrumentor._patcher.telemetry if instrumented else None
         started = time.process_time()
         for _ in range(iterations):
             records = []
             for request, prompt in added:
                 if instrumented:  # what the handler wrapper does per request
-                    record = tel.start(hooks._request_info(semconv.OP_CHAT, chat_request, tel, raw_request))
+                    record = start_request(tel, wrappers._request_info(semconv.OP_CHAT, chat_request, tel, raw_request))
                     tokens = attach(record)
                     op.add_request(request, prompt)
                     detach(tokens)
@@ -243,7 +242,7 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
                 finally:
                     if instrumented:
                         if variant == SPOOL_VARIANT:
-                            VLLMInstrumentor._patcher.tel.ledger.close()  # stops its fsync thread
+                            VLLMInstrumentor._patcher.telemetry.ledger.close()  # stops its fsync thread
                             os.environ.pop("OTEL_LLM_USAGE_DIR", None)
                         instrumentor.uninstrument()
         os.environ.pop("OTEL_LLM_PHASE_SPANS", None)
@@ -412,7 +411,7 @@ def sdk_span_floor(tracer_provider, n: int = 3000) -> float:
 
 
 def stream_wrapper_cost(chunks: int = 20000) -> float:
-    from otel_llm.vllm import hooks
+    from otel_llm.vllm import streams
 
     record = SimpleNamespace(ended=False, end=lambda **kw: None, on_first_chunk=lambda: None, context=None)
 
@@ -429,13 +428,13 @@ def stream_wrapper_cost(chunks: int = 20000) -> float:
         asyncio.run(drain(make()))
         return time.process_time() - started
 
-    original_attach, original_detach = hooks.attach, hooks.detach
-    hooks.attach, hooks.detach = (lambda r: None), (lambda t: None)
+    original_attach, original_detach = streams.attach, streams.detach
+    streams.attach, streams.detach = (lambda r: None), (lambda t: None)
     try:
         bare = statistics.median(timed(source) for _ in range(5))
-        wrapped = statistics.median(timed(lambda: hooks._StreamTelemetry(source(), record)) for _ in range(5))
+        wrapped = statistics.median(timed(lambda: streams._StreamTelemetry(source(), record)) for _ in range(5))
     finally:
-        hooks.attach, hooks.detach = original_attach, original_detach
+        streams.attach, streams.detach = original_attach, original_detach
     return (wrapped - bare) / chunks
 
 

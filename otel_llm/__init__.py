@@ -10,10 +10,11 @@ def ensure_log_handler() -> None:
     would swallow them. Set OTEL_LLM_LOG_PROPAGATE=1 to route them through your own logging.
     """
     import logging
-    import os
+
+    from otel_llm.config import log_propagate
 
     logger = logging.getLogger("otel_llm")
-    if os.environ.get("OTEL_LLM_LOG_PROPAGATE") == "1" or logger.handlers:
+    if log_propagate() or logger.handlers:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [pid %(process)d] %(message)s"))

@@ -1,6 +1,7 @@
 """`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), report (token usage and
 cost from the usage ledger or Prometheus), reconcile (ledger vs vLLM's counters), export (ledger
-records as Lago / Stripe events or CSV), budget-rules, demo."""
+records as Lago / Stripe events or CSV), budget-rules (alerts from a token budget file), rules (the
+Prometheus recording and alerting rules), dashboards (the Grafana dashboards)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,58 @@ def _budget_rules(args) -> int:
     return 0
 
 
+def _write(text: str, path: str | None) -> None:
+    """text to the file at path (its directory made), or to standard output."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+
+
+def _rules_arguments(parser) -> None:
+    from dataclasses import fields
+
+    from otel_llm import rules
+
+    parser.add_argument("--out", "-o", metavar="FILE", help="write the rules here (default: standard output)")
+    for f in fields(rules.Params):
+        parser.add_argument(rules.option(f.name), dest=f.name, type=type(f.default), default=f.default,
+                            help="default %(default)s")
+
+
+def _rules(args) -> int:
+    from dataclasses import fields
+
+    from otel_llm import rules
+
+    _write(rules.render(rules.Params(**{f.name: getattr(args, f.name) for f in fields(rules.Params)})), args.out)
+    return 0
+
+
+def _dashboards(args) -> int:
+    from pathlib import Path
+
+    from otel_llm import dashboards
+
+    files = dashboards.render()
+    if args.name is not None and args.name not in files:
+        print(f"otel-llm dashboards: no dashboard {args.name!r}; there are {', '.join(files)}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        if args.name is None:
+            print("otel-llm dashboards: give --out DIR (write them all) or --name NAME (print one)", file=sys.stderr)
+            return 2
+        sys.stdout.write(files[args.name])
+        return 0
+    for name, text in files.items():
+        if args.name in (None, name):
+            _write(text, str(Path(args.out) / name))
+    return 0
+
+
 def _export_arguments(parser) -> None:
     from otel_llm.billing_export import FORMATS
 
@@ -160,7 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     doctor_parser.add_argument("--source", metavar="DIR",
                                help="check vLLM's Python sources under DIR (the directory holding `vllm/`, e.g. an "
                                     "unpacked wheel) without importing them")
-    sub.add_parser("demo", help="tiny model on CPU, instrumented server, requests, traces printed")
     from otel_llm import report
 
     report.add_arguments(sub.add_parser(
@@ -178,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     rules = sub.add_parser("budget-rules", help="Prometheus alerting rules from a token budget file")
     rules.add_argument("--budgets", required=True, help="budget file (see `otel-llm report --help`)")
     rules.add_argument("--output", "-o", help="write the rules here (default: standard output)")
+    _rules_arguments(sub.add_parser("rules", help="Prometheus recording and alerting rules for our and vLLM's "
+                                                  "metrics (thresholds as options)"))
+    boards = sub.add_parser("dashboards", help="the Grafana dashboards (JSON)")
+    boards.add_argument("--out", "-o", metavar="DIR", help="write every dashboard (or --name's) into DIR")
+    boards.add_argument("--name", help="one dashboard, e.g. overview.json: printed unless --out")
     args = parser.parse_args(argv)
     if args.command == "budget-rules":
         return _budget_rules(args)
@@ -193,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         return _export(args)
     if args.command == "doctor":
         return doctor(source=args.source)
-    if args.command == "demo":
-        from otel_llm import demo
-
-        return demo.main()
+    if args.command == "rules":
+        return _rules(args)
+    if args.command == "dashboards":
+        return _dashboards(args)
     return 2
 
 

@@ -15,30 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from otel_llm import redaction, semconv
+from otel_llm.config import ContentLimits
 
 _log = logging.getLogger("otel_llm")
 
-CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-MAX_TEXT_LENGTH_ENV = "OTEL_LLM_CONTENT_MAX_TEXT_LENGTH"
-MAX_LENGTH_ENV = "OTEL_LLM_CONTENT_MAX_LENGTH"
-DEFAULT_MAX_TEXT_LENGTH = 16_384  # characters of one text (a message's content, a tool's arguments)
-DEFAULT_MAX_LENGTH = 65_536  # characters of all texts of one request, input and output together
 TRUNCATED = "…[otel-llm: {} characters cut]"
-
-
-def capture_mode(raw: str | None) -> bool:
-    """True when the opt-in asks for content on spans (util-genai's values, or true/false)."""
-    value = (raw or "").strip().lower()
-    if value in ("", "false", "0", "no", "no_content", "event_only"):
-        if value == "event_only":
-            _log.warning("otel-llm: %s=event_only: GenAI events are not emitted; no content captured",
-                         CAPTURE_CONTENT_ENV)
-        return False
-    if value in ("true", "1", "yes", "span_only", "span_and_event"):
-        return True
-    _log.warning("otel-llm: %s=%r is not one of span_only, span_and_event, event_only, no_content, "
-                 "true, false; no content captured", CAPTURE_CONTENT_ENV, raw)
-    return False
 
 
 @dataclass
@@ -46,8 +27,8 @@ class Budget:
     """The size caps of one request's captured content: each text cut to `max_text` characters,
     all texts together to `max_total`; a cut text ends with the TRUNCATED marker."""
 
-    max_text: int = DEFAULT_MAX_TEXT_LENGTH
-    max_total: int = DEFAULT_MAX_LENGTH
+    max_text: int = ContentLimits.max_text
+    max_total: int = ContentLimits.max_total
     used: int = 0
 
     def cut(self, text: str) -> str:
@@ -59,26 +40,14 @@ class Budget:
         return text[:room] + TRUNCATED.format(len(text) - room)
 
 
-def _env_int(environ, name: str, default: int) -> int:
-    raw = (environ.get(name) or "").strip()
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        value = -1
-    if value < 0:
-        _log.warning("otel-llm: %s=%r is not a number of characters; using %d", name, raw, default)
-        return default
-    return value
-
-
 class Capture:
     """What a layer needs to put content on its spans: the redactor (otel_llm/redaction.py), the
     size caps and the counter of redactions. Made only when capture is on."""
 
     def __init__(self, meter, environ=os.environ):
         self.redactor = redaction.from_environment(environ)
-        self.max_text = _env_int(environ, MAX_TEXT_LENGTH_ENV, DEFAULT_MAX_TEXT_LENGTH)
-        self.max_total = _env_int(environ, MAX_LENGTH_ENV, DEFAULT_MAX_LENGTH)
+        limits = ContentLimits.from_env(environ)
+        self.max_text, self.max_total = limits.max_text, limits.max_total
         self.redactions = semconv.create_instrument(meter, semconv.REDACTIONS)
 
     def set_attributes(self, attributes: dict, inputs: list[dict], outputs, reasons: dict) -> None:

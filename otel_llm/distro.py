@@ -20,13 +20,15 @@ import sys
 from opentelemetry.instrumentation.distro import BaseDistro
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from otel_llm import semconv, shutdown
+from otel_llm import config, semconv, shutdown
+from otel_llm.config import (ENV_CONFIG_FILE, ENV_METRICS_EXPORTER, ENV_RESOURCE_ATTRIBUTES, ENV_SERVICE_NAME,
+                             ENV_TRACES_EXPORTER)
 
 
 class OtelLLMDistro(BaseDistro):
     def _configure(self, **kwargs):
-        os.environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
-        os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
+        os.environ.setdefault(ENV_TRACES_EXPORTER, "otlp")
+        os.environ.setdefault(ENV_METRICS_EXPORTER, "otlp")
         server = vllm_server_args(sys.argv)
         if server is not None:
             apply_vllm_resource_defaults(os.environ, *server)
@@ -36,12 +38,12 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
     def _configure(self, **kwargs):
         # process.pid tells the API servers of `--api-server-count N` apart; the SDK's process
         # detector is not used because it exports the command line, which may hold an API key.
-        if not os.environ.get("OTEL_CONFIG_FILE"):  # a config file declares its own resource
+        if not os.environ.get(ENV_CONFIG_FILE):  # a config file declares its own resource
             attributes = dict(kwargs.pop("resource_attributes", None) or {})
             attributes.setdefault("process.pid", os.getpid())
             kwargs["resource_attributes"] = attributes
-        timeout_s = shutdown.shutdown_timeout()
-        if timeout_s is not None and not os.environ.get("OTEL_CONFIG_FILE"):
+        timeout_s = config.shutdown_timeout()
+        if timeout_s is not None and not os.environ.get(ENV_CONFIG_FILE):
             # the SDK's default batch processors, with exporters that count what shutdown drops
             kwargs.setdefault("export_span_processor", shutdown.span_processor_factory)
             kwargs.setdefault("export_log_record_processor", shutdown.log_record_processor_factory)
@@ -51,7 +53,7 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
                 shutdown.install_bounded_shutdown(timeout_s)
             except Exception:  # noqa: BLE001 - never break telemetry setup; the SDK's hooks remain
                 logging.getLogger("otel_llm").warning(
-                    "otel-llm: could not bound the telemetry shutdown (%s)", shutdown.ENV_SHUTDOWN_TIMEOUT,
+                    "otel-llm: could not bound the telemetry shutdown (%s)", config.ENV_SHUTDOWN_TIMEOUT,
                     exc_info=True)
 
 
@@ -83,17 +85,17 @@ def vllm_server_args(argv: list[str]) -> tuple[str | None, int] | None:
 
 
 def apply_vllm_resource_defaults(environ, model: str | None, port: int) -> None:
-    has_name = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    has_name = ENV_SERVICE_NAME in environ or f"{semconv.SERVICE_NAME}=" in environ.get(ENV_RESOURCE_ATTRIBUTES, "")
     if not has_name:
-        environ["OTEL_SERVICE_NAME"] = semconv.SERVICE_NAME_DEFAULT
-    existing = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+        environ[ENV_SERVICE_NAME] = semconv.SERVICE_NAME_DEFAULT
+    existing = environ.get(ENV_RESOURCE_ATTRIBUTES, "")
     extra = []
-    if "service.instance.id=" not in existing:
-        extra.append(f"service.instance.id={socket.gethostname()}:{port}")
+    if f"{semconv.SERVICE_INSTANCE_ID}=" not in existing:
+        extra.append(f"{semconv.SERVICE_INSTANCE_ID}={socket.gethostname()}:{port}")
     if model and f"{semconv.RESOURCE_SERVED_MODEL}=" not in existing:
         extra.append(f"{semconv.RESOURCE_SERVED_MODEL}={_encode(model)}")
     if extra:
-        environ["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(filter(None, [existing, *extra]))
+        environ[ENV_RESOURCE_ATTRIBUTES] = ",".join(filter(None, [existing, *extra]))
 
 
 def _encode(value: str) -> str:

@@ -15,12 +15,13 @@ import logging
 import queue
 import threading
 
+from otel_llm.warn import failed
+
 _log = logging.getLogger("otel_llm")
 
 _pending: queue.SimpleQueue = queue.SimpleQueue()
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
-_warned = False
 
 
 def ensure_started() -> None:
@@ -49,12 +50,9 @@ def drain(timeout: float = 10.0) -> bool:
 
 
 def _run() -> None:
-    global _warned
     while True:
         fn, args, kwargs = _pending.get()
         try:
             fn(*args, **kwargs)
         except Exception:  # noqa: BLE001 - one failed end must not stop the others
-            if not _warned:
-                _warned = True
-                _log.warning("otel-llm: ending the telemetry of a collected stream failed", exc_info=True)
+            failed("ending the telemetry of a collected stream")

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from otel_llm import semconv
+from otel_llm.config import ENV_REDACTION_RULES, redaction_rules_file
+from otel_llm.warn import WarnOnce
 
 _log = logging.getLogger("otel_llm.redaction")
 
-ENV_RULES = "OTEL_LLM_REDACTION_RULES"
 ENTRY_POINT_GROUP = "otel_llm_redactors"
 
 _PRC_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
@@ -139,7 +140,7 @@ class Redactor:
         self._gates = [(i, rule.gate) for i, rule in enumerate(self.rules) if rule.gate]
         self._ungated = frozenset(i for i, rule in enumerate(self.rules) if not rule.gate)
         self._combined: dict[frozenset, tuple] = {}
-        self._warned: set[str] = set()
+        self._warn = WarnOnce(_log)  # per redactor
 
     def _regex_for(self, text: str) -> tuple:
         """(one alternation of the rules whose gate the text passes, the search for where their
@@ -220,9 +221,7 @@ class Redactor:
         return None
 
     def _warn_once(self, key: str, message: str, *args) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _log.warning(message, *args, exc_info=True)
+        self._warn(key, message, *args, exc_info=True)
 
 
 def _user_rules(path: str) -> list[Rule]:
@@ -231,7 +230,7 @@ def _user_rules(path: str) -> list[Rule]:
             items = json.load(f)
     except (OSError, ValueError) as e:
         _log.warning("otel-llm: %s=%s could not be read (%s); only the built-in redaction rules apply",
-                     ENV_RULES, path, e)
+                     ENV_REDACTION_RULES, path, e)
         return []
     rules = []
     for i, item in enumerate(items if isinstance(items, list) else []):
@@ -263,5 +262,5 @@ def _entry_point_callables() -> list[Callable[[str], str]]:
 
 def from_environment(environ=os.environ) -> Redactor:
     """The built-in rules, the user's rules file and the entry-point callables."""
-    path = (environ.get(ENV_RULES) or "").strip()
+    path = redaction_rules_file(environ)
     return Redactor((*BUILTIN_RULES, *(_user_rules(path) if path else ())), _entry_point_callables())

@@ -25,36 +25,17 @@ from __future__ import annotations
 import atexit
 import inspect
 import logging
-import math
 import os
 import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable
 
+from otel_llm.config import ENV_SHUTDOWN_TIMEOUT
+
 _log = logging.getLogger("otel_llm.shutdown")
 
-ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
-DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 DROPPED_MESSAGE = "otel-llm: telemetry dropped at shutdown"
-
-
-def shutdown_timeout(environ=os.environ) -> float | None:
-    """The bound in seconds; None when disabled (`0` or negative: the SDK's own hooks)."""
-    raw = (environ.get(ENV_SHUTDOWN_TIMEOUT) or "").strip()
-    if not raw:
-        return DEFAULT_SHUTDOWN_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value):
-        _log.warning("otel-llm: %s=%r is not a number; using %ss", ENV_SHUTDOWN_TIMEOUT, raw,
-                     DEFAULT_SHUTDOWN_TIMEOUT_S)
-        return DEFAULT_SHUTDOWN_TIMEOUT_S
-    if value <= 0 or math.isinf(value):
-        return None
-    return value
 
 
 def _size(batch: Any) -> int:

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from otel_llm import semconv
+from otel_llm.warn import WarnOnce
 
 _log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Spool:
         self._dirty = False
         self._torn = False  # the last write stopped inside a line: the next one starts a new line
         self._failed_open_at: float | None = None
-        self._warned: set[str] = set()
+        self._warn = WarnOnce(_log)  # per spool: one warning per cause
         self._fsync_thread: threading.Thread | None = None
         self._retired: list[int] = []  # rotated files the fsync thread syncs and closes
         self._stop = threading.Event()
@@ -179,9 +180,7 @@ class Spool:
         self.on_drop(reason)
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _log.warning(message)
+        self._warn(key, "%s", message)
 
 
 def _fsync_and_close(fd: int) -> None:
@@ -207,7 +206,7 @@ class UsageLedger:
         self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
                            on_drop=self._count_drop) if directory else None
         self._event_logger = _event_logger() if events else None
-        self._warned = False
+        self._warn = WarnOnce(_log)
         if self.spool is not None:
             atexit.register(self.spool.close)
 
@@ -238,9 +237,7 @@ class UsageLedger:
                                         event_name=semconv.USAGE_EVENT, attributes=fields)
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
             self._count_drop(semconv.DROP_ERROR)
-            if not self._warned:
-                self._warned = True
-                _log.warning("otel-llm: writing a usage record failed", exc_info=True)
+            self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
 
     def close(self) -> None:
         if self.spool is not None:

@@ -3,8 +3,8 @@ import secrets
 
 import pytest
 
-from otel_llm.devserver import VLLMServer, otlp_env
-from otel_llm.otlp_receiver import Receiver
+from devkit.devserver import VLLMServer, otlp_env
+from devkit.otlp_receiver import Receiver
 
 # Each e2e server is one real `opentelemetry-instrument vllm serve` on CPU (~40 s to start):
 # tests share them per module.
@@ -55,7 +55,7 @@ def start_prometheus(vllm, tmp_path_factory, **options):
     counters: traffic sent before it would be missed (a series' first sample counts from zero)."""
     import time
 
-    from otel_llm.devserver import PrometheusServer
+    from devkit.devserver import PrometheusServer
 
     prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"), **options)
     prom.start()

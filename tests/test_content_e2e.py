@@ -10,8 +10,8 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import abandon_stream, genai_spans
 
-from otel_llm import content, redaction, semconv
-from otel_llm.tiny_model import MODEL_NAME
+from otel_llm import config, content, redaction, semconv
+from devkit.tiny_model import MODEL_NAME
 
 MAX_TEXT, MAX_TOTAL = 600, 1500
 PII = ("I am jane.doe@example.com, card 4111 1111 1111 1111, phone +1 415 555 2671, "
@@ -24,8 +24,8 @@ REDACT = redaction.Redactor().redact
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
     srv = start_server(receiver, tmp_path_factory, "content", paced=True, extra_args=["--max-model-len", "4096"],
-                       env={content.CAPTURE_CONTENT_ENV: "span_only",
-                            content.MAX_TEXT_LENGTH_ENV: str(MAX_TEXT), content.MAX_LENGTH_ENV: str(MAX_TOTAL)})
+                       env={config.ENV_CAPTURE_CONTENT: "span_only",
+                            config.ENV_CONTENT_MAX_TEXT_LENGTH: str(MAX_TEXT), config.ENV_CONTENT_MAX_LENGTH: str(MAX_TOTAL)})
     yield srv
     srv.stop()
 

@@ -17,8 +17,8 @@ from conftest import start_server
 from helpers import LONG_PROMPT
 
 from otel_llm import dashboards, rules
-from otel_llm.devserver import PrometheusServer
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.devserver import PrometheusServer
+from devkit.tiny_model import MODEL_NAME
 
 VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "__rate_interval": "1m", "__range": "5m",
           "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}

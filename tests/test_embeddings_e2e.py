@@ -6,7 +6,7 @@ from conftest import Traceparent, start_server
 from helpers import genai_spans, request_trace
 
 from otel_llm import semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 
 @pytest.fixture(scope="module")

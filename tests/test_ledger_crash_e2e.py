@@ -15,7 +15,7 @@ import pytest
 from conftest import start_server
 
 from otel_llm import ledger, report, semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 THREADS = 6
 KILL_AFTER = 40  # completed responses before the kill

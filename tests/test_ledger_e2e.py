@@ -21,7 +21,7 @@ from conftest import start_prometheus, start_server
 from helpers import LONG_PROMPT, abandon_stream
 
 from otel_llm import billing_export, ledger, reconcile, report, semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
 ABORTING = {TENANTS[5], TENANTS[11]}

@@ -321,7 +321,10 @@ def test_stream_exhausted(otel, server, client):
     (first,) = otel.points(semconv.CLIENT_TIME_TO_FIRST_CHUNK)
     assert first.count == 1 and abs(first.sum - ttfc) < 1e-6
     (per_chunk,) = otel.points(semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
-    assert per_chunk.count == 1  # one mean per stream, not one record per chunk
+    # one record per chunk after the first (semconv), not one mean per stream
+    assert per_chunk.count == len(chunks) - 1 > 1
+    assert 0 <= per_chunk.sum < (span.end_time - span.start_time) / 1e9 - ttfc
+    assert tuple(per_chunk.explicit_bounds) == semconv.METRICS[semconv.CLIENT_TIME_PER_OUTPUT_CHUNK].buckets
     tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.sum for p in otel.points(semconv.CLIENT_TOKEN_USAGE)}
     assert tokens == {"input": usage["prompt_tokens"], "output": usage["completion_tokens"]}
 

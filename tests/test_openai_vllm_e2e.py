@@ -12,7 +12,7 @@ from helpers import Otel, abandon_stream, assert_server_tree, genai_spans, reque
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 

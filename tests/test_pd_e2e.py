@@ -15,8 +15,8 @@ from conftest import Traceparent
 from helpers import genai_spans
 
 from otel_llm import ledger, semconv
-from otel_llm.devserver import VLLMServer, otlp_env
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.devserver import VLLMServer, otlp_env
+from devkit.tiny_model import MODEL_NAME
 
 PROMPT = "hello there, how are you today? " * 8
 TENANT = "pd-tenant"

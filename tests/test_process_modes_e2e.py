@@ -7,7 +7,7 @@ from conftest import Traceparent, start_server
 from helpers import LONG_PROMPT, assert_server_tree, assert_usage, request_trace
 
 from otel_llm import semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from otel_llm import redaction, semconv
+from otel_llm import config, redaction, semconv
 
 # (rule, text containing exactly one match, the match)
 POSITIVE = [
@@ -86,7 +86,7 @@ def test_user_rules_file(tmp_path, caplog):
                                  {"name": "broken", "pattern": "("},
                                  {"pattern": "no name"}]))
     with caplog.at_level(logging.WARNING, logger="otel_llm.redaction"):
-        r = redaction.from_environment({redaction.ENV_RULES: str(rules)})
+        r = redaction.from_environment({config.ENV_REDACTION_RULES: str(rules)})
     assert r.redact_counted("EMP-123456 wrote to x@y.org") == ("<EMPLOYEE> wrote to <EMAIL>",
                                                                {"employee_id": 1, semconv.REDACTION_RULE_EMAIL: 1})
     assert len([m for m in caplog.messages if "skipped" in m]) == 2
@@ -94,7 +94,7 @@ def test_user_rules_file(tmp_path, caplog):
 
 def test_unreadable_rules_file_keeps_builtins(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="otel_llm.redaction"):
-        r = redaction.from_environment({redaction.ENV_RULES: str(tmp_path / "missing.json")})
+        r = redaction.from_environment({config.ENV_REDACTION_RULES: str(tmp_path / "missing.json")})
     assert r.redact("x@y.org") == "<EMAIL>"
     assert any("could not be read" in m for m in caplog.messages)
 
@@ -127,9 +127,9 @@ def test_content_caps_from_the_environment(caplog):
     from opentelemetry.sdk.metrics import MeterProvider
 
     meter = MeterProvider().get_meter("test")
-    capture = content.Capture(meter, {content.MAX_TEXT_LENGTH_ENV: "10", content.MAX_LENGTH_ENV: "lots"})
-    assert (capture.max_text, capture.max_total) == (10, content.DEFAULT_MAX_LENGTH)
-    assert any(content.MAX_LENGTH_ENV in m for m in caplog.messages)
+    capture = content.Capture(meter, {config.ENV_CONTENT_MAX_TEXT_LENGTH: "10", config.ENV_CONTENT_MAX_LENGTH: "lots"})
+    assert (capture.max_text, capture.max_total) == (10, config.ContentLimits.max_total)
+    assert any(config.ENV_CONTENT_MAX_LENGTH in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("text,redacted", [

@@ -16,8 +16,8 @@ from conftest import Traceparent, start_prometheus, start_server
 from helpers import LONG_PROMPT, abandon_stream
 
 from otel_llm import report, semconv
-from otel_llm.devserver import write_keys_file
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.devserver import write_keys_file
+from devkit.tiny_model import MODEL_NAME
 
 
 

@@ -12,7 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm import semconv
 from otel_llm.config import Settings
-from otel_llm.vllm.request_telemetry import RequestInfo, Telemetry
+from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+from otel_llm.vllm.telemetry import Telemetry
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def metric_points(reader, name):
 
 
 def test_phases_are_children_in_order_with_engine_durations(env):
-    record = env.tel.start(RequestInfo(operation="chat", model="m", temperature=0.0, tenant="acme"))
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m", temperature=0.0, tenant="acme"))
     time.sleep(0.001)
     st = stats(queued_ago=0.0005)  # engine timestamps right after the span started
     record.attach_engine_request(state(st=st))
@@ -83,7 +84,7 @@ def test_phases_are_children_in_order_with_engine_durations(env):
 
 def test_phases_are_clamped_inside_the_span(env):
     """Engine timestamps before the span began (clock skew) never put children outside it."""
-    record = env.tel.start(RequestInfo(operation="chat", model="m"))
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
     record.attach_engine_request(state(st=stats(queued_ago=5.0)))
     record.end()
     spans = spans_by_name(env.exporter)
@@ -93,7 +94,7 @@ def test_phases_are_clamped_inside_the_span(env):
 
 
 def test_parallel_sampling_counts_the_prompt_once(env):
-    record = env.tel.start(RequestInfo(operation="chat", model="m", choice_count=2))
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m", choice_count=2))
     parent = SimpleNamespace(request_id="parent")
     for i in range(2):
         record.attach_engine_request(state(f"c{i}", prompt_len=7, output_tokens=3 + i, cached=4, parent=parent,
@@ -111,7 +112,7 @@ def test_parallel_sampling_counts_the_prompt_once(env):
 
 
 def test_abort_marks_span_and_meters_generated_tokens(env):
-    record = env.tel.start(RequestInfo(operation="chat", model="m", stream=True, tenant="t1"))
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m", stream=True, tenant="t1"))
     record.attach_engine_request(state(output_tokens=3, st=stats(queued_ago=0.0)))
     record.end(aborted=True)
     record.end()  # idempotent
@@ -133,7 +134,7 @@ def test_abort_marks_span_and_meters_generated_tokens(env):
 
 
 def test_without_stats_no_phases_and_a_marker(env):
-    record = env.tel.start(RequestInfo(operation="text_completion", model="m"))
+    record = start_request(env.tel, RequestInfo(operation="text_completion", model="m"))
     record.attach_engine_request(state(st=None))
     record.end()
     spans = spans_by_name(env.exporter)
@@ -143,7 +144,7 @@ def test_without_stats_no_phases_and_a_marker(env):
 
 def test_tenant_label_cap_on_metrics_full_value_on_spans(env):
     for tenant in ("a", "b", "c"):
-        record = env.tel.start(RequestInfo(operation="chat", model="m", tenant=tenant))
+        record = start_request(env.tel, RequestInfo(operation="chat", model="m", tenant=tenant))
         record.attach_engine_request(state(request_id=tenant, st=stats(queued_ago=0.0)))
         record.end()
     assert {s.attributes[semconv.TENANT_ID] for s in env.exporter.get_finished_spans() if s.name == "chat m"} == {
@@ -153,7 +154,7 @@ def test_tenant_label_cap_on_metrics_full_value_on_spans(env):
 
 
 def test_broken_state_never_raises_and_span_still_ends(env):
-    record = env.tel.start(RequestInfo(operation="chat", model="m"))
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
     bad = state(st=stats(queued_ago=0.0))
     bad.detokenizer = SimpleNamespace(num_output_tokens=lambda: 1 / 0)
     record.attach_engine_request(bad)
@@ -163,7 +164,7 @@ def test_broken_state_never_raises_and_span_still_ends(env):
 
 
 def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
-    record = env.tel.start(RequestInfo(operation="text_completion", model="m"), engine_owned=True)
+    record = start_request(env.tel, RequestInfo(operation="text_completion", model="m"), engine_owned=True)
     st = state(st=stats(queued_ago=0.0))
     record.attach_engine_request(st)
     assert env.exporter.get_finished_spans() == ()
@@ -173,7 +174,7 @@ def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
 
 def test_failed_requests_cannot_blow_up_model_labels(env):
     for i in range(25):
-        env.tel.start(RequestInfo(operation="chat", model=f"junk-{i}")).end(error_type="NotFoundError")
+        start_request(env.tel, RequestInfo(operation="chat", model=f"junk-{i}")).end(error_type="NotFoundError")
     models = {p.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
               for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
     assert len(models) == 21 and semconv.LABEL_OTHER in models
@@ -195,7 +196,7 @@ def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
     unsampled = SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=TraceFlags(0))
     token = context.attach(trace.set_span_in_context(NonRecordingSpan(unsampled)))
     try:
-        record = env.tel.start(RequestInfo(operation="chat", model="m"))
+        record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
     finally:
         context.detach(token)
     record.attach_engine_request(state(st=stats(queued_ago=0.0)))
@@ -221,7 +222,7 @@ def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
     ("   ", None),
 ])
 def test_attribution_values_are_checked(raw, expected):
-    from otel_llm.config import attribution_value
+    from otel_llm.vllm.attribution import attribution_value
 
     assert attribution_value(raw, 128) == expected
 
@@ -240,7 +241,7 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
     import hashlib
     import json
 
-    from otel_llm.config import LabelGuard
+    from otel_llm.vllm.attribution import LabelGuard
 
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme",
@@ -267,7 +268,7 @@ def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
     import gc
     import threading
 
-    from otel_llm.vllm import hooks
+    from otel_llm.vllm import streams
 
     lock, done, seen = threading.Lock(), threading.Event(), {}
 
@@ -283,7 +284,7 @@ def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
             done.set()
 
     with lock:  # what the collecting thread holds
-        stream = hooks._StreamTelemetry(None, Record())
+        stream = streams._StreamTelemetry(None, Record())
         del stream
         gc.collect()
         assert not done.is_set()  # not ended inline

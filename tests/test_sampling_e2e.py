@@ -33,8 +33,8 @@ from helpers import abandon_stream, genai_spans, request_trace
 from test_collector_config import (BASELINE, CONFIG_DIR, CONTENT_ATTRIBUTES, collector_redact, keeping_policies,
                                    parse_ottl, recorded_policy, release, tail_sampling_policies)
 
-from otel_llm import content, semconv
-from otel_llm.tiny_model import MODEL_NAME
+from otel_llm import config, semconv
+from devkit.tiny_model import MODEL_NAME
 
 MAX_MODEL_LEN = 2048
 LONG_PROMPT_TOKENS = 600  # cache-miss case (> scaled cache-miss threshold, < big-input threshold)
@@ -117,7 +117,7 @@ def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
 def server(receiver, tmp_path_factory):
     srv = start_server(receiver, tmp_path_factory, "sampling",
                        extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)], paced=True,
-                       env={content.CAPTURE_CONTENT_ENV: "true"})
+                       env={config.ENV_CAPTURE_CONTENT: "true"})
     yield srv
     srv.stop()
 

@@ -11,7 +11,7 @@ from conftest import Traceparent, start_server
 from helpers import LONG_PROMPT, assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
 
 from otel_llm import semconv
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 
 

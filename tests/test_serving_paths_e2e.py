@@ -16,8 +16,8 @@ from conftest import Traceparent, start_server
 from helpers import children, genai_spans, request_trace
 
 from otel_llm import ledger, semconv
-from otel_llm.devserver import VLLMServer, otlp_env
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.devserver import VLLMServer, otlp_env
+from devkit.tiny_model import MODEL_NAME
 
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
 

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from otel_llm import finalizer, semconv
-from otel_llm.config import LabelGuard, Settings
+from otel_llm import finalizer, patching, semconv
+from otel_llm.config import Settings
 from otel_llm.distro import apply_vllm_resource_defaults, vllm_server_args
-from otel_llm.vllm import hooks
+from otel_llm.vllm import hooks, streams, wrappers
+from otel_llm.vllm.attribution import LabelGuard
 
 
 def test_prometheus_names():
@@ -70,14 +71,14 @@ def test_every_hook_is_found_in_the_installed_vllm():
     for hook in hooks.HOOKS:
         module_name = hooks.locate(hook)
         assert module_name is not None, hook.name
-        assert hooks._has_attribute(importlib.import_module(module_name), hook.attribute), hook.name
+        assert patching.has_attribute(importlib.import_module(module_name), hook.attribute), hook.name
 
 
 def test_missing_hook_warns_once_naming_it(caplog):
-    missing = hooks.Hook("gone", ("vllm.no_such_module_xyz",), "f", hooks.native_tracing_off, "something")
-    optional = hooks.Hook("maybe", ("vllm.no_such_module_abc",), "f", hooks.native_tracing_off, "extra",
+    missing = patching.Hook("gone", ("vllm.no_such_module_xyz",), "f", wrappers.native_tracing_off, "something")
+    optional = patching.Hook("maybe", ("vllm.no_such_module_abc",), "f", wrappers.native_tracing_off, "extra",
                           required=False)
-    patcher = hooks.Patcher(tel=None, hooks=(missing, optional))
+    patcher = hooks.patcher(None, (missing, optional))
     with caplog.at_level(logging.INFO, logger="otel_llm"):
         patcher.install()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -86,8 +87,8 @@ def test_missing_hook_warns_once_naming_it(caplog):
 
 
 def test_missing_attribute_in_existing_module_is_reported(caplog):
-    hook = hooks.Hook("moved", ("json",), "NoSuchClass.method", hooks.native_tracing_off, "x")
-    patcher = hooks.Patcher(tel=None, hooks=(hook,))
+    hook = patching.Hook("moved", ("json",), "NoSuchClass.method", wrappers.native_tracing_off, "x")
+    patcher = hooks.patcher(None, (hook,))
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         patcher.install()  # json is imported: the post-import hook runs at once
     assert patcher.missing == ["moved"]
@@ -112,8 +113,8 @@ class FakeRecord:
 
 @pytest.fixture
 def fake_record(monkeypatch):
-    monkeypatch.setattr(hooks, "attach", lambda record: None)
-    monkeypatch.setattr(hooks, "detach", lambda tokens: None)
+    monkeypatch.setattr(streams, "attach", lambda record: None)
+    monkeypatch.setattr(streams, "detach", lambda tokens: None)
     return FakeRecord()
 
 
@@ -127,7 +128,7 @@ async def _chunks(n, fail_at=None):
 
 def test_stream_ends_once_on_exhaustion(fake_record):
     async def run():
-        return [c async for c in hooks._StreamTelemetry(_chunks(3), fake_record)]
+        return [c async for c in streams._StreamTelemetry(_chunks(3), fake_record)]
 
     assert len(asyncio.run(run())) == 3
     assert fake_record.calls == [{}] and fake_record.first_chunk == 1
@@ -135,7 +136,7 @@ def test_stream_ends_once_on_exhaustion(fake_record):
 
 def test_stream_error_midway(fake_record):
     async def run():
-        async for _ in hooks._StreamTelemetry(_chunks(3, fail_at=1), fake_record):
+        async for _ in streams._StreamTelemetry(_chunks(3, fail_at=1), fake_record):
             pass
 
     with pytest.raises(ValueError):
@@ -145,7 +146,7 @@ def test_stream_error_midway(fake_record):
 
 def test_stream_cancelled_is_an_abort(fake_record):
     async def run():
-        stream = hooks._StreamTelemetry(_chunks(100), fake_record)
+        stream = streams._StreamTelemetry(_chunks(100), fake_record)
 
         async def consume():
             async for _ in stream:
@@ -167,7 +168,7 @@ def test_stream_cancelled_is_an_abort(fake_record):
 
 def test_stream_closed_early_is_an_abort(fake_record):
     async def run():
-        stream = hooks._StreamTelemetry(_chunks(10), fake_record)
+        stream = streams._StreamTelemetry(_chunks(10), fake_record)
         await stream.__anext__()
         await stream.aclose()
 
@@ -182,7 +183,7 @@ def test_a_failing_first_chunk_hook_does_not_stop_the_stream(fake_record):
     fake_record.on_first_chunk = boom
 
     async def run():
-        return [c async for c in hooks._StreamTelemetry(_chunks(3), fake_record)]
+        return [c async for c in streams._StreamTelemetry(_chunks(3), fake_record)]
 
     assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
     assert fake_record.calls == [{}]
@@ -195,7 +196,7 @@ def test_the_done_chunk_ends_the_record_before_it_is_sent(fake_record):
         assert fake_record.calls == [{}], "ended (and billed) before [DONE] left"
 
     async def run():
-        return [c async for c in hooks._StreamTelemetry(done_stream(), fake_record)]
+        return [c async for c in streams._StreamTelemetry(done_stream(), fake_record)]
 
     assert asyncio.run(run())[-1] == "data: [DONE]\n\n"
     assert fake_record.calls == [{}]
@@ -203,9 +204,9 @@ def test_the_done_chunk_ends_the_record_before_it_is_sent(fake_record):
 
 def test_error_responses_are_recognised():
     error = SimpleNamespace(error=SimpleNamespace(code=404, type="NotFoundError", message="no model"))
-    assert hooks._error_of(error) == ("NotFoundError", "no model")
-    assert hooks._error_of(SimpleNamespace(status_code=503)) == ("503", "")
-    assert hooks._error_of(SimpleNamespace(choices=[])) is None
+    assert wrappers._error_of(error) == ("NotFoundError", "no model")
+    assert wrappers._error_of(SimpleNamespace(status_code=503)) == ("503", "")
+    assert wrappers._error_of(SimpleNamespace(choices=[])) is None
 
 
 def test_entry_points_have_our_own_names():
@@ -246,8 +247,8 @@ def test_instrument_is_idempotent_and_uninstrument_restores():
 
 
 def test_trace_tree_names_the_service_where_it_changes():
-    from otel_llm.otlp_receiver import Span
-    from otel_llm.trace_tree import render
+    from devkit.otlp_receiver import Span
+    from devkit.trace_tree import render
 
     def span(span_id, parent, name, kind, service, start, attributes=None):
         return Span(trace_id="t", span_id=span_id, parent_span_id=parent, name=name, kind=kind,

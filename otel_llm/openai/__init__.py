@@ -1,46 +1,57 @@
 """Client-side instrumentation of the OpenAI Python client (sync, async, streaming).
 
-Every touch point of the openai package is in `PATCHES`; each is applied (wrapt) when openai is
-imported, and a missing one logs one warning instead of failing. See `telemetry.py` for what a
+Every touch point of the openai package is in `HOOKS`; each is applied (wrapt) when openai imports
+its module, and a missing one logs one warning instead of failing. See `telemetry.py` for what a
 call records and `streams.py` for how streamed calls end.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
-from typing import Collection, NamedTuple
+from typing import Collection
 
-import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
 
-from otel_llm import __version__, ensure_log_handler, semconv
-from otel_llm.openai.telemetry import ClientSettings, ClientTelemetry
+from otel_llm import __version__, ensure_log_handler, patching, semconv
+from otel_llm.config import ClientSettings
+from otel_llm.openai.telemetry import ClientTelemetry
+from otel_llm.patching import Hook
 
 _log = logging.getLogger("otel_llm.openai")
 
-
-class Patch(NamedTuple):
-    modules: tuple[str, ...]  # candidate module paths, newest openai layout first
-    classes: tuple[str, str]  # (sync class, async class)
-    method: str
-    operation: str
-    api_type: str | None = None
+_CHAT = ("openai.resources.chat.completions.completions", "openai.resources.chat.completions")
 
 
-PATCHES = (
-    Patch(("openai.resources.chat.completions.completions", "openai.resources.chat.completions"),
-          ("Completions", "AsyncCompletions"), "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT),
-    Patch(("openai.resources.chat.completions.completions", "openai.resources.chat.completions"),
-          ("Completions", "AsyncCompletions"), "parse", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT),
-    Patch(("openai.resources.completions",), ("Completions", "AsyncCompletions"), "create",
-          semconv.OP_TEXT_COMPLETION),
-    Patch(("openai.resources.embeddings",), ("Embeddings", "AsyncEmbeddings"), "create", semconv.OP_EMBEDDINGS),
-    Patch(("openai.resources.responses.responses", "openai.resources.responses"),
-          ("Responses", "AsyncResponses"), "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_RESPONSES),
+def _hooks(modules: tuple[str, ...], classes: tuple[str, str], method: str, operation: str,
+           api_type: str | None = None, required: bool = True) -> tuple[Hook, ...]:
+    """The sync and the async class's method: one hook each."""
+
+    def factory(is_async: bool):
+        def make(telemetry: ClientTelemetry):
+            from otel_llm.openai.wrappers import make_wrapper
+
+            return make_wrapper(telemetry, operation, api_type, is_async)
+
+        return make
+
+    return tuple(Hook(f"{cls}.{method}", modules, f"{cls}.{method}", factory(is_async),
+                      f"{operation} spans and metrics for {cls}.{method}", required)
+                 for cls, is_async in ((classes[0], False), (classes[1], True)))
+
+
+# Every touch point of the openai package (applied by otel_llm/patching.py when openai imports
+# each module; a missing one logs one warning instead of failing). `otel-llm doctor` lists them.
+HOOKS: tuple[Hook, ...] = (
+    *_hooks(_CHAT, ("Completions", "AsyncCompletions"), "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT),
+    *_hooks(_CHAT, ("Completions", "AsyncCompletions"), "parse", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT,
+            required=False),
+    *_hooks(("openai.resources.completions",), ("Completions", "AsyncCompletions"), "create",
+            semconv.OP_TEXT_COMPLETION),
+    *_hooks(("openai.resources.embeddings",), ("Embeddings", "AsyncEmbeddings"), "create", semconv.OP_EMBEDDINGS),
+    *_hooks(("openai.resources.responses.responses", "openai.resources.responses"), ("Responses", "AsyncResponses"),
+            "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_RESPONSES, required=False),
 )
 
 
@@ -52,8 +63,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
     propagate (bool), provider_name (str).
     """
 
-    _applied: list = []
-    _telemetry: ClientTelemetry | None = None
+    _patcher: patching.Patcher | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # openai is one of the package's `instruments-any`; its absence is handled in _instrument.
@@ -66,44 +76,17 @@ class OpenAIInstrumentor(BaseInstrumentor):
             return
         tracer = trace.get_tracer("otel_llm.openai", __version__, kwargs.get("tracer_provider"))
         meter = metrics.get_meter("otel_llm.openai", __version__, kwargs.get("meter_provider"))
-        OpenAIInstrumentor._telemetry = ClientTelemetry(tracer, meter, ClientSettings.from_env(**kwargs))
-        # Patched when the app imports openai (importing it here would cost every process that
-        # `opentelemetry-instrument` starts, vLLM servers included).
-        wrapt.register_post_import_hook(lambda _module: self._patch(), "openai")
-
-    def _patch(self) -> None:
-        telemetry = OpenAIInstrumentor._telemetry
-        if telemetry is None:
-            return
-        from otel_llm.openai.wrappers import make_wrapper
-
-        for patch in PATCHES:
-            module = _first_module(patch.modules, patch.classes[0], patch.method)
-            if module is None:
-                _log.warning("otel-llm: openai %s.%s not found in %s; those calls are not traced",
-                             patch.classes[0], patch.method, " | ".join(patch.modules))
-                continue
-            for cls, is_async in ((patch.classes[0], False), (patch.classes[1], True)):
-                target = getattr(module, cls, None)
-                if target is None or isinstance(vars(target).get(patch.method), wrapt.FunctionWrapper):
-                    continue
-                wrapper = make_wrapper(telemetry, patch.operation, patch.api_type, is_async)
-                wrapt.wrap_function_wrapper(module, f"{cls}.{patch.method}", wrapper)
-                OpenAIInstrumentor._applied.append((target, patch.method))
+        telemetry = ClientTelemetry(tracer, meter, ClientSettings.from_env(**kwargs))
+        # Patched when the app imports each openai module (importing openai here would cost every
+        # process that `opentelemetry-instrument` starts, vLLM servers included).
+        OpenAIInstrumentor._patcher = patcher(telemetry)
+        OpenAIInstrumentor._patcher.install()
 
     def _uninstrument(self, **kwargs):
-        OpenAIInstrumentor._telemetry = None
-        for target, method in reversed(OpenAIInstrumentor._applied):
-            unwrap(target, method)
-        OpenAIInstrumentor._applied.clear()
+        patcher_, OpenAIInstrumentor._patcher = OpenAIInstrumentor._patcher, None
+        if patcher_ is not None:
+            patcher_.uninstall()
 
 
-def _first_module(candidates: tuple[str, ...], cls: str, method: str):
-    for name in candidates:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(getattr(module, cls, None), method):
-            return module
-    return None
+def patcher(telemetry, hooks: tuple[Hook, ...] = HOOKS) -> patching.Patcher:
+    return patching.Patcher(telemetry, hooks, _log, "openai")

@@ -8,9 +8,8 @@ caller: every entry point from the wrappers is guarded there.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from dataclasses import dataclass
+from array import array
 from time import perf_counter
 from typing import Any
 
@@ -18,46 +17,12 @@ from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
 from otel_llm import content, semconv
-from otel_llm.content import CAPTURE_CONTENT_ENV, capture_mode
+from otel_llm.config import ClientSettings
 
 _log = logging.getLogger("otel_llm.openai")
 
-INCLUDE_USAGE_ENV = "OTEL_LLM_OPENAI_INCLUDE_USAGE"
-PROPAGATE_ENV = "OTEL_LLM_OPENAI_PROPAGATE"
-PROVIDER_ENV = "OTEL_LLM_OPENAI_PROVIDER_NAME"
-
 # openai's with_raw_response / with_streaming_response mark their calls with this header
 RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"
-
-
-def _truthy(value: str | None, default: bool) -> bool:
-    if value is None or not value.strip():
-        return default
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    capture_content: bool = False
-    # add stream_options.include_usage to streamed chat/completions calls (the usage chunk the
-    # server then sends is consumed by us, so the caller's loop sees the stream it asked for)
-    include_usage: bool = False
-    propagate: bool = True
-    provider_name: str = semconv.PROVIDER_OPENAI
-
-    @classmethod
-    def from_env(cls, **overrides) -> "ClientSettings":
-        env = os.environ
-        capture = overrides.get("capture_content")
-        include_usage = overrides.get("include_usage")
-        propagate_ = overrides.get("propagate")
-        provider = overrides.get("provider_name")
-        return cls(
-            capture_content=capture_mode(env.get(CAPTURE_CONTENT_ENV)) if capture is None else bool(capture),
-            include_usage=_truthy(env.get(INCLUDE_USAGE_ENV), False) if include_usage is None else bool(include_usage),
-            propagate=_truthy(env.get(PROPAGATE_ENV), True) if propagate_ is None else bool(propagate_),
-            provider_name=provider or env.get(PROVIDER_ENV) or semconv.PROVIDER_OPENAI,
-        )
 
 
 class ClientTelemetry:
@@ -115,7 +80,7 @@ class Invocation:
     __slots__ = (
         "tel", "operation", "api_type", "span", "start", "metric_attrs", "request_model", "stream",
         "ended", "first", "last", "chunks", "finish_reasons", "usage", "response_id", "response_model",
-        "injected_usage", "input_messages", "output_parts", "lock", "choice_count", "late",
+        "injected_usage", "input_messages", "output_parts", "lock", "choice_count", "late", "gaps",
     )
 
     def __init__(self, tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
@@ -148,6 +113,9 @@ class Invocation:
         self.ended = False
         self.first = self.last = None
         self.chunks = 0
+        # time between consecutive output chunks, one per chunk after the first: recorded into
+        # time_per_output_chunk when the call ends, so the chunk loop only appends a float
+        self.gaps = array("d")
         self.finish_reasons: dict[int, str] = {}
         self.usage = None
         self.response_id = self.response_model = None
@@ -192,6 +160,8 @@ class Invocation:
             self.usage = usage
             if not choices and self.injected_usage:
                 return False
+        if self.last is not None:
+            self.gaps.append(now - self.last)
         self.last = now
         self.chunks += 1
         for choice in choices:
@@ -206,6 +176,8 @@ class Invocation:
         if kind.endswith(".delta"):
             if self.first is None:
                 self.first = now
+            if self.last is not None:
+                self.gaps.append(now - self.last)
             self.last = now
             self.chunks += 1
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
@@ -315,8 +287,9 @@ class Invocation:
             tel.tokens.record(output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_OUTPUT})
         if self.first is not None:
             tel.ttfc.record(self.first - self.start, attrs)
-            if self.chunks > 1:
-                tel.tpoc.record((self.last - self.first) / (self.chunks - 1), attrs)
+            record = tel.tpoc.record
+            for gap in self.gaps:
+                record(gap, attrs)
 
     def _usage_attributes(self, out: dict) -> tuple[int | None, int | None]:
         usage = self.usage

@@ -8,20 +8,18 @@ from opentelemetry import context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import set_span_in_context
 
+from otel_llm.warn import failed
 from otel_llm.openai.streams import AsyncStreamProxy, StreamProxy
 from otel_llm.openai.telemetry import ClientTelemetry, Invocation, is_raw_response_call
 
 _log = logging.getLogger("otel_llm.openai")
-_warned = set()
 # set while one of our spans is current: a wrapped method that calls another (an openai helper
 # built on create) makes one span, not two
 _IN_CALL = context.create_key("otel_llm.openai.in_call")
 
 
 def _warn_once(what: str) -> None:
-    if what not in _warned:
-        _warned.add(what)
-        _log.warning("otel-llm: %s failed; the call goes on untraced", what, exc_info=True)
+    failed(what, "the call goes on untraced")
 
 
 def _start(tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):

@@ -12,7 +12,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_llm import __version__, ensure_log_handler, semconv
-from otel_llm.config import Settings
+from otel_llm.config import ENV_VLLM_RUST_FRONTEND, Settings
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -31,8 +31,8 @@ class VLLMInstrumentor(BaseInstrumentor):
         if importlib.util.find_spec("vllm") is None:
             _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
             return
-        from otel_llm.vllm.hooks import Patcher
-        from otel_llm.vllm.request_telemetry import Telemetry
+        from otel_llm.vllm.hooks import patcher as make_patcher
+        from otel_llm.vllm.telemetry import Telemetry
 
         tracer = trace.get_tracer("otel_llm.vllm", __version__, kwargs.get("tracer_provider"))
         meter = metrics.get_meter("otel_llm.vllm", __version__, kwargs.get("meter_provider"))
@@ -42,7 +42,7 @@ class VLLMInstrumentor(BaseInstrumentor):
                               resource_attributes=resource.attributes if resource is not None else None)
         _warn_unknown_service(provider)
         _warn_untraced_frontends(sys.argv, os.environ)
-        patcher = Patcher(telemetry)
+        patcher = make_patcher(telemetry)
         patcher.install()
         VLLMInstrumentor._patcher = patcher
 
@@ -60,7 +60,7 @@ def _warn_untraced_frontends(argv, environ) -> None:
         _log.warning("otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
                      "traces none of them (no spans, metrics or usage records). Serve over HTTP (without --grpc) "
                      "to have them traced.")
-    if environ.get("VLLM_USE_RUST_FRONTEND", "").strip().lower() in ("1", "true", "yes"):
+    if environ.get(ENV_VLLM_RUST_FRONTEND, "").strip().lower() in ("1", "true", "yes"):
         _log.warning("otel-llm: VLLM_USE_RUST_FRONTEND is set: the Rust frontend serves requests outside vLLM's "
                      "Python API server and otel-llm traces none of them (no spans, metrics or usage records). "
                      "Unset it to have requests traced.")
@@ -68,7 +68,7 @@ def _warn_untraced_frontends(argv, environ) -> None:
 
 def _warn_unknown_service(provider) -> None:
     resource = getattr(provider, "resource", None)
-    name = resource.attributes.get("service.name", "") if resource is not None else ""
+    name = resource.attributes.get(semconv.SERVICE_NAME, "") if resource is not None else ""
     if str(name).startswith("unknown_service"):
         _log.warning(
             "otel-llm: service.name is %r; set OTEL_SERVICE_NAME (under opentelemetry-instrument "

@@ -15,16 +15,15 @@ OTEL_LLM_HTTP_REDACT_QUERY=false keeps them.
 from __future__ import annotations
 
 import logging
-import os
 
-from otel_llm.config import Settings, _env_bool
+from otel_llm.config import Settings, disabled_instrumentations
+from otel_llm.warn import failed
 
 _log = logging.getLogger("otel_llm.vllm")
 
 
 def fastapi_disabled() -> bool:
-    disabled = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
-    names = {name.strip() for name in disabled.split(",")}
+    names = disabled_instrumentations()
     return "fastapi" in names or "*" in names
 
 
@@ -37,7 +36,7 @@ def instrument_app(app, settings: Settings) -> bool:
     if getattr(app, "_is_instrumented_by_opentelemetry", False):
         FastAPIInstrumentor.uninstrument_app(app)
         app.middleware_stack = None  # rebuilt lazily, with our instrumentation, on the first request
-    redact = _env_bool("OTEL_LLM_HTTP_REDACT_QUERY", True)
+    redact = settings.http_redact_query
     FastAPIInstrumentor.instrument_app(
         app,
         excluded_urls=settings.http_excluded_urls,
@@ -79,12 +78,7 @@ def redact_query_hook(span, scope) -> None:
         if isinstance(attributes.get("url.query"), str):
             span.set_attribute("url.query", redact_query(attributes["url.query"]))
     except Exception:
-        if not _warned:
-            _warned.append(True)
-            _log.warning("otel-llm: could not redact a URL query on an HTTP span", exc_info=True)
-
-
-_warned: list[bool] = []
+        failed("redacting a URL query (HTTP span or access log)", "the span keeps it, the log line is dropped")
 
 
 class _AccessLogQueryFilter(logging.Filter):
@@ -97,9 +91,7 @@ class _AccessLogQueryFilter(logging.Filter):
                 base, _, query = args[2].partition("?")
                 record.args = (*args[:2], f"{base}?{redact_query(query)}", *args[3:])
         except Exception:  # runs inside uvicorn's send(): never fail a response over a log line
-            if not _warned:
-                _warned.append(True)
-                _log.warning("otel-llm: could not redact a URL query in the access log", exc_info=True)
+            failed("redacting a URL query (HTTP span or access log)", "the span keeps it, the log line is dropped")
             return False  # the line may hold a key: drop it rather than log it unredacted
         return True
 

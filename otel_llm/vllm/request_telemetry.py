@@ -9,22 +9,19 @@ nothing here runs per output token.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import socket
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import baggage, context as otel_context, trace
-from opentelemetry.metrics import Observation
+from opentelemetry import context as otel_context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import content, semconv
-from otel_llm.config import LabelGuard, Settings, attribution_value, load_api_keys
-from otel_llm.usage import UsageLedger
 from otel_llm.vllm import contract
+from otel_llm.vllm.telemetry import Telemetry, Usage
+from otel_llm.warn import failed, guarded, warn_once
 
 _log = logging.getLogger(__name__)
 
@@ -128,153 +125,14 @@ def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=No
     )
 
 
-@dataclass
-class Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    # prefix-cache hits that came from another node's KV transfer (P/D), where vLLM says so
-    external_cached_input_tokens: int | None = None
 
 
-class Telemetry:
-    """Tracer, instruments and settings shared by all requests of one process."""
-
-    def __init__(self, tracer: trace.Tracer, meter, settings: Settings, resource_attributes=None):
-        self.tracer = tracer
-        self.settings = settings
-        resource_attributes = resource_attributes or {}
-        self.ledger = UsageLedger(
-            meter, directory=settings.usage_dir, events=settings.usage_events,
-            instance=str(resource_attributes.get(semconv.SERVICE_INSTANCE_ID) or socket.gethostname()),
-            service=str(resource_attributes.get(semconv.SERVICE_NAME) or semconv.SERVICE_NAME_DEFAULT),
-            fsync_interval_s=settings.usage_fsync_interval_s, max_bytes=settings.usage_max_bytes,
-            max_age_s=settings.usage_max_age_s)
-        # opt-in prompt / completion capture, redacted and capped (otel_llm/content.py)
-        self.capture = content.Capture(meter) if settings.capture_content else None
-        self.api_keys = _load_api_keys(settings.api_keys_file)
-        # with an API-key map, only the tenants, scenes and cost centers it names get metric labels
-        vouched = [frozenset(v for v in values if v) for values in zip(*self.api_keys.values())] \
-            if self.api_keys else [None, None, None]
-        self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[0])
-        self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[1])
-        self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[2])
-        self._warned_invalid = False
-        self.requests = semconv.create_instrument(meter, semconv.SERVER_REQUESTS)
-        self.label_failed_model = LabelGuard(limit=20)
-        self.request_duration = semconv.create_instrument(meter, semconv.SERVER_REQUEST_DURATION)
-        self.time_to_first_token = semconv.create_instrument(meter, semconv.SERVER_TIME_TO_FIRST_TOKEN)
-        self.time_per_output_token = semconv.create_instrument(meter, semconv.SERVER_TIME_PER_OUTPUT_TOKEN)
-        # Token totals are summed here and read by the SDK at collection time: three synchronous
-        # counter adds per request cost more than all our spans' attributes together.
-        self._token_totals: dict[tuple, int] = {}
-        self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
-        self._metric_attributes: dict[tuple, dict[str, Any]] = {}
-        # internal engine request id -> RequestTelemetry, while the engine holds the request
-        self.by_engine_id: dict[str, RequestTelemetry] = {}
-
-    def metric_attributes(self, key: tuple) -> dict[str, Any]:
-        """Attributes of an (operation, request model, response model, tenant, scene, cost center)
-        series, cached."""
-        attrs = self._metric_attributes.get(key)
-        if attrs is None:
-            operation, model, response_model, tenant, scene, cost_center = key
-            attrs = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM}
-            for name, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_RESPONSE_MODEL, response_model),
-                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene),
-                                (semconv.TENANT_COST_CENTER, cost_center)):
-                if value is not None:
-                    attrs[name] = value
-            if len(self._metric_attributes) > 10_000:  # models x guarded tenants never get here
-                self._metric_attributes.clear()
-            self._metric_attributes[key] = attrs
-        return attrs
-
-    def add_tokens(self, key: tuple, usage: "Usage") -> None:
-        totals = self._token_totals
-        for token_type, value in (
-            (semconv.TOKEN_TYPE_INPUT, usage.input_tokens),
-            (semconv.TOKEN_TYPE_CACHED_INPUT, usage.cached_input_tokens),
-            (semconv.TOKEN_TYPE_OUTPUT, usage.output_tokens),
-        ):
-            series = (key, token_type)
-            totals[series] = totals.get(series, 0) + value
-
-    def _observe_tokens(self, options):
-        for (key, token_type), value in list(self._token_totals.items()):
-            yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
-
-    def attribution(self, headers, ctx=None) -> tuple[str | None, str | None, str | None]:
-        """(tenant, scene, cost center): from the API key map, else request headers (first match),
-        else W3C baggage."""
-        found: list[str | None] = [None, None, None]
-        if self.api_keys and headers is not None:
-            scheme, _, key = (headers.get("authorization") or "").partition(" ")
-            if scheme.lower() == "bearer" and key.strip():
-                entry = self.api_keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
-                if entry is not None:
-                    return entry
-        settings = self.settings
-        limit = settings.attribution_max_length
-        header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
-        for index, names in enumerate(header_names):
-            found[index] = self._valid(_first_header(headers, names), limit)
-        if None in found:
-            entries = baggage.get_all(ctx)
-            if entries:
-                baggage_keys = (settings.tenant_baggage_keys, settings.scene_baggage_keys,
-                                settings.cost_center_baggage_keys)
-                for index, keys in enumerate(baggage_keys):
-                    if found[index] is None:
-                        found[index] = self._valid(_first_baggage(entries, keys), limit)
-        return found[0], found[1], found[2]
-
-    def _valid(self, raw: str | None, limit: int) -> str | None:
-        if raw is None:
-            return None
-        value = attribution_value(raw, limit)
-        if value is None and not self._warned_invalid:
-            self._warned_invalid = True
-            _log.warning("otel-llm: a tenant/scene/cost-center value was ignored (over %d characters, or control "
-                         "characters; OTEL_LLM_ATTRIBUTION_MAX_LENGTH): such requests are attributed to no "
-                         "tenant. Further ones are not logged.", limit)
-        return value
-
-    def start(self, info: RequestInfo, *, engine_owned: bool = False, start_ns: int | None = None,
-              links=None, context=None) -> "RequestTelemetry":
-        return RequestTelemetry(self, info, engine_owned=engine_owned, start_ns=start_ns, links=links,
-                                context=context)
 
 
-def _load_api_keys(path: str | None) -> dict:
-    if not path:
-        return {}
-    try:
-        keys = load_api_keys(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _log.warning("otel-llm: OTEL_LLM_API_KEYS_FILE %s unusable (%s); tenants come from headers and baggage",
-                     path, exc)
-        return {}
-    return keys
 
 
-def _first_header(headers, names) -> str | None:
-    if headers is None:
-        return None
-    for name in names:
-        value = headers.get(name)
-        if value:
-            return value
-    return None
 
 
-def _first_baggage(entries, keys) -> str | None:
-    for key in keys:
-        value = entries.get(key)
-        if value:
-            return str(value)
-    return None
 
 
 class RequestTelemetry:
@@ -351,7 +209,7 @@ class RequestTelemetry:
         try:
             self._end(error_type, error_message, aborted, response)
         except Exception:  # instrumentation must never break serving
-            warn_once("finishing the span of a vLLM request")
+            failed("finishing the span of a vLLM request")
             try:
                 self.span.end()
             except Exception:
@@ -543,7 +401,7 @@ class RequestTelemetry:
                 # stats off (--disable-log-stats with --api-server-count > 1)
                 have_events = False
                 if stats.first_token:
-                    _warn_no_engine_events()
+                    warn_once("no engine events", _NO_ENGINE_EVENTS)
                 continue
             queued = _earliest(queued, bounds[0])
             scheduled = _earliest(scheduled, bounds[1])
@@ -635,37 +493,14 @@ class _Timing:
         self.tpot: float | None = None
 
 
-_warned: set[str] = set()
 
 
-def warn_once(what: str) -> None:
-    """One warning (with its traceback) per kind of failure and process, never one per request."""
-    if what not in _warned:
-        _warned.add(what)
-        _log.warning("otel-llm: %s failed; the request is served, its telemetry may be incomplete", what,
-                     exc_info=True)
 
 
-def guarded(what: str, fn, *args):
-    """fn(*args), or None after warn_once(what) when it raised."""
-    try:
-        return fn(*args)
-    except Exception:  # instrumentation must never break serving
-        warn_once(what)
-        return None
 
 
-_warned_no_events: list[bool] = []
 
 
-def _warn_no_engine_events() -> None:
-    if not _warned_no_events:
-        _warned_no_events.append(True)
-        _log.warning(
-            "otel-llm: vLLM's engine core records no queue/schedule timestamps (it was started with "
-            "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
-            "child spans. Drop --disable-log-stats to get them."
-        )
 
 
 def _earliest(current: float, candidate: float) -> float:
@@ -681,6 +516,19 @@ def _phase_bounds(stats: contract.EngineTiming):
     first = stats.first_token if scheduled and stats.first_token else 0.0
     last = stats.last_token if first and stats.last_token else 0.0
     return stats.queued, scheduled, first, last
+
+
+_NO_ENGINE_EVENTS = (
+    "otel-llm: vLLM's engine core records no queue/schedule timestamps (it was started with "
+    "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
+    "child spans. Drop --disable-log-stats to get them.")
+
+
+def start_request(telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False, start_ns: int | None = None,
+                  links=None, context=None) -> RequestTelemetry:
+    """A request's telemetry, its GenAI span started (at `start_ns`, default now)."""
+    return RequestTelemetry(telemetry, info, engine_owned=engine_owned, start_ns=start_ns, links=links,
+                            context=context)
 
 
 def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_llm import semconv
-from otel_llm.vllm.request_telemetry import (RequestTelemetry, Telemetry, end_with_exception, guarded, request_info,
-                                             warn_once)
+from otel_llm.vllm.request_telemetry import RequestTelemetry, end_with_exception, request_info, start_request
+from otel_llm.vllm.telemetry import Telemetry
+from otel_llm.warn import failed, guarded
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -140,7 +141,7 @@ def _tee_receive(receive, state: RouteScope):
                 if chunk and sum(map(len, body)) < _MAX_BODY:
                     body.append(chunk)
         except Exception:
-            warn_once("keeping a request body for its parameters")
+            failed("keeping a request body for its parameters")
         return message
 
     return tee
@@ -159,7 +160,7 @@ def _status_send(send, state: RouteScope, tel: Telemetry):
             try:
                 state.status = int(message.get("status"))
             except Exception:
-                warn_once("reading a response status")
+                failed("reading a response status")
         elif kind == "http.response.body" and not message.get("more_body", False):
             guarded("ending a route's span", _finish, state, tel, None)
         await send(message)
@@ -220,12 +221,12 @@ def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> Req
     try:
         tenant, scene, cost_center = tel.attribution(Headers(scope=state.scope))
     except Exception:  # the request still gets its span and bill, attributed to no tenant
-        warn_once("reading a request's tenant")
+        failed("reading a request's tenant")
         tenant = scene = cost_center = None
     route = state.route
     info = request_info(route.operation or semconv.OP_TEXT_COMPLETION, _body_params(_json_body(state)),
                         tenant=tenant, scene=scene, cost_center=cost_center, api_type=route.api_type)
-    return tel.start(info, start_ns=state.start_ns, engine_owned=engine_owned)
+    return start_request(tel, info, start_ns=state.start_ns, engine_owned=engine_owned)
 
 
 def _json_body(state: RouteScope) -> dict:

@@ -12,8 +12,8 @@ installed or shadowed. Without OTEL_LLM_TEST_FAULT_FILE in the environment it do
 
 What it patches, once, at startup:
 
-- every `_safe` guard of otel_llm.vllm.hooks, existing (made when hooks was imported: found by
-  their closure) and future (the hook factories call `_safe` when vLLM imports each module): the
+- every `_safe` guard of the GUARDED_MODULES, existing (made when they were imported: found by
+  the `what` they carry) and future (the hook factories call `_safe` when vLLM imports each module): the
   guarded function gets a check in front, so target `guard:<what>` raises *inside* that guard;
 - each `module:attribute.path` listed in OTEL_LLM_TEST_FAULT_TARGETS (comma-separated): the
   function is replaced by one that raises when it is the active target, and otherwise calls it.
@@ -73,21 +73,27 @@ def _faulty(name: str, fn, switch: str):
     return faulty
 
 
+# the modules whose `_safe` guards (otel_llm.warn.guard) wrap our bookkeeping around vLLM's code
+GUARDED_MODULES = ("otel_llm.vllm.streams", "otel_llm.vllm.wrappers")
+
+
 def _patch_guards(switch: str) -> None:
-    from otel_llm.vllm import hooks
+    modules = [importlib.import_module(name) for name in GUARDED_MODULES]
+    replaced: dict[int, object] = {}  # a guard imported by another module is replaced there too
+    for module in modules:
+        original = module._safe
 
-    original = hooks._safe
-    inner_name = original.__qualname__ + ".<locals>.deco.<locals>.inner"
+        def safe(what: str, *args, original=original):
+            deco = original(what, *args)
+            return lambda fn: deco(_faulty(GUARD_PREFIX + what, fn, switch))
 
-    def safe(what: str):
-        deco = original(what)
-        return lambda fn: deco(_faulty(GUARD_PREFIX + what, fn, switch))
-
-    for attribute, value in list(vars(hooks).items()):
-        if getattr(value, "__qualname__", None) == inner_name:
-            cells = dict(zip(value.__code__.co_freevars, value.__closure__))
-            setattr(hooks, attribute, safe(cells["what"].cell_contents)(cells["fn"].cell_contents))
-    hooks._safe = safe
+        for attribute, value in list(vars(module).items()):
+            what, fn = getattr(value, "what", None), getattr(value, "wrapped", None)
+            if isinstance(what, str) and callable(fn):
+                if id(value) not in replaced:
+                    replaced[id(value)] = safe(what)(fn)
+                setattr(module, attribute, replaced[id(value)])
+        module._safe = safe
 
 
 def _patch_function(target: str, switch: str) -> None:

@@ -21,8 +21,8 @@ from conftest import start_server
 from helpers import assert_server_tree, genai_spans, request_trace
 
 from otel_llm import semconv
-from otel_llm.otlp_receiver import Receiver
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.otlp_receiver import Receiver
+from devkit.tiny_model import MODEL_NAME
 
 API_KEY = "sk-secret-" + secrets.token_hex(8)
 WRONG_KEY = "sk-secret-wrong-" + secrets.token_hex(8)

@@ -3,7 +3,7 @@
 One `opentelemetry-instrument vllm serve` for the module, with tests/reliability/fault_injector.py
 loaded in it (see its docstring for how: an `opentelemetry_pre_instrument` entry point from a
 temporary dist-info on PYTHONPATH, so opentelemetry-instrument's own sitecustomize stays in charge).
-The injector can make any `_safe` guard of otel_llm.vllm.hooks, or any function we name, raise; the
+The injector can make any `_safe` guard of otel_llm.vllm.wrappers and streams, or any function we name, raise; the
 test switches the active fault at run time through a file, so one server serves every target.
 
 1. Every call into our code on a request path of the API server process gets a fault: each
@@ -55,12 +55,13 @@ from conftest import Traceparent
 from helpers import genai_spans
 
 from otel_llm import semconv
-from otel_llm.devserver import VLLMServer, otlp_env
+from devkit.devserver import VLLMServer, otlp_env
 from otel_llm.ledger import read_spool
-from otel_llm.tiny_model import MODEL_NAME
+from devkit.tiny_model import MODEL_NAME
 
 HERE = Path(__file__).resolve().parent
-H = "otel_llm.vllm.hooks"
+W = "otel_llm.vllm.wrappers"
+S = "otel_llm.vllm.streams"
 R = "otel_llm.vllm.request_telemetry"
 
 MAX_MODEL_LEN = 4096
@@ -109,31 +110,31 @@ TARGETS = (
     # faulted in the fourth target)
     Target("guard:starting the chat span", fires=(CHAT, ABORT)),
     Target("guard:starting the text_completion span", fires=(STREAM,), no_wire_ttft=True),
-    Target(f"{H}:_request_info", fires=GENERATING, no_wire_ttft=True),
+    Target(f"{W}:_request_info", fires=GENERATING, no_wire_ttft=True),
     Target("guard:starting an AsyncLLM span", also=(*HANDLER_STARTS, "otel_llm.vllm.routes:_enter"),
            fires=GENERATING, no_span=GENERATING),
     # (the route's span takes no tenant then: it is counted as a span without one)
-    Target(f"{R}:Telemetry.attribution", fires=EVERY, no_span=EVERY, fallback=GENERATING, guards=2),
-    Target(f"{R}:Telemetry.start", fires=EVERY, no_span=EVERY),
+    Target("otel_llm.vllm.attribution:Attribution.__call__", fires=EVERY, no_span=EVERY, fallback=GENERATING, guards=2),
+    Target(f"{R}:RequestTelemetry.__init__", fires=EVERY, no_span=EVERY),
     # making the record current around vLLM's code (handler, first chunk) and restoring the context:
     # not current, the route's scope still links the engine request to the handler's span
     Target("guard:making a request's span current", fires=GENERATING),
-    Target(f"{H}:attach", fires=GENERATING),
+    Target(f"{S}:attach", fires=GENERATING),
     Target("guard:restoring the context after a request", fires=GENERATING),
-    Target(f"{H}:detach", fires=GENERATING),
+    Target(f"{S}:detach", fires=GENERATING),
     # the mark that keeps an exception handler from recording a second (rejection) span
     Target("guard:marking a request as traced", fires=GENERATING),
     # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
     Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
-    Target(f"{H}:_error_of", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
+    Target(f"{W}:_error_of", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
     # the stream wrapper: first chunk, and its end on an exception (StopAsyncIteration after [DONE])
     Target("guard:recording a stream's first chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
     Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
     Target("guard:ending a request's span on an exception", fires=(STREAM,)),
-    Target(f"{H}:_end_with_exception", fires=(STREAM,)),
+    Target(f"{S}:_end_with_exception", fires=(STREAM,)),
     # engine events (the output processor, in the API server process)
     Target("guard:attaching an engine request", fires=GENERATING, no_engine=GENERATING),
-    Target(f"{H}:_attach", fires=GENERATING, no_engine=GENERATING),
+    Target(f"{W}:_attach", fires=GENERATING, no_engine=GENERATING),
     Target(f"{R}:RequestTelemetry.attach_engine_request", fires=GENERATING, no_engine=GENERATING),
     Target("guard:recording an engine finish", fires=(CHAT, STREAM)),
     Target(f"{R}:RequestTelemetry.on_engine_finished", fires=(CHAT, STREAM)),
@@ -354,7 +355,7 @@ def test_every_guard_on_the_request_path_gets_a_fault(setup):
     registered = set(setup.faults.events("registered", setup.api_pid))
     guards = {name[len("guard:"):] for name in registered if name.startswith("guard:")}
     faulted = {t.name[len("guard:"):] for t in TARGETS if t.name.startswith("guard:")}
-    assert faulted <= guards, f"guards no longer in otel_llm.vllm.hooks: {faulted - guards}"
+    assert faulted <= guards, f"guards no longer in otel_llm.vllm.wrappers or streams: {faulted - guards}"
     unknown = guards - faulted - set(GUARDS_OFF_THIS_PATH)
     assert not unknown, f"new _safe guards: add a Target (or GUARDS_OFF_THIS_PATH) for {unknown}"
     functions = {t.name for t in TARGETS + HTTP_TARGETS if not t.name.startswith("guard:")}

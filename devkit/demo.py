@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.devserver import GatewayServer, VLLMServer, otlp_env, run_app, write_keys_file
-from otel_llm.otlp_receiver import Receiver
-from otel_llm.trace_tree import render
+from devkit.devserver import GatewayServer, VLLMServer, otlp_env, run_app, write_keys_file
+from devkit.otlp_receiver import Receiver
+from devkit.trace_tree import render
 
 APP_SERVICE = "llm-app"
 DEMO_KEY = "sk-demo-acme"  # the gateway maps it to tenant acme, scene support

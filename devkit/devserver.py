@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from otel_llm import tiny_model
+from devkit import tiny_model
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("OTEL_LLM_TINY_MODEL", Path(__file__).resolve().parent.parent / ".cache" / "tiny-llama"))
 CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]

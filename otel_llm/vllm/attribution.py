@@ -1,0 +1,158 @@
+"""Which tenant, scene and cost center a request belongs to: the API key's entry in
+OTEL_LLM_API_KEYS_FILE (stored hashed), else request headers, else W3C baggage; and the label guards
+that keep those values low-cardinality on metrics (spans and usage records keep the full value).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+
+from opentelemetry import baggage
+
+from otel_llm import semconv
+from otel_llm.config import ENV_API_KEYS_FILE, ENV_ATTRIBUTION_MAX_LENGTH, Settings
+from otel_llm.warn import WarnOnce, warn_once
+
+
+class Attribution:
+    """(tenant, scene, cost center) of a request, each None when unknown."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.api_keys = _load_api_keys(settings.api_keys_file)
+        self._warn = WarnOnce()  # per instance: each Telemetry warns about its own requests
+
+    def vouched(self) -> list:
+        """Per field, the values the API-key map names (None: no map, any value may get a label)."""
+        if not self.api_keys:
+            return [None, None, None]
+        return [frozenset(v for v in values if v) for values in zip(*self.api_keys.values())]
+
+    def __call__(self, headers, ctx=None) -> tuple[str | None, str | None, str | None]:
+        """(tenant, scene, cost center): from the API key map, else request headers (first match),
+        else W3C baggage."""
+        found: list[str | None] = [None, None, None]
+        if self.api_keys and headers is not None:
+            scheme, _, key = (headers.get("authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and key.strip():
+                entry = self.api_keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
+                if entry is not None:
+                    return entry
+        settings = self.settings
+        limit = settings.attribution_max_length
+        header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+        for index, names in enumerate(header_names):
+            found[index] = self._valid(_first_header(headers, names), limit)
+        if None in found:
+            entries = baggage.get_all(ctx)
+            if entries:
+                baggage_keys = (settings.tenant_baggage_keys, settings.scene_baggage_keys,
+                                settings.cost_center_baggage_keys)
+                for index, keys in enumerate(baggage_keys):
+                    if found[index] is None:
+                        found[index] = self._valid(_first_baggage(entries, keys), limit)
+        return found[0], found[1], found[2]
+
+    def _valid(self, raw: str | None, limit: int) -> str | None:
+        if raw is None:
+            return None
+        value = attribution_value(raw, limit)
+        if value is None:
+            self._warn("invalid", "otel-llm: a tenant/scene/cost-center value was ignored (over %d characters, or "
+                       "control characters; %s): such requests are attributed to no tenant. Further ones are not "
+                       "logged.", limit, ENV_ATTRIBUTION_MAX_LENGTH)
+        return value
+
+
+def _first_header(headers, names) -> str | None:
+    if headers is None:
+        return None
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+def _first_baggage(entries, keys) -> str | None:
+    for key in keys:
+        value = entries.get(key)
+        if value:
+            return str(value)
+    return None
+
+def _load_api_keys(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        keys = load_api_keys(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warn_once(("api keys", path), "otel-llm: %s %s unusable (%s); tenants come from headers and baggage",
+                  ENV_API_KEYS_FILE, path, exc)
+        return {}
+    return keys
+
+
+def attribution_value(raw, max_length: int) -> str | None:
+    """A tenant / scene / cost-center value as a client sent it, or None when it is not one.
+
+    HTTP headers arrive decoded as latin-1 (the ASGI rule): UTF-8 sent by the client is decoded as
+    UTF-8 again (`租户-é`, not `ç§\x9fæ\x88·-Ã©`). Surrounding blanks are dropped. A value longer
+    than max_length characters or holding control / format characters is refused whole (cut, two
+    tenants could become one bill)."""
+    if not isinstance(raw, str):
+        return None
+    value = raw.strip()
+    if not value.isascii():
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass  # not UTF-8 sent as bytes: keep it as it came
+    if not value or len(value) > max_length:
+        return None
+    if not value.isprintable():  # control, format, separators other than the plain space
+        return None
+    return value
+
+
+@dataclass
+class LabelGuard:
+    """Keeps a metric label low-cardinality: values in the allow-list keep their name; without one,
+    the first N distinct values do, among those the API-key map vouches for when there is one (so
+    clients sending made-up tenant headers cannot take the slots of real tenants); the rest 'other'."""
+
+    allow_list: tuple[str, ...] = ()
+    limit: int = 50
+    vouched: frozenset[str] | None = None
+    _seen: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if self.allow_list:
+            return value if value in self.allow_list else semconv.LABEL_OTHER
+        if self.vouched is not None and value not in self.vouched:
+            return semconv.LABEL_OTHER
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return semconv.LABEL_OTHER
+
+
+def load_api_keys(path: str) -> dict[str, tuple[str, str | None, str | None]]:
+    """sha256 hex digest of an API key -> (tenant, scene, cost center). Raises ValueError."""
+    with open(path) as f:
+        entries = json.load(f)["keys"]
+    keys = {}
+    for entry in entries:
+        digest = str(entry["sha256"]).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"not a sha256 hex digest: {digest[:12]}...")
+        keys[digest] = (str(entry["tenant"]), entry.get("scene"), entry.get("cost_center"))
+    return keys

@@ -1,0 +1,308 @@
+"""The wrappers the hook table (hooks.py) applies to vLLM: each factory takes the process-wide
+Telemetry and returns a wrapt wrapper. Our own bookkeeping inside them runs under `_safe` guards
+(otel_llm/warn.py): a failure there is logged once and never reaches vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry import context as otel_context, trace
+
+from otel_llm import semconv
+from otel_llm.vllm import contract, routes
+from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
+from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry
+from otel_llm.vllm.telemetry import Telemetry
+from otel_llm.warn import guard as _safe
+
+def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
+    tenant, scene, cost_center = tel.attribution(getattr(raw_request, "headers", None))
+    return request_info(operation, lambda name: getattr(request, name, None), tenant=tenant, scene=scene,
+                        cost_center=cost_center, api_type=api_type,
+                        request=request if tel.capture is not None else None)
+
+def _error_of(result) -> tuple[str, str] | None:
+    """(error.type, message) when a handler returned an error instead of raising."""
+    error = getattr(result, "error", None)  # vLLM's ErrorResponse
+    if error is not None and hasattr(error, "code"):
+        return str(getattr(error, "type", None) or error.code), str(getattr(error, "message", ""))
+    status = getattr(result, "status_code", None)  # a starlette Response (pooling endpoints)
+    if isinstance(status, int) and status >= 400:
+        return str(status), ""
+    return None
+
+def handler_wrapper(operation: str, api_type: str | None = None):
+    def factory(tel: Telemetry):
+        start = _safe(f"starting the {operation} span")(
+            lambda request, raw_request: _claimed(start_request(tel, _request_info(operation, request, tel, raw_request,
+                                                                           api_type)))
+        )
+
+        async def wrapper(wrapped, instance, args, kwargs):
+            request = args[0] if args else kwargs.get("request")
+            raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")
+            record = start(request, raw_request)
+            if record is None:
+                return await wrapped(*args, **kwargs)
+            _mark_traced(raw_request)
+            result = await _run_current(record, wrapped, args, kwargs)
+            return _finish_handler(record, result, raw_request)
+
+        return wrapper
+
+    return factory
+
+async def _run_current(record, wrapped, args, kwargs):
+    """await vLLM's coroutine with `record` current; an exception ends the record and goes on."""
+    tokens = _make_current(record)
+    try:
+        return await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        _end_on_exception(record, exc)
+        raise
+    finally:
+        _restore_context(tokens)
+
+def _claimed(record):
+    _claim(record)  # the route this request came by adds no span of its own
+    return record
+
+_claim = _safe("claiming a request for its route")(lambda record: routes.claim(record))
+
+@_safe("marking a request as traced")
+def _mark_traced(raw_request) -> None:
+    """The request has its GenAI span: an exception handler running for it records no rejection."""
+    state = getattr(raw_request, "state", None)
+    if state is not None:
+        state.otel_llm_traced = True
+
+@_safe("reading a vLLM response")
+def _read_response(record, result, raw_request):
+    # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
+    metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
+    record.metadata = metadata
+    response_id = contract.read_response_id(metadata)
+    if response_id is not None:
+        record.response_id = response_id
+    error = _error_of(result)
+    if error is not None:
+        record.end(error_type=error[0], error_message=error[1])
+        return result
+    if hasattr(result, "__anext__"):
+        return _StreamTelemetry(result, record)
+    record.end(response=result if hasattr(result, "choices") else None)
+    return result
+
+def _finish_handler(record, result, raw_request):
+    wrapped = _read_response(record, result, raw_request)
+    if wrapped is None:
+        record.end()
+        return result
+    return wrapped
+
+def attach_engine_request(tel: Telemetry):
+    on_attach = _safe("attaching an engine request")(
+        lambda instance, request: _attach(tel, instance, request)
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        request = args[0] if args else kwargs.get("request")
+        on_attach(instance, request)
+        return result
+
+    return wrapper
+
+def _attach(tel: Telemetry, output_processor, request) -> None:
+    record = CURRENT.get()
+    if record is None:
+        record = routes.record_for_engine_request(tel)
+    if record is None or record.ended:
+        return
+    state = contract.read_request_states(output_processor).get(request.request_id)
+    if state is not None and state.request_id not in tel.by_engine_id:
+        record.attach_engine_request(state)
+        if record.pd_role is None:
+            record.pd_role = _pd_role(request)
+
+def _pd_role(request) -> str | None:
+    """The P/D leg an engine request is, from the kv_transfer_params vLLM passes in extra_args."""
+    params = contract.read_kv_transfer_params(request)
+    if params is None:
+        return None
+    if params.get("do_remote_decode"):
+        return semconv.PD_ROLE_PREFILL
+    if params.get("do_remote_prefill"):
+        return semconv.PD_ROLE_DECODE
+    return None
+
+def engine_finished(tel: Telemetry):
+    @_safe("recording an engine finish")
+    def on_finish(req_state, finish_reason):
+        record = tel.by_engine_id.get(req_state.request_id)
+        if record is not None:
+            record.on_engine_finished(req_state, finish_reason)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        req_state = args[0] if args else kwargs.get("req_state")
+        finish_reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
+        on_finish(req_state, finish_reason)
+        return result
+
+    return wrapper
+
+def engine_aborted(tel: Telemetry):
+    @_safe("recording an engine abort")
+    def on_abort(aborted_ids):
+        for request_id in aborted_ids or ():
+            record = tel.by_engine_id.pop(request_id, None)
+            if record is None:
+                continue
+            record.engine_aborted = True
+            if record.engine_owned:
+                record.end(aborted=True)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        on_abort(result)
+        return result
+
+    return wrapper
+
+def native_tracing_off(tel: Telemetry):
+    """vLLM's own `llm_request` span (--otlp-traces-endpoint) would trace every request twice."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        return None
+
+    return wrapper
+
+def _engine_model(engine) -> str | None:
+    config = getattr(engine, "model_config", None)
+    return getattr(config, "served_model_name", None) or getattr(config, "model", None)
+
+def async_llm_generate(tel: Telemetry):
+    """AsyncLLM used directly (no OpenAI handler around it): the generate() call is the request."""
+    start = _safe("starting an AsyncLLM span")(
+        lambda engine, params: start_request(tel, _engine_request_info(engine, params))
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if CURRENT.get() is not None or routes.SCOPE.get() is not None:  # a handler's or a route's span
+            return wrapped(*args, **kwargs)
+        record = start(instance, args[1] if len(args) > 1 else kwargs.get("sampling_params"))
+        if record is None:
+            return wrapped(*args, **kwargs)
+        # generate() is an async generator: its body, add_request included, runs on the first
+        # __anext__, which _StreamTelemetry runs with the record current
+        return _StreamTelemetry(wrapped(*args, **kwargs), record, sse=False)
+
+    return wrapper
+
+def _engine_request_info(engine, params) -> RequestInfo:
+    n = getattr(params, "n", None)
+    top_k = getattr(params, "top_k", None)
+    return RequestInfo(
+        operation=semconv.OP_TEXT_COMPLETION if hasattr(params, "max_tokens") else semconv.OP_EMBEDDINGS,
+        model=_engine_model(engine),
+        choice_count=n,
+        max_tokens=getattr(params, "max_tokens", None),
+        temperature=getattr(params, "temperature", None),
+        top_p=getattr(params, "top_p", None),
+        top_k=top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
+        seed=getattr(params, "seed", None),
+    )
+
+def llm_engine_add_request(tel: Telemetry):
+    """Offline LLMEngine (vllm.LLM): one span per engine request, ended when the engine finishes."""
+    start = _safe("starting an LLMEngine span")(
+        lambda engine, params: start_request(tel, _engine_request_info(engine, params), engine_owned=True)
+    )
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if CURRENT.get() is not None:
+            return wrapped(*args, **kwargs)
+        record = start(instance, args[2] if len(args) > 2 else kwargs.get("params"))
+        if record is None:
+            return wrapped(*args, **kwargs)
+        tokens = _make_current(record)
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            _end_on_exception(record, exc)
+            raise
+        finally:
+            _restore_context(tokens)
+
+    return wrapper
+
+def llm_keeps_stats(tel: Telemetry):
+    """vllm.LLM turns per-request stats off by default; the phase spans need them."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if "disable_log_stats" not in kwargs:
+            kwargs["disable_log_stats"] = False
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+def validation_rejection(tel: Telemetry, by_exception: bool = False):
+    """Requests FastAPI rejects before any handler runs (bad JSON, schema errors) get a span too."""
+
+    @_safe("recording a rejected request")
+    def record_rejection(request, exc, response):
+        route = routes.ROUTES.get(request.url.path)
+        if route is None or getattr(request.state, "otel_llm_traced", False):
+            return
+        operation = route.operation or semconv.OP_TEXT_COMPLETION
+        tenant, scene, cost_center = tel.attribution(request.headers)
+        record = start_request(tel, RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center,
+                                       api_type=route.api_type))
+        error_type = str(getattr(response, "status_code", "400"))
+        if by_exception and exc is not None:
+            error_type = type(exc).__qualname__
+        else:
+            try:
+                error_type = json.loads(response.body)["error"]["type"] or error_type
+            except Exception:
+                pass
+        record.end(error_type=error_type, error_message="request rejected before reaching the engine")
+        request.state.otel_llm_traced = True  # the route (routes.py) adds no error span of its own
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        response = await wrapped(*args, **kwargs)
+        record_rejection(args[0] if args else kwargs.get("req", kwargs.get("request")),
+                         args[1] if len(args) > 1 else kwargs.get("exc"), response)
+        return response
+
+    return wrapper
+
+def vllm_error_rejection(tel: Telemetry):
+    """A VLLMError raised before a handler runs (a request model's validator: `prompt` missing) goes
+    to vLLM's VLLMError handler; one raised inside a handler already ended that handler's span."""
+    return validation_rejection(tel, by_exception=True)
+
+def background_response(tel: Telemetry):
+    """Responses API with background=true: the handler answers `queued` and a task generates later.
+    That work is its own request (span, tokens, usage record), linked to the request that started it."""
+    start = _safe("starting a background response span")(
+        lambda request, origin: start_request(tel, 
+            _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES)
+            if origin is None else origin.info,
+            links=[trace.Link(origin.span.get_span_context())] if origin is not None else None,
+            context=otel_context.Context())  # a trace of its own: the first one may be decided already
+    )
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        record = start(args[0] if args else kwargs.get("request"), CURRENT.get())
+        if record is None:
+            return await wrapped(*args, **kwargs)
+        result = await _run_current(record, wrapped, args, kwargs)
+        _end_background(record)
+        return result
+
+    return wrapper
+
+_end_background = _safe("ending a background response span")(lambda record: record.end())
