@@ -1,41 +1,24 @@
 """Grafana dashboards for an instrumented vLLM fleet, generated from the names in `otel_llm.semconv`
-(ours), the recording rules of `otel_llm.rules` and vLLM's own `vllm:*` metrics.
+(ours, and vLLM's own `vllm:*` metrics in its end section) and the recording rules of `otel_llm.rules`.
 
-    python -m otel_llm.dashboards           # rewrite dashboards/*.json
-    python -m otel_llm.dashboards --check   # exit 1 when a committed file differs from the generator
-                                            # or a panel queries a metric nobody emits
-
-Datasources are template variables (`${prometheus}`, `${tempo}`), so the files import anywhere.
+`render()` gives each file's JSON text; `otel-llm dashboards --out DIR` writes them, `--name NAME`
+prints one. `problems()` lists what a query reads that nothing emits. Datasources are template
+variables (`${prometheus}`, `${tempo}`), so the files import anywhere.
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import json
 import re
-import sys
-from pathlib import Path
 
-from otel_llm import rules, semconv
+from otel_llm import promql, rules, semconv
 from otel_llm.rules import DURATION, MODEL, OUTCOME, REQUESTS, TENANT, TOKEN_TYPE, TOKENS, TPOT, TTFT
 
-DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
 SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
-VLLM_MODEL = rules.VLLM_MODEL
-
-# vLLM's own metrics the dashboards query (vllm/v1/metrics/loggers.py, prometheus_client names).
-VLLM_METRICS = {
-    "running": "vllm:num_requests_running",
-    "waiting": rules.VLLM_WAITING,
-    "kv_cache": rules.VLLM_KV_CACHE_USAGE,
-    "preemptions": rules.VLLM_PREEMPTIONS,
-    "queue_time": "vllm:request_queue_time_seconds",
-    "prefill_time": "vllm:request_prefill_time_seconds",
-    "decode_time": "vllm:request_decode_time_seconds",
-}
-HISTOGRAMS = (DURATION, TTFT, TPOT, VLLM_METRICS["queue_time"], VLLM_METRICS["prefill_time"],
-              VLLM_METRICS["decode_time"])
+VLLM_MODEL = semconv.VLLM_LABEL_MODEL
+# vLLM's per-request phase histograms
+PHASES = {"queue": semconv.VLLM_METRIC_QUEUE_TIME, "prefill": semconv.VLLM_METRIC_PREFILL_TIME,
+          "decode": semconv.VLLM_METRIC_DECODE_TIME}
 PRICES = (("price_input", "Input price per 1M tokens", "2"),
           ("price_cached_input", "Cached input price per 1M tokens", "0.5"),
           ("price_output", "Output price per 1M tokens", "8"))
@@ -45,38 +28,6 @@ TEMPO = {"type": "tempo", "uid": "${tempo}"}
 OURS = f'{MODEL}=~"$model", {TENANT}=~"$tenant", {SCENE}=~"$scene"'
 ENGINE = f'{VLLM_MODEL}=~"$model"'
 RI = "$__rate_interval"
-
-
-def emitted_metrics() -> set[str]:
-    """Every metric name a panel may query: ours, our recording rules, the vLLM ones above."""
-    names = {TOKENS, REQUESTS} | {r["record"] for r in rules.recording_rules()}
-    names |= {f"{h}_{s}" for h in (DURATION, TTFT, TPOT) for s in ("bucket", "sum", "count")}
-    for name in VLLM_METRICS.values():
-        names |= {f"{name}_{s}" for s in ("bucket", "sum", "count")} if name in HISTOGRAMS else {name}
-    return names
-
-
-def vllm_missing() -> list[str]:
-    """vLLM metric names above that the installed vLLM does not define (empty if vLLM is absent)."""
-    return rules.vllm_missing(VLLM_METRICS.values())
-
-
-_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-             "offset", "bool", "inf", "nan"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression references (template variables removed first)."""
-    e = re.sub(r"\$\{?\w+\}?", "0", expr)
-    e = re.sub(r'"(\\.|[^"\\])*"', '""', e)
-    e = re.sub(r"\{[^}]*\}", "", e)
-    e = re.sub(r"\[[^\]]*\]", "", e)
-    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
-    found = set()
-    for m in re.finditer(r"(?<![\w:.])([a-zA-Z_:][\w:]*)(\s*\()?", e):
-        if not m.group(2) and m.group(1).lower() not in _KEYWORDS:
-            found.add(m.group(1))
-    return found
 
 
 # --- builders -----------------------------------------------------------------------------
@@ -154,16 +105,16 @@ def overview() -> dict:
             f"sum(rate({tokens(semconv.TOKEN_TYPE_CACHED_INPUT)}[{RI}])) / "
             f"(sum(rate({tokens(semconv.TOKEN_TYPE_INPUT)}[{RI}])) > 0)", "hit rate")], "percentunit",
               description="cached input tokens / input tokens"),
-        panel("KV cache usage", [target(f"max by ({VLLM_MODEL}) ({VLLM_METRICS['kv_cache']}{{{ENGINE}}})",
+        panel("KV cache usage", [target(f"max by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_KV_CACHE_USAGE}{{{ENGINE}}})",
                                         f"{{{{{VLLM_MODEL}}}}}")], "percentunit", w=8),
-        panel("Requests waiting (queue)", [target(f"sum by ({VLLM_MODEL}) ({VLLM_METRICS['waiting']}{{{ENGINE}}})",
+        panel("Requests waiting (queue)", [target(f"sum by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_WAITING}{{{ENGINE}}})",
                                                   f"{{{{{VLLM_MODEL}}}}}")], w=8),
-        panel("Requests running", [target(f"sum by ({VLLM_MODEL}) ({VLLM_METRICS['running']}{{{ENGINE}}})",
+        panel("Requests running", [target(f"sum by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_RUNNING}{{{ENGINE}}})",
                                           f"{{{{{VLLM_MODEL}}}}}")], w=8),
         panel("Time to first token", quantiles(TTFT, OURS), "s", w=8),
         panel("Time per output token", quantiles(TPOT, OURS), "s", w=8),
         panel("Request duration (e2e)", quantiles(DURATION, OURS), "s", w=8),
-        panel("Preemptions/s", [target(f"sum by ({VLLM_MODEL}) (rate({VLLM_METRICS['preemptions']}{{{ENGINE}}}[{RI}]))",
+        panel("Preemptions/s", [target(f"sum by ({VLLM_MODEL}) (rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}]))",
                                        f"{{{{{VLLM_MODEL}}}}}")], "short", w=24,
               description="Requests the scheduler preempted (KV cache too small)"),
     ])
@@ -174,11 +125,11 @@ def latency() -> dict:
         return target(f"sum(rate({metric}_sum{{{filters}}}[{RI}])) / (sum(rate({metric}_count{{{filters}}}[{RI}])) > 0)",
                       legend, exemplar=True)
 
-    phases = [mean(VLLM_METRICS[f"{p}_time"], ENGINE, p) for p in ("queue", "prefill", "decode")]
+    phases = [mean(metric, ENGINE, p) for p, metric in PHASES.items()]
     panels = [panel("Mean queue / prefill / decode time", phases, "s", w=24,
                      description="vLLM's per-request phase histograms, mean per request")]
-    for p in ("queue", "prefill", "decode"):
-        panels.append(panel(f"{p.capitalize()} time", quantiles(VLLM_METRICS[f"{p}_time"], ENGINE), "s", w=8))
+    for p, metric in PHASES.items():
+        panels.append(panel(f"{p.capitalize()} time", quantiles(metric, ENGINE), "s", w=8))
     panels += [
         panel("TTFT vs e2e (P95)", [
             target(f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{{{OURS}}}[{RI}])))", "TTFT P95", exemplar=True),
@@ -268,50 +219,23 @@ def traceql_span_attributes(query: str) -> set[str]:
     return set(re.findall(r"\bspan\.([A-Za-z_][\w.]*)", query))
 
 
-def render(board: dict) -> str:
-    return json.dumps(board, indent=2) + "\n"
+def render() -> dict[str, str]:
+    """File name -> JSON text of every dashboard, as `otel-llm dashboards` writes them."""
+    return {name: json.dumps(board, indent=2) + "\n" for name, board in dashboards().items()}
 
 
-def problems(directory: Path = DASHBOARDS_DIR) -> list[str]:
-    out, known = [], emitted_metrics()
-    out += [f"vLLM metric {n} is not defined by the installed vLLM" for n in vllm_missing()]
-    for name, board in dashboards().items():
+def problems(boards: dict[str, dict] | None = None) -> list[str]:
+    """What the queries of `boards` (default: the generated ones) read that nothing emits: PromQL
+    metrics that are not ours (semconv.METRICS), vLLM's or a recording rule of otel_llm.rules, and
+    TraceQL `span.X` attributes that semconv does not list as set on spans by vLLM or the client."""
+    recorded = {r["record"] for g in rules.rules()["groups"] for r in g["rules"] if "record" in r}
+    on_spans = {a.name for a in semconv.ATTRIBUTES.values() if a.emitted_by & {semconv.VLLM, semconv.CLIENT}}
+    out = []
+    for name, board in (boards or dashboards()).items():
         for title, expr in promql_targets(board):
-            out += [f"{name}: panel {title!r} queries {m}, which nothing emits" for m in metric_names(expr) - known]
-        path = directory / name
-        current = path.read_text() if path.exists() else ""
-        if current != render(board):
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), render(board).splitlines(True),
-                                                       str(path), "generated"))
-            out.append(f"{path} is not what `python -m otel_llm.dashboards` generates: rerun it")
+            out += [f"{name}: panel {title!r} queries {m}, which nothing emits"
+                    for m in sorted(promql.unknown_metrics(expr, recorded))]
+        for title, query in traceql_targets(board):
+            out += [f"{name}: panel {title!r} reads span.{a}, which no span carries"
+                    for a in sorted(traceql_span_attributes(query) - on_spans)]
     return out
-
-
-def check_files(directory: Path) -> list[str]:
-    """Metric names in the committed files' own PromQL that nothing emits."""
-    out, known = [], emitted_metrics()
-    for path in sorted(directory.glob("*.json")):
-        for title, expr in promql_targets(json.loads(path.read_text())):
-            out += [f"{path.name}: panel {title!r} queries {m}, which nothing emits" for m in metric_names(expr) - known]
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m otel_llm.dashboards", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if a file differs from the generator's or queries an unknown metric")
-    parser.add_argument("-d", "--directory", type=Path, default=DASHBOARDS_DIR, help="default %(default)s")
-    args = parser.parse_args(argv)
-    if args.check:
-        found = check_files(args.directory) + problems(args.directory)
-        for line in dict.fromkeys(found):
-            print(line, file=sys.stderr)
-        return 1 if found else 0
-    args.directory.mkdir(parents=True, exist_ok=True)
-    for name, board in dashboards().items():
-        (args.directory / name).write_text(render(board))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

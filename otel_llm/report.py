@@ -24,27 +24,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_llm import semconv
+from otel_llm import budgets as budget_file, semconv
+from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, read_config
 
-TOKEN_METRIC = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
-# --by dimension -> Prometheus label of the token counter
-DIMENSIONS = {
-    "tenant": semconv.prometheus_label(semconv.TENANT_ID),
-    "scene": semconv.prometheus_label(semconv.TENANT_SCENE),
-    "cost_center": semconv.prometheus_label(semconv.TENANT_COST_CENTER),
-    "model": semconv.prometheus_label(semconv.GEN_AI_REQUEST_MODEL),
-    "operation": semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME),
-    "instance": "instance",
-}
-TYPE_LABEL = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
-TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 UNSET = "-"
 BASE_LOOKBACK = "35d"
 _DAY = 86400
-
-
-class ReportError(Exception):
-    """A problem the user can fix (server, range, price file); printed without a traceback."""
 
 
 # --- time range ---------------------------------------------------------------------------------
@@ -106,23 +91,6 @@ class Price:
     input: float  # per million tokens, for input tokens that were not cached
     cached_input: float
     output: float
-
-
-def read_config(path: Path, what: str):
-    """A JSON or YAML (by suffix) file's content; ReportError naming `what` when unreadable."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ReportError(f"{what} {path}: {exc.strerror or exc}") from None
-    yaml_file = path.suffix in (".yaml", ".yml")
-    try:
-        if yaml_file:
-            import yaml
-
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the file's
-        raise ReportError(f"{what} {path} is not valid {'YAML' if yaml_file else 'JSON'}: {exc}") from None
 
 
 def load_prices(path: str | Path) -> tuple[dict[str, Price], str]:
@@ -629,8 +597,6 @@ def _progress(err):
 
 
 def _budget_view(args, now: float, out, err) -> int:
-    from otel_llm import budgets as budget_file
-
     budgets = budget_file.load(args.budgets)
     if args.start or args.range_:
         start, end = time_range(args.start, args.end, args.range_, now)

@@ -1,24 +1,17 @@
 """Prometheus recording and alerting rules for an instrumented vLLM fleet, generated from the names
-in `otel_llm.semconv` (ours) and vLLM's own `vllm:*` metrics.
+in `otel_llm.semconv`: ours, and vLLM's own `vllm:*` metrics (its end section).
 
-    python -m otel_llm.rules           # rewrite collector-config/prometheus/otel-llm-rules.yml
-    python -m otel_llm.rules --check   # exit 1 when the committed file differs from the generator
-
-Per-tenant daily token budgets are not here: `otel-llm budget-rules` (otel_llm/budgets.py) makes
-those from a budget file.
+`render(Params(...))` is the rule file's text; `otel-llm rules [--out FILE] [--queue-length 20 ...]`
+prints or writes it. Each alert carries a `runbook_url` to its subsection of the README's "Alerts"
+section. Per-tenant daily token budgets are not here: `otel-llm budget-rules` (otel_llm/budgets.py)
+makes those from a budget file.
 """
 
 from __future__ import annotations
 
-import argparse
-import difflib
-import sys
 from dataclasses import dataclass, fields
-from pathlib import Path
 
-from otel_llm import semconv
-
-RULES_FILE = Path(__file__).resolve().parents[1] / "collector-config" / "prometheus" / "otel-llm-rules.yml"
+from otel_llm import promql, semconv
 
 # --- Our metrics, as our exporter serves them to Prometheus -------------------------------
 DURATION = semconv.prometheus_metric(semconv.SERVER_REQUEST_DURATION)
@@ -31,31 +24,17 @@ TENANT = semconv.prometheus_label(semconv.TENANT_ID)
 TOKEN_TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 OUTCOME = semconv.prometheus_label(semconv.REQUEST_OUTCOME)
 
-# --- vLLM's own metrics (vllm/v1/metrics/loggers.py, prometheus_client; labels model_name, engine).
-# No semconv constant exists for them: they are vLLM's names, checked against the installed vLLM.
-VLLM_WAITING = "vllm:num_requests_waiting"  # gauge
-VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 1 = 100 %
-VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # Counter "vllm:num_preemptions"
-VLLM_PROMPT_TOKENS = "vllm:request_prompt_tokens"  # histogram per request, buckets "request_tokens"
-VLLM_GENERATION_TOKENS = "vllm:request_generation_tokens"  # same bucket family
-VLLM_MODEL = "model_name"
-# the engine's own token counters, which `otel-llm reconcile` compares the usage ledger with
-VLLM_PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"  # Counter "vllm:prompt_tokens": per engine request
-VLLM_GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
-VLLM_PROMPT_TOKENS_CACHED_TOTAL = "vllm:prompt_tokens_cached_total"
-
-
-def vllm_missing(names) -> list[str]:
-    """The vLLM metric names among `names` that the installed vLLM does not define (its
-    vllm/v1/metrics/loggers.py, read, not imported: importing vLLM takes seconds); empty when vLLM
-    is not installed. A counter's name is defined without its `_total`."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return []
-    source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
-    return [n for n in names if f'"{n.removesuffix("_total")}"' not in source]
+# --- vLLM's own metrics (semconv's "Names vLLM itself exports") --------------------------
+VLLM_MODEL = semconv.VLLM_LABEL_MODEL
+VLLM_WAITING = semconv.VLLM_METRIC_WAITING
+VLLM_KV_CACHE_USAGE = semconv.VLLM_METRIC_KV_CACHE_USAGE
+VLLM_PREEMPTIONS = semconv.VLLM_METRIC_PREEMPTIONS
+VLLM_PROMPT_TOKENS = semconv.VLLM_METRIC_PROMPT_TOKENS
+VLLM_GENERATION_TOKENS = semconv.VLLM_METRIC_GENERATION_TOKENS
+# not read by the rules: kept for otel_llm/reconcile.py until it takes them from semconv
+VLLM_PROMPT_TOKENS_TOTAL = semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL
+VLLM_GENERATION_TOKENS_TOTAL = semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL
+VLLM_PROMPT_TOKENS_CACHED_TOTAL = semconv.VLLM_METRIC_PROMPT_TOKENS_CACHED_TOTAL
 
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
@@ -64,14 +43,18 @@ TOKENS_BY_TENANT = f"{TENANT}_{TOKEN_TYPE}:{TOKENS.removesuffix('_total')}:rate5
 TOKENS_RATE_1H = f"otel_llm:{TOKENS.removesuffix('_total')}:rate1h"
 QUANTILES = (0.5, 0.95, 0.99)
 
+# Where each alert's runbook is: the README's "## Alerts" section, one "### Alert: NAME" each
+RUNBOOK_URL = "https://github.com/otel-llm/otel-llm"
+
+
+def runbook_anchor(alert: str) -> str:
+    """The anchor GitHub gives the heading "### Alert: NAME" (lower case, ':' dropped, ' ' -> '-')."""
+    return f"alert-{alert.lower()}"
+
 
 def quantile_rule(metric: str) -> str:
     """Recorded P50/P95/P99 of one of our histograms by model (label `quantile`)."""
     return f"{MODEL}:{metric}:quantile_rate5m"
-
-
-ALERTS = ("LLMTimeToFirstTokenHigh", "LLMQueueTooLong", "LLMErrorRateHigh", "LLMTokenUsageSpike",
-          "LLMRequestNearMaxModelLen", "LLMKVCacheNearlyFull", "LLMPreemptions", "LLMPrefixCacheHitRateLow")
 
 
 @dataclass(frozen=True)
@@ -94,6 +77,30 @@ class Params:
     @property
     def near_max_len_bucket(self) -> int:
         return int(self.max_model_len * self.context_ratio)
+
+
+def option(field_name: str) -> str:
+    """The `otel-llm rules` option of a Params field."""
+    return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+
+    @property
+    def runbook_url(self) -> str:
+        return f"{RUNBOOK_URL}#{runbook_anchor(self.name)}"
+
+    def rule(self) -> dict:
+        return {"alert": self.name, "expr": self.expr, "for": self.for_, "labels": {"severity": self.severity},
+                "annotations": {"summary": self.summary, "description": self.description,
+                                "runbook_url": self.runbook_url}}
 
 
 def _rate(selector: str, window: str = "5m") -> str:
@@ -128,7 +135,7 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def alerting_rules(p: Params) -> list[dict]:
+def alerts(p: Params = Params()) -> list[Alert]:
     inputs = f'{TOKENS}{{{TOKEN_TYPE}="{semconv.TOKEN_TYPE_INPUT}"}}'
     billed = f'{TOKENS}{{{TOKEN_TYPE}=~"{semconv.TOKEN_TYPE_INPUT}|{semconv.TOKEN_TYPE_OUTPUT}"}}'
     # Baseline of the spike alert: the same clock hour on each of the previous baseline_days days,
@@ -155,88 +162,68 @@ def alerting_rules(p: Params) -> list[dict]:
 
     errors = f'{REQUESTS}{{{OUTCOME}="{semconv.OUTCOME_ERROR}"}}'
     ttft_p95 = f'{quantile_rule(TTFT)}{{quantile="0.95"}}'
+    instance = f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{VLLM_MODEL} }}}})"
     return [
-        {"alert": ALERTS[0], "expr": f"{ttft_p95} > {p.ttft_p95_seconds:g}", "for": "5m",
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": f"P95 time to first token of model {{{{ $labels.{MODEL} }}}} is "
-                                    f"{{{{ $value | humanizeDuration }}}} (over {p.ttft_p95_seconds:g} s for 5 min)"}},
-        {"alert": ALERTS[1], "expr": f"{VLLM_WAITING} > {p.queue_length}", "for": "5m",
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": f"{{{{ $value }}}} requests waiting in vLLM {{{{ $labels.instance }}}} "
-                                    f"(model {{{{ $labels.{VLLM_MODEL} }}}}, over {p.queue_length} for 5 min)"}},
-        {"alert": ALERTS[2],
-         "expr": f"sum({_rate(errors)}) / sum({_rate(REQUESTS)}) > {p.error_ratio:g}",
-         "for": "5m", "labels": {"severity": "critical"},
-         "annotations": {"summary": f"{{{{ $value | humanizePercentage }}}} of requests end in an error "
-                                    f"(over {p.error_ratio:.0%} for 5 min)"}},
-        {"alert": ALERTS[3],
-         "expr": f"{TOKENS_RATE_1H} > {p.token_spike_factor:g} * {baseline}", "for": "15m",
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": f"{{{{ $value | humanize }}}} tokens/s (input + output) in the last hour, over "
-                                    f"{p.token_spike_factor:.0%} of this hour's mean of the previous "
-                                    f"{p.baseline_days} days"}},
-        {"alert": ALERTS[4],
-         "expr": f"({over(VLLM_PROMPT_TOKENS)}) + ({over(VLLM_GENERATION_TOKENS)}) > 0", "for": "1m",
-         "labels": {"severity": "info"},
-         "annotations": {"summary": f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{VLLM_MODEL} }}}} in "
-                                    f"the last 5 min had a prompt or output over {p.near_max_len_bucket} tokens "
-                                    f"({p.context_ratio:.0%} of max model length {p.max_model_len})"}},
-        {"alert": ALERTS[5], "expr": f"{VLLM_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "for": "5m",
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": f"KV cache of vLLM {{{{ $labels.instance }}}} "
-                                    f"(model {{{{ $labels.{VLLM_MODEL} }}}}) is {{{{ $value | humanizePercentage }}}} full (over {p.kv_cache_usage:.0%} "
-                                    f"for 5 min)"}},
-        {"alert": ALERTS[6], "expr": f"increase({VLLM_PREEMPTIONS}[5m]) > 0", "for": "1m",
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{VLLM_MODEL} }}}}) preempted "
-                                    f"{{{{ $value | humanize }}}} requests in the last 5 min (KV cache too small)"}},
-        {"alert": ALERTS[7],
-         "expr": f"{HIT_RATIO_BY_MODEL} < {p.prefix_cache_hit_floor:g} and on ({MODEL}) "
-                 f"sum by ({MODEL}) ({_rate(inputs)}) > {p.prefix_cache_min_input_rate:g}",
-         "for": "15m", "labels": {"severity": "info"},
-         "annotations": {"summary": f"prefix cache hit rate of model {{{{ $labels.{MODEL} }}}} is "
-                                    f"{{{{ $value | humanizePercentage }}}} (under {p.prefix_cache_hit_floor:.0%} "
-                                    f"for 15 min with over {p.prefix_cache_min_input_rate:g} input tokens/s)"}},
+        Alert("LLMTimeToFirstTokenHigh", f"{ttft_p95} > {p.ttft_p95_seconds:g}", "5m", "warning",
+              f"P95 time to first token of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizeDuration }}}} "
+              f"(over {p.ttft_p95_seconds:g} s for 5 min)",
+              "Users wait long for the first token: requests queue in vLLM, or prefill of long prompts is slow."),
+        Alert("LLMQueueTooLong", f"{VLLM_WAITING} > {p.queue_length}", "5m", "warning",
+              f"{{{{ $value }}}} requests waiting in vLLM {{{{ $labels.instance }}}} "
+              f"(model {{{{ $labels.{VLLM_MODEL} }}}}, over {p.queue_length} for 5 min)",
+              "vLLM gets more requests than it can schedule: they wait before prefill starts."),
+        Alert("LLMErrorRateHigh", f"sum({_rate(errors)}) / sum({_rate(REQUESTS)}) > {p.error_ratio:g}", "5m",
+              "critical",
+              f"{{{{ $value | humanizePercentage }}}} of requests end in an error (over {p.error_ratio:.0%} for 5 min)",
+              "Requests end with outcome error (not client aborts) on any model."),
+        Alert("LLMTokenUsageSpike", f"{TOKENS_RATE_1H} > {p.token_spike_factor:g} * {baseline}", "15m", "warning",
+              f"{{{{ $value | humanize }}}} tokens/s (input + output) in the last hour, over "
+              f"{p.token_spike_factor:.0%} of this hour's mean of the previous {p.baseline_days} days",
+              "Token consumption of the whole fleet is far above its usual level for this hour of the day."),
+        Alert("LLMRequestNearMaxModelLen",
+              f"({over(VLLM_PROMPT_TOKENS)}) + ({over(VLLM_GENERATION_TOKENS)}) > 0", "1m", "info",
+              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{VLLM_MODEL} }}}} in the last 5 min had a "
+              f"prompt or output over {p.near_max_len_bucket} tokens ({p.context_ratio:.0%} of max model length "
+              f"{p.max_model_len})",
+              "Requests come close to the model's context length: the next longer ones fail or get truncated."),
+        Alert("LLMKVCacheNearlyFull", f"{VLLM_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "5m", "warning",
+              f"KV cache of {instance} is {{{{ $value | humanizePercentage }}}} full "
+              f"(over {p.kv_cache_usage:.0%} for 5 min)",
+              "vLLM's KV cache is almost full: new requests wait and running ones get preempted."),
+        Alert("LLMPreemptions", f"increase({VLLM_PREEMPTIONS}[5m]) > 0", "1m", "warning",
+              f"{instance} preempted {{{{ $value | humanize }}}} requests in the last 5 min (KV cache too small)",
+              "vLLM evicted running requests to free KV cache; they are recomputed later, at a latency cost."),
+        Alert("LLMPrefixCacheHitRateLow",
+              f"{HIT_RATIO_BY_MODEL} < {p.prefix_cache_hit_floor:g} and on ({MODEL}) "
+              f"sum by ({MODEL}) ({_rate(inputs)}) > {p.prefix_cache_min_input_rate:g}", "15m", "info",
+              f"prefix cache hit rate of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizePercentage }}}} "
+              f"(under {p.prefix_cache_hit_floor:.0%} for 15 min with over {p.prefix_cache_min_input_rate:g} "
+              f"input tokens/s)",
+              "Few prompt tokens come from vLLM's prefix cache: shared prefixes are recomputed, TTFT and cost rise."),
     ]
+
+
+ALERTS = tuple(a.name for a in alerts())
 
 
 def rules(p: Params = Params()) -> dict:
     return {"groups": [
         {"name": "otel-llm-recording", "interval": "1m", "rules": recording_rules()},
-        {"name": "otel-llm-alerts", "interval": "1m", "rules": alerting_rules(p)},
+        {"name": "otel-llm-alerts", "interval": "1m", "rules": [a.rule() for a in alerts(p)]},
     ]}
 
 
-def rules_yaml(p: Params = Params()) -> str:
-    import yaml
-
-    changed = {f.name: getattr(p, f.name) for f in fields(p) if getattr(p, f.name) != f.default}
-    args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in changed.items())
-    return (f"# generated by `python -m otel_llm.rules{args}` from otel_llm/semconv.py; do not edit\n"
-            + yaml.safe_dump(rules(p), sort_keys=False, width=1000))
+def render(p: Params = Params()) -> str:
+    """The rule file: what `otel-llm rules` prints (the header names the options that made it)."""
+    args = "".join(f" {option(f.name)} {getattr(p, f.name)}" for f in fields(p)
+                   if getattr(p, f.name) != f.default)
+    return f"# generated by `otel-llm rules{args}` from otel_llm/semconv.py; do not edit\n" + promql.yaml_text(rules(p))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m otel_llm.rules", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generator's")
-    parser.add_argument("-o", "--output", type=Path, default=RULES_FILE, help="default %(default)s")
-    for f in fields(Params):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                            help="default %(default)s")
-    args = parser.parse_args(argv)
-    text = rules_yaml(Params(**{f.name: getattr(args, f.name) for f in fields(Params)}))
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True),
-                                                       str(args.output), "generated"))
-            print(f"{args.output} is not what `python -m otel_llm.rules` generates: rerun it", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def problems(data: dict | None = None) -> list[str]:
+    """What a rule reads that nothing emits: not our metric (semconv.METRICS), not vLLM's, not a
+    recording rule of `data` (default: the generated rules)."""
+    groups = (data or rules())["groups"]
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    return [f"rule {r.get('record') or r.get('alert')} reads {m}, which nothing emits"
+            for g in groups for r in g["rules"] for m in sorted(promql.unknown_metrics(r["expr"], recorded))]

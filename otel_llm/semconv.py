@@ -349,3 +349,33 @@ GATEWAY_SERVICE_NAME = "llm-gateway"
 # scope.attributes[...]). The collector configs keep prompt/completion content only where it names
 # a policy other than the baseline.
 TAILSAMPLING_POLICY = _attribute("tailsampling.policy", STRING, COLLECTOR)
+
+
+# --- Names vLLM itself exports (not ours) -------------------------------------------------------
+# vLLM's Prometheus metrics (vllm/v1/metrics/loggers.py, prometheus_client names: a Counter "x" is
+# served as "x_total"), as the rules, dashboards and `otel-llm reconcile` read them; a test checks
+# them against the installed vLLM. Labels: model_name, engine.
+GAUGE = "gauge"
+VLLM_PROMETHEUS_METRICS: dict[str, str] = {}  # name -> kind (GAUGE, COUNTER, HISTOGRAM)
+
+
+def _vllm_metric(name: str, kind: str) -> str:
+    VLLM_PROMETHEUS_METRICS[name] = kind
+    return name
+
+
+VLLM_METRIC_RUNNING = _vllm_metric("vllm:num_requests_running", GAUGE)
+VLLM_METRIC_WAITING = _vllm_metric("vllm:num_requests_waiting", GAUGE)
+VLLM_METRIC_KV_CACHE_USAGE = _vllm_metric("vllm:kv_cache_usage_perc", GAUGE)  # 1 = 100 %
+VLLM_METRIC_PREEMPTIONS = _vllm_metric("vllm:num_preemptions_total", COUNTER)
+# per request; bucket family "request_tokens" (--custom-histogram-buckets)
+VLLM_METRIC_PROMPT_TOKENS = _vllm_metric("vllm:request_prompt_tokens", HISTOGRAM)
+VLLM_METRIC_GENERATION_TOKENS = _vllm_metric("vllm:request_generation_tokens", HISTOGRAM)
+VLLM_METRIC_QUEUE_TIME = _vllm_metric("vllm:request_queue_time_seconds", HISTOGRAM)
+VLLM_METRIC_PREFILL_TIME = _vllm_metric("vllm:request_prefill_time_seconds", HISTOGRAM)
+VLLM_METRIC_DECODE_TIME = _vllm_metric("vllm:request_decode_time_seconds", HISTOGRAM)
+# the engine's own token counters (per engine request), which `otel-llm reconcile` compares the usage ledger with
+VLLM_METRIC_PROMPT_TOKENS_TOTAL = _vllm_metric("vllm:prompt_tokens_total", COUNTER)
+VLLM_METRIC_GENERATION_TOKENS_TOTAL = _vllm_metric("vllm:generation_tokens_total", COUNTER)
+VLLM_METRIC_PROMPT_TOKENS_CACHED_TOTAL = _vllm_metric("vllm:prompt_tokens_cached_total", COUNTER)
+VLLM_LABEL_MODEL = "model_name"  # the served model name, on every vLLM metric

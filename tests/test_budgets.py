@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from otel_llm import budgets, semconv
-from otel_llm.report import ReportError
+from otel_llm.promql import ReportError
 
 TOKENS = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
 TENANT = semconv.prometheus_label(semconv.TENANT_ID)
@@ -65,6 +65,25 @@ def test_budget_rules_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "otel_llm.cli", "budget-rules", "--budgets",
                           str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("otel-llm budget-rules: budget file")
+
+
+def test_budgets_do_not_import_the_report():
+    code = "import sys, otel_llm.budgets; print('otel_llm.report' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "False\n"
+
+
+def test_any_tenant_name_survives_the_rule_file(tmp_path):
+    names = ['a "quoted" \\ one', "it's", "yes", "x: y", "日本", "tab\there", "#1"]
+    data = {"budgets": [{"tenant": n, "tokens_per_day": 10} for n in names]}
+    text = budgets.rules_yaml(budgets.load(write(tmp_path, data)))
+    loaded = yaml.safe_load(text)
+    assert loaded == budgets.rules(budgets.load(tmp_path / "budgets.json"))
+    assert [r["labels"]["tenant"] for r in loaded["groups"][0]["rules"][::2]] == names
+    if PROMTOOL:
+        (tmp_path / "rules.yml").write_text(text)
+        check = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is installed by `make test`")

@@ -1,59 +1,69 @@
-"""The generated Grafana dashboards: committed files equal the generator, every query names a metric
-that our instrumentation, our recording rules or vLLM emits, and the JSON is importable anywhere."""
+"""The generated Grafana dashboards: committed files equal the generator (`otel-llm dashboards`),
+every PromQL query reads a metric that our instrumentation, our recording rules or vLLM emits, every
+TraceQL query reads span attributes our spans carry, and the JSON is importable anywhere."""
 
-import json
-import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from otel_llm import dashboards, rules
+from otel_llm import dashboards, promql, rules, semconv
+
+DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
 
 
-def test_committed_dashboards_equal_the_generator(capsys):
-    assert dashboards.main(["--check"]) == 0, capsys.readouterr().err
-    assert sorted(p.name for p in dashboards.DASHBOARDS_DIR.glob("*.json")) == sorted(dashboards.dashboards())
+def test_committed_dashboards_equal_the_generator():
+    committed = {p.name: p.read_text() for p in DASHBOARDS_DIR.glob("*.json")}
+    assert committed == dashboards.render(), "stale: run `make generate`"
 
 
-def test_check_fails_on_an_edited_copy(tmp_path, capsys):
-    copy = shutil.copytree(dashboards.DASHBOARDS_DIR, tmp_path / "d")
-    board = json.loads((copy / "overview.json").read_text())
-    board["panels"][0]["title"] = "edited by hand"
-    (copy / "overview.json").write_text(json.dumps(board, indent=2) + "\n")
-    assert dashboards.main(["--check", "-d", str(copy)]) == 1
-    err = capsys.readouterr().err
-    assert "overview.json is not what" in err and "latency.json" not in err
+def test_dashboards_command(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "otel_llm.cli", "dashboards", *args], capture_output=True,
+                              text=True, cwd=tmp_path)  # no repository paths: runs anywhere
+
+    assert run("--out", "d").returncode == 0
+    assert {p.name: p.read_text() for p in (tmp_path / "d").iterdir()} == dashboards.render()
+    one = run("--name", "cost.json")
+    assert one.returncode == 0 and one.stdout == dashboards.render()["cost.json"]
+    assert run("--out", "e", "--name", "traces.json").returncode == 0
+    assert [p.name for p in (tmp_path / "e").iterdir()] == ["traces.json"]
+    bad = run("--name", "nope.json")
+    assert bad.returncode == 2 and "no dashboard 'nope.json'" in bad.stderr
+    assert run().returncode == 2
 
 
-def test_check_fails_on_a_missing_file(tmp_path, capsys):
-    copy = shutil.copytree(dashboards.DASHBOARDS_DIR, tmp_path / "d")
-    (copy / "cost.json").unlink()
-    assert dashboards.main(["--check", "-d", str(copy)]) == 1
-    assert "cost.json" in capsys.readouterr().err
+def test_every_query_reads_what_is_emitted():
+    assert dashboards.problems() == []
 
 
-def test_check_fails_on_an_unknown_metric_in_a_file(tmp_path, capsys):
-    copy = shutil.copytree(dashboards.DASHBOARDS_DIR, tmp_path / "d")
-    board = json.loads((copy / "latency.json").read_text())
-    board["panels"][1]["targets"][0]["expr"] = 'sum(rate(vllm:no_such_metric_total{model_name=~"$model"}[5m]))'
-    (copy / "latency.json").write_text(json.dumps(board, indent=2) + "\n")
-    assert dashboards.main(["--check", "-d", str(copy)]) == 1
-    assert "queries vllm:no_such_metric_total, which nothing emits" in capsys.readouterr().err
+def test_an_unknown_metric_is_reported():
+    boards = dashboards.dashboards()
+    boards["latency.json"]["panels"][1]["targets"][0]["expr"] = \
+        'sum(rate(vllm:no_such_metric_total{model_name=~"$model"}[5m])) / sum(rate(otel_llm_made_up_total[5m]))'
+    title = boards["latency.json"]["panels"][1]["title"]
+    assert dashboards.problems(boards) == [
+        f"latency.json: panel {title!r} queries otel_llm_made_up_total, which nothing emits",
+        f"latency.json: panel {title!r} queries vllm:no_such_metric_total, which nothing emits"]
 
 
-def test_check_fails_when_the_generator_queries_an_unknown_metric(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(dashboards.VLLM_METRICS, "running", "vllm:num_requests_runing")
-    dashboards.main(["-d", str(tmp_path)])  # files equal to the (broken) generator
-    assert dashboards.main(["--check", "-d", str(tmp_path)]) == 1
-    err = capsys.readouterr().err
-    assert "vllm:num_requests_runing is not defined by the installed vLLM" in err
+def test_a_misspelt_recording_rule_is_reported():
+    boards = {"x.json": dashboards.dashboard("x", "x", [dashboards.panel("p", [dashboards.target(
+        f"{rules.TOKENS_BY_TENANT}x > 0 and {rules.TOKENS_BY_TENANT} > 0")])])}
+    assert dashboards.problems(boards) == [
+        f"x.json: panel 'p' queries {rules.TOKENS_BY_TENANT}x, which nothing emits"]
 
 
-def test_unknown_names_outside_the_known_set_are_reported(monkeypatch, tmp_path, capsys):
-    original = dashboards.emitted_metrics
-    monkeypatch.setattr(dashboards, "emitted_metrics", lambda: original() - {rules.TOKENS})
-    dashboards.main(["-d", str(tmp_path)])
-    assert dashboards.main(["--check", "-d", str(tmp_path)]) == 1
-    assert f"queries {rules.TOKENS}, which nothing emits" in capsys.readouterr().err
+def test_an_unknown_span_attribute_is_reported():
+    usage_only = semconv.USAGE_ID  # a usage record field, never on a span
+    assert semconv.VLLM not in semconv.ATTRIBUTES[usage_only].emitted_by
+    boards = {"t.json": dashboards.dashboard("t", "t", [dashboards.panel("slow", [{
+        "datasource": dashboards.TEMPO, "queryType": "traceql", "refId": "A",
+        "query": f'{{ span.{semconv.VLLM_TTFT_SECONDS} > 2 && span.made.up = "x" && span.{usage_only} != nil }}'}],
+        datasource=dashboards.TEMPO)])}
+    assert dashboards.problems(boards) == ["t.json: panel 'slow' reads span.made.up, which no span carries",
+                                           f"t.json: panel 'slow' reads span.{usage_only}, which no span carries"]
 
 
 @pytest.mark.parametrize("expr, names", [
@@ -63,12 +73,14 @@ def test_unknown_names_outside_the_known_set_are_reported(monkeypatch, tmp_path,
     ("(sum(rate(c[1m])) or vector(0)) / (sum(rate(d[1m])) > 0) * $price_input / 1e6", {"c", "d"}),
 ])
 def test_metric_names(expr, names):
-    assert dashboards.metric_names(expr) == names
+    assert promql.metric_names(expr) == names
 
 
-def test_vllm_names_exist_in_the_installed_vllm():
-    pytest.importorskip("vllm")
-    assert dashboards.vllm_missing() == []
+def test_known_metrics():
+    known = promql.known_metrics()
+    assert {f"{rules.TTFT}_bucket", f"{rules.TTFT}_count", rules.TOKENS, semconv.VLLM_METRIC_WAITING,
+            f"{semconv.VLLM_METRIC_QUEUE_TIME}_sum"} <= known
+    assert rules.TTFT not in known and semconv.VLLM_METRIC_QUEUE_TIME not in known  # histograms: by series
 
 
 @pytest.mark.parametrize("name", sorted(dashboards.dashboards()))

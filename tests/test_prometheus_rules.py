@@ -1,23 +1,28 @@
-"""collector-config/prometheus/otel-llm-rules.yml: generated from otel_llm/semconv.py (`--check` mode
-catches a stale or edited file), valid for the real promtool, and each alert unit-tested with
-`promtool test rules`, firing and not firing, on series with our real metric and label names."""
+"""collector-config/prometheus/otel-llm-rules.yml: what `otel-llm rules` (rules.render) prints,
+valid for the real promtool, each alert unit-tested with `promtool test rules`, firing and not
+firing, on series with our real metric and label names; every metric a rule reads is emitted by
+us or vLLM, and every alert's runbook is a heading of the README."""
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from otel_llm import rules, semconv
+from otel_llm import promql, rules, semconv
 
+ROOT = Path(__file__).resolve().parents[1]
+RULES_FILE = ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None,
                                     reason="promtool (Debian package prometheus) is installed by `make test`")
 MODEL, TENANT, SCENE = rules.MODEL, rules.TENANT, semconv.prometheus_label(semconv.TENANT_SCENE)
 OPERATION = semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME)
-VLLM = {"instance": "vllm-0:8000", "job": "vllm", "model_name": "llama", "engine": "0"}
+VLLM = {"instance": "vllm-0:8000", "job": "vllm", semconv.VLLM_LABEL_MODEL: "llama", "engine": "0"}
 N_RECORDING, N_ALERTING = 13, 8
 
 
@@ -31,44 +36,98 @@ def test_names_are_the_exporters():
     groups = rules.rules()["groups"]
     assert [len(g["rules"]) for g in groups] == [N_RECORDING, N_ALERTING]
     assert [r["alert"] for r in groups[1]["rules"]] == list(rules.ALERTS)
-    assert all(r["for"] and r["labels"]["severity"] and r["annotations"]["summary"] for r in groups[1]["rules"])
+    for r in groups[1]["rules"]:
+        assert r["for"] and r["labels"]["severity"] in ("info", "warning", "critical")
+        assert set(r["annotations"]) == {"summary", "description", "runbook_url"} and all(r["annotations"].values())
+        assert r["annotations"]["runbook_url"] == f"{rules.RUNBOOK_URL}#alert-{r['alert'].lower()}"
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped, spaces -> -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_github_anchor():
+    assert github_anchor("Alert: LLMQueueTooLong") == "alert-llmqueuetoolong"
+    assert github_anchor("`otel-llm report`") == "otel-llm-report"
+
+
+def test_every_runbook_is_a_heading_of_the_readme():
+    text = (ROOT / "README.md").read_text()
+    alerts_section = text[text.index("\n## Alerts\n"):]
+    anchors = {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", alerts_section, re.M)}
+    for alert in rules.alerts():
+        assert alert.runbook_url.startswith(rules.RUNBOOK_URL + "#")
+        assert alert.runbook_url.split("#")[1] in anchors, alert.name
+    # the options a "Tune:" line names are `otel-llm rules` options
+    tuned = re.findall(r"`(--[a-z-]+)`", " ".join(re.findall(r"Tune: ([^.]+)", alerts_section)))
+    assert tuned and set(tuned) <= {rules.option(f) for f in rules.Params.__dataclass_fields__}
+
+
+def vllm_missing(names) -> list[str]:
+    """The vLLM metric names among `names` that the installed vLLM does not define (its
+    vllm/v1/metrics/loggers.py, read, not imported: importing vLLM takes seconds). A counter's name
+    is defined without its `_total`."""
+    spec = importlib.util.find_spec("vllm")
+    source = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
+    return [n for n in names if f'"{n.removesuffix("_total")}"' not in source]
 
 
 def test_vllm_names_exist_in_the_installed_vllm():
-    spec = importlib.util.find_spec("vllm")  # read, not imported: importing vllm takes seconds
-    if spec is None:
+    if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed")
-    assert rules.vllm_missing([rules.VLLM_WAITING, rules.VLLM_KV_CACHE_USAGE, rules.VLLM_PREEMPTIONS,
-                               rules.VLLM_PROMPT_TOKENS, rules.VLLM_GENERATION_TOKENS]) == []
-    assert rules.vllm_missing(["vllm:no_such_metric_total"]) == ["vllm:no_such_metric_total"]
+    assert vllm_missing(semconv.VLLM_PROMETHEUS_METRICS) == []
+    assert vllm_missing(["vllm:no_such_metric_total"]) == ["vllm:no_such_metric_total"]
 
 
-def run_rules(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "otel_llm.rules", *args], capture_output=True, text=True, cwd=cwd)
+def test_every_metric_a_rule_reads_is_emitted_or_recorded():
+    assert rules.problems() == []
+    data = rules.rules()
+    data["groups"][1]["rules"][1]["expr"] = "vllm:num_requests_wating > 50 or otel_llm_made_up_total > 0"
+    data["groups"][0]["rules"].pop(0)  # otel_llm:prefix_cache_hit_ratio:rate5m is no longer recorded
+    data["groups"][1]["rules"].append({"alert": "X", "expr": f"{rules.HIT_RATIO} < 0.1"})
+    assert rules.problems(data) == [
+        "rule LLMQueueTooLong reads otel_llm_made_up_total, which nothing emits",
+        "rule LLMQueueTooLong reads vllm:num_requests_wating, which nothing emits",
+        f"rule X reads {rules.HIT_RATIO}, which nothing emits"]
+    # a histogram is read through its series, not its own name
+    data = {"groups": [{"rules": [{"record": "r", "expr": f"rate({rules.TTFT}[5m]) + rate({rules.TTFT}_sum[5m])"}]}]}
+    assert rules.problems(data) == [f"rule r reads {rules.TTFT}, which nothing emits"]
 
 
-def test_committed_file_is_generated_and_check_mode_catches_edits(tmp_path):
-    assert rules.RULES_FILE.read_text() == rules.rules_yaml()
-    ok = run_rules("--check")
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    copy = tmp_path / "rules.yml"
-    copy.write_text(rules.RULES_FILE.read_text().replace("> 50", "> 500"))
-    stale = run_rules("--check", "-o", str(copy))
-    assert stale.returncode == 1 and "not what `python -m otel_llm.rules` generates" in stale.stderr
-    assert "-    expr: vllm:num_requests_waiting > 500" in stale.stdout
-    assert run_rules("-o", str(copy)).returncode == 0 and run_rules("--check", "-o", str(copy)).returncode == 0
-    assert run_rules("--check", "-o", str(tmp_path / "missing.yml")).returncode == 1
-    # parameters: the file says how it was made, and --check compares with the same parameters
-    assert run_rules("-o", str(copy), "--max-model-len", "4096", "--queue-length", "20").returncode == 0
-    text = copy.read_text()
-    assert text.startswith("# generated by `python -m otel_llm.rules --queue-length 20 --max-model-len 4096`")
+def test_committed_file_is_what_the_generator_prints():
+    assert RULES_FILE.read_text() == rules.render(), "stale: run `make generate`"
+    assert yaml.safe_load(RULES_FILE.read_text()) == rules.rules()
+
+
+def otel_llm(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "otel_llm.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_rules_command(tmp_path):
+    printed = otel_llm("rules", cwd=tmp_path)  # no repository paths: runs anywhere
+    assert printed.returncode == 0 and printed.stdout == rules.render(), printed.stderr
+    # parameters: the file says how it was made
+    out = tmp_path / "sub" / "rules.yml"
+    made = otel_llm("rules", "--out", str(out), "--max-model-len", "4096", "--queue-length", "20", cwd=tmp_path)
+    assert made.returncode == 0 and made.stdout == "", made.stderr
+    text = out.read_text()
+    assert text == rules.render(rules.Params(max_model_len=4096, queue_length=20))
+    assert text.startswith("# generated by `otel-llm rules --queue-length 20 --max-model-len 4096`")
     assert 'le=~"3686(\\\\.0)?"' in text and "vllm:num_requests_waiting > 20" in text
-    assert run_rules("--check", "-o", str(copy), "--max-model-len", "4096", "--queue-length", "20").returncode == 0
+
+
+@pytest.mark.parametrize("value", ["plain", "it's", "yes", "No", "a: b", "a #b", "x:", " lead", "trail ", "{{ $v }}",
+                                   "'q'", '"dq" \\ ', "tab\there", "new\nline", "日本語", "1m", "0.5", "", "-", "~",
+                                   "null", "@at", "%p", "[x]", "*star", "&a", "!t", "|", ">", "?", "<<"])
+def test_yaml_text_reads_back_equal(value):
+    data = {"groups": [{"name": value, "rules": [{"labels": {"k": value}, "annotations": {}}], "empty": []}]}
+    assert yaml.safe_load(promql.yaml_text(data)) == data
 
 
 @needs_promtool
 def test_promtool_check_rules():
-    check = subprocess.run([PROMTOOL, "check", "rules", str(rules.RULES_FILE)], capture_output=True, text=True)
+    check = subprocess.run([PROMTOOL, "check", "rules", str(RULES_FILE)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"SUCCESS: {N_RECORDING + N_ALERTING} rules found" in check.stdout
 
@@ -175,7 +234,7 @@ def near_max_len_test():
     # buckets as prometheus_client writes them: one request a minute over 7372 prompt tokens from
     # minute 11 on for model "llama"; "small" never comes near
     def hist(metric, model, le_counts):
-        return [series(metric + "_bucket", {**VLLM, "model_name": model, "le": le}, values)
+        return [series(metric + "_bucket", {**VLLM, semconv.VLLM_LABEL_MODEL: model, "le": le}, values)
                 for le, values in le_counts]
 
     return {"interval": "1m",
@@ -188,7 +247,7 @@ def near_max_len_test():
             "alert_rule_test": [
                 {"eval_time": "10m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": []},
                 {"eval_time": "16m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": [
-                    fired({"model_name": "llama"}, "5 requests to model llama in the last 5 min had a prompt or "
+                    fired({semconv.VLLM_LABEL_MODEL: "llama"}, "5 requests to model llama in the last 5 min had a prompt or "
                                                    "output over 7372 tokens (90% of max model length 8192)", "info")]},
             ]}
 
@@ -221,7 +280,7 @@ def prefix_cache_test():
 
 @needs_promtool
 def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
-    shutil.copy(rules.RULES_FILE, tmp_path / "rules.yml")
+    shutil.copy(RULES_FILE, tmp_path / "rules.yml")
     # the spike test spans 8 days: evaluated every 5 min (every minute would take promtool seconds)
     files = {"tests.yml": ("1m", [ttft_test(), vllm_gauges_test(), error_rate_test(10), error_rate_test(4),
                                   near_max_len_test(), prefix_cache_test()]),
@@ -229,6 +288,11 @@ def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
     every = [t for _, tests in files.values() for test in tests for t in test["alert_rule_test"]]
     assert {t["alertname"] for t in every if t["exp_alerts"]} == set(rules.ALERTS)  # each fires
     assert {t["alertname"] for t in every if not t["exp_alerts"]} == set(rules.ALERTS)  # and does not
+    alerts = {a.name: a for a in rules.alerts()}
+    for t in every:  # the fixed annotations of each alert
+        for expected in t["exp_alerts"]:
+            alert = alerts[t["alertname"]]
+            expected["exp_annotations"].update(description=alert.description, runbook_url=alert.runbook_url)
     for name, (interval, tests) in files.items():
         (tmp_path / name).write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": interval,
                                                      "tests": tests}, sort_keys=False, width=1000))

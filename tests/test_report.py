@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from otel_llm import report, semconv
-from otel_llm.devserver import PrometheusServer
+from devkit.devserver import PrometheusServer
 
 NOW = 1_764_700_000.0  # 2025-12-02T18:26:40Z
 
@@ -66,6 +66,14 @@ def test_malformed_price_files(tmp_path, content, message):
     if content is not None:
         path.write_text(content)
     with pytest.raises(report.ReportError, match=message):
+        report.load_prices(path)
+
+
+def test_a_yaml_file_without_pyyaml_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "prices.yml"
+    path.write_text("models: {m: {input: 1, output: 2}}\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
+    with pytest.raises(report.ReportError, match="reading YAML needs PyYAML .* or write it as JSON"):
         report.load_prices(path)
 
 
