@@ -122,8 +122,8 @@ GEN_AI_REQUEST_STREAM = _attribute("gen_ai.request.stream", BOOLEAN, *_BOTH, con
 GEN_AI_REQUEST_CHOICE_COUNT = _attribute("gen_ai.request.choice.count", INT, *_BOTH, USAGE, convention=True)
 GEN_AI_REQUEST_FREQUENCY_PENALTY = _attribute("gen_ai.request.frequency_penalty", DOUBLE, *_BOTH, convention=True)
 GEN_AI_REQUEST_PRESENCE_PENALTY = _attribute("gen_ai.request.presence_penalty", DOUBLE, *_BOTH, convention=True)
-GEN_AI_REQUEST_STOP_SEQUENCES = _attribute("gen_ai.request.stop_sequences", STRING_ARRAY, *_BOTH, convention=True)
-GEN_AI_REQUEST_ENCODING_FORMATS = _attribute("gen_ai.request.encoding_formats", STRING_ARRAY, *_BOTH,
+GEN_AI_REQUEST_STOP_SEQUENCES = _attribute("gen_ai.request.stop_sequences", STRING_ARRAY, CLIENT, convention=True)
+GEN_AI_REQUEST_ENCODING_FORMATS = _attribute("gen_ai.request.encoding_formats", STRING_ARRAY, CLIENT,
                                              convention=True)
 GEN_AI_RESPONSE_ID = _attribute("gen_ai.response.id", STRING, *_BOTH, USAGE, convention=True)
 GEN_AI_RESPONSE_MODEL = _attribute("gen_ai.response.model", STRING, *_BOTH, METRIC, USAGE, convention=True)
@@ -139,6 +139,8 @@ GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute("gen_ai.usage.cache_creati
                                                       USAGE, convention=True)
 # its name in semantic-conventions-genai (unreleased): spans use it under gen_ai_latest_experimental
 GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = _attribute("gen_ai.usage.cache_write.input_tokens", INT, VLLM)
+# names from semantic-conventions-genai after v1.41 (no release yet): emitted only on opt-in
+GENAI_LATEST_NAMES = frozenset({GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS})
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = _attribute("gen_ai.usage.reasoning.output_tokens", INT, *_BOTH, USAGE,
                                                   convention=True)
 GEN_AI_OUTPUT_TYPE = _attribute("gen_ai.output.type", STRING, CLIENT, convention=True)

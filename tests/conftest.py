@@ -3,6 +3,8 @@ import secrets
 
 import pytest
 
+from otel_llm import semconv
+
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.otlp_receiver import Receiver
 
@@ -20,8 +22,54 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="module")
 def receiver():
+    """An OTLP receiver for the module's servers. At the end of the module, everything otel-llm
+    emitted to it is checked against the names spec (otel_llm/semconv.py)."""
     with Receiver() as rx:
         yield rx
+        with rx._lock:
+            spans, logs = list(rx.spans), list(rx.logs)
+            points = [p for batch in rx.metric_batches for p in batch]
+        violations = spec_violations(spans, points, logs)
+        assert not violations, "telemetry outside the names spec:\n" + "\n".join(violations)
+
+
+_SCOPE_LAYERS = {"otel_llm.vllm": semconv.VLLM, "otel_llm.openai": semconv.CLIENT}
+
+
+def _type_error(name: str, value) -> str | None:
+    spec = semconv.ATTRIBUTES[name]
+    if spec.type == semconv.DOUBLE and isinstance(value, bool) or \
+            spec.type == semconv.INT and isinstance(value, bool) or \
+            not isinstance(value, semconv.PYTHON_TYPES[spec.type]):
+        return f"is {type(value).__name__}, the spec says {spec.type}"
+    return None
+
+
+def spec_violations(spans, points, logs) -> list[str]:
+    """What otel-llm's layers emitted that the names spec does not describe: span attributes of our
+    scopes, our metrics and their attributes, usage records' fields, with the spec's types."""
+    found: list[str] = []
+
+    def check(attributes: dict, layer: str, what: str, where: str = "") -> None:
+        for name, value in attributes.items():
+            spec = semconv.ATTRIBUTES.get(name)
+            if spec is None or layer not in spec.emitted_by:
+                found.append(f"{what} {name!r}{where} is not in semconv.ATTRIBUTES for layer {layer}")
+            elif (error := _type_error(name, value)) is not None:
+                found.append(f"{what} {name!r}{where} {error}")
+
+    for span in spans:
+        if span.scope in _SCOPE_LAYERS:
+            check(span.attributes, _SCOPE_LAYERS[span.scope], "span attribute", f" ({span.scope})")
+    for point in points:
+        if point.name in semconv.METRICS:
+            check(point.attributes, semconv.METRIC, "metric attribute", f" of {point.name}")
+        elif point.name.startswith(("gen_ai.", "otel_llm.")):
+            found.append(f"metric {point.name!r} is not in semconv.METRICS")
+    for record in logs:
+        if record.event_name == semconv.USAGE_EVENT:
+            check(record.attributes, semconv.USAGE, "usage record field")
+    return list(dict.fromkeys(found))
 
 
 def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False, paced=False):

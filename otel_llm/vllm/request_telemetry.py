@@ -232,6 +232,8 @@ class RequestTelemetry:
         if engines or response is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+            if usage.cache_creation_input_tokens:  # where vLLM's request state tells them
+                attrs[self.telemetry.cache_write_attribute] = usage.cache_creation_input_tokens
             if generates:
                 attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
         response_id = self.response_id or getattr(response, "id", None)
