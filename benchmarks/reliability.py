@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devkit.devserver import VLLMServer, free_port, otlp_env  # noqa: E402
+from devkit.tiny_model import MODEL_NAME  # noqa: E402
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT, shutdown_timeout
 from otel_llm.shutdown import DROPPED_MESSAGE  # noqa: E402
-from devkit.tiny_model import MODEL_NAME  # noqa: E402
 
 CASES = ["healthy", "refused", "blackhole", "slow"]
 DROPPED_RE = re.compile(re.escape(DROPPED_MESSAGE) + r": (\d+) spans, (\d+) log records, (\d+) metric points "

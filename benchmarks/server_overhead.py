@@ -39,9 +39,9 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from otel_llm import semconv  # noqa: E402
 from devkit.devserver import DEFAULT_MODEL_DIR, VLLMServer, free_port, otlp_env  # noqa: E402
 from devkit.tiny_model import MODEL_NAME, build  # noqa: E402
+from otel_llm import semconv  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Bare API-server CPU per request from part 1's last run before the ledger variant was added (stream
@@ -176,12 +176,12 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from otel_llm.vllm import VLLMInstrumentor, wrappers
-    from otel_llm.vllm.request_telemetry import attach, detach, start_request
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.metrics.stats import IterationStats
+
+    from otel_llm.vllm import VLLMInstrumentor, wrappers
+    from otel_llm.vllm.request_telemetry import attach, detach, start_request
 
     added, batches, tokenizer, n_outputs = record_engine_traffic(n_requests, max_tokens)
     receiver, endpoint = start_receiver_process()

@@ -12,10 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from otel_llm import semconv
 from devkit.devserver import GatewayServer, VLLMServer, otlp_env, run_app, write_keys_file
 from devkit.otlp_receiver import Receiver
 from devkit.trace_tree import render
+from otel_llm import semconv
 
 APP_SERVICE = "llm-app"
 DEMO_KEY = "sk-demo-acme"  # the gateway maps it to tenant acme, scene support

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from otel_llm import redaction, semconv
 from otel_llm.config import ContentLimits

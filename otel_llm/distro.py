@@ -21,8 +21,13 @@ from opentelemetry.instrumentation.distro import BaseDistro
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
 from otel_llm import config, semconv, shutdown
-from otel_llm.config import (ENV_CONFIG_FILE, ENV_METRICS_EXPORTER, ENV_RESOURCE_ATTRIBUTES, ENV_SERVICE_NAME,
-                             ENV_TRACES_EXPORTER)
+from otel_llm.config import (
+    ENV_CONFIG_FILE,
+    ENV_METRICS_EXPORTER,
+    ENV_RESOURCE_ATTRIBUTES,
+    ENV_SERVICE_NAME,
+    ENV_TRACES_EXPORTER,
+)
 
 
 class OtelLLMDistro(BaseDistro):

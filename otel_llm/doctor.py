@@ -10,8 +10,7 @@ import os
 import sys
 
 from otel_llm import patching
-from otel_llm.config import (ENV_DISABLED_INSTRUMENTATIONS, ENV_METRICS_EXPORTER, ENV_SERVICE_NAME,
-                             ENV_TRACES_EXPORTER)
+from otel_llm.config import ENV_DISABLED_INSTRUMENTATIONS, ENV_METRICS_EXPORTER, ENV_SERVICE_NAME, ENV_TRACES_EXPORTER
 
 
 def _version(dist: str) -> str | None:

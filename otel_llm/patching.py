@@ -13,8 +13,9 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap

@@ -23,14 +23,14 @@ from __future__ import annotations
 import json
 import sys
 
-from otel_llm import ledger as ledger_module, rules
-from otel_llm import report
+from otel_llm import ledger as ledger_module
+from otel_llm import report, semconv
 from otel_llm.report import UNSET, Prometheus, ReportError, _iso, time_range
 
 ENGINE_COUNTERS = (  # (ledger token type, vLLM counter)
-    ("input", rules.VLLM_PROMPT_TOKENS_TOTAL),
-    ("cached_input", rules.VLLM_PROMPT_TOKENS_CACHED_TOTAL),
-    ("output", rules.VLLM_GENERATION_TOKENS_TOTAL),
+    ("input", semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL),
+    ("cached_input", semconv.VLLM_METRIC_PROMPT_TOKENS_CACHED_TOTAL),
+    ("output", semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL),
 )
 BY_CHOICES = ("instance,model", "model")
 
@@ -55,7 +55,7 @@ def reconcile(ledger: ledger_module.Ledger, prom: Prometheus, start: float, end:
               tolerance: int = 0) -> list[dict]:
     by = ["instance", "model"] if by_instance else ["model"]
     ours = ledger.reconcile_totals(start, end, by)
-    engine_by = ["instance", rules.VLLM_MODEL] if by_instance else [rules.VLLM_MODEL]
+    engine_by = ["instance", semconv.VLLM_LABEL_MODEL] if by_instance else [semconv.VLLM_LABEL_MODEL]
     engine = {token_type: report.exact_increase(prom, counter, start, end, engine_by)
               for token_type, counter in ENGINE_COUNTERS}
     if by_instance:

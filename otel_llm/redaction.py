@@ -20,8 +20,8 @@ import logging
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from otel_llm import semconv
 from otel_llm.config import ENV_REDACTION_RULES, redaction_rules_file

@@ -24,7 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_llm import budgets as budget_file, semconv
+from otel_llm import budgets as budget_file
+from otel_llm import semconv
 from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, read_config
 
 UNSET = "-"

@@ -24,18 +24,6 @@ TENANT = semconv.prometheus_label(semconv.TENANT_ID)
 TOKEN_TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 OUTCOME = semconv.prometheus_label(semconv.REQUEST_OUTCOME)
 
-# --- vLLM's own metrics (semconv's "Names vLLM itself exports") --------------------------
-VLLM_MODEL = semconv.VLLM_LABEL_MODEL
-VLLM_WAITING = semconv.VLLM_METRIC_WAITING
-VLLM_KV_CACHE_USAGE = semconv.VLLM_METRIC_KV_CACHE_USAGE
-VLLM_PREEMPTIONS = semconv.VLLM_METRIC_PREEMPTIONS
-VLLM_PROMPT_TOKENS = semconv.VLLM_METRIC_PROMPT_TOKENS
-VLLM_GENERATION_TOKENS = semconv.VLLM_METRIC_GENERATION_TOKENS
-# not read by the rules: kept for otel_llm/reconcile.py until it takes them from semconv
-VLLM_PROMPT_TOKENS_TOTAL = semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL
-VLLM_GENERATION_TOKENS_TOTAL = semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL
-VLLM_PROMPT_TOKENS_CACHED_TOTAL = semconv.VLLM_METRIC_PROMPT_TOKENS_CACHED_TOTAL
-
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
 HIT_RATIO_BY_MODEL = f"{MODEL}:otel_llm_prefix_cache_hit_ratio:rate5m"
@@ -157,20 +145,20 @@ def alerts(p: Params = Params()) -> list[Alert]:
     le = f'le=~"{p.near_max_len_bucket}(\\\\.0)?"'
 
     def over(hist: str) -> str:
-        return (f'sum by ({VLLM_MODEL}) (increase({hist}_bucket{{le="+Inf"}}[5m])) - '
-                f"sum by ({VLLM_MODEL}) (increase({hist}_bucket{{{le}}}[5m]))")
+        return (f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{le="+Inf"}}[5m])) - '
+                f"sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{{le}}}[5m]))")
 
     errors = f'{REQUESTS}{{{OUTCOME}="{semconv.OUTCOME_ERROR}"}}'
     ttft_p95 = f'{quantile_rule(TTFT)}{{quantile="0.95"}}'
-    instance = f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{VLLM_MODEL} }}}})"
+    instance = f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}})"
     return [
         Alert("LLMTimeToFirstTokenHigh", f"{ttft_p95} > {p.ttft_p95_seconds:g}", "5m", "warning",
               f"P95 time to first token of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizeDuration }}}} "
               f"(over {p.ttft_p95_seconds:g} s for 5 min)",
               "Users wait long for the first token: requests queue in vLLM, or prefill of long prompts is slow."),
-        Alert("LLMQueueTooLong", f"{VLLM_WAITING} > {p.queue_length}", "5m", "warning",
+        Alert("LLMQueueTooLong", f"{semconv.VLLM_METRIC_WAITING} > {p.queue_length}", "5m", "warning",
               f"{{{{ $value }}}} requests waiting in vLLM {{{{ $labels.instance }}}} "
-              f"(model {{{{ $labels.{VLLM_MODEL} }}}}, over {p.queue_length} for 5 min)",
+              f"(model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}}, over {p.queue_length} for 5 min)",
               "vLLM gets more requests than it can schedule: they wait before prefill starts."),
         Alert("LLMErrorRateHigh", f"sum({_rate(errors)}) / sum({_rate(REQUESTS)}) > {p.error_ratio:g}", "5m",
               "critical",
@@ -181,16 +169,16 @@ def alerts(p: Params = Params()) -> list[Alert]:
               f"{p.token_spike_factor:.0%} of this hour's mean of the previous {p.baseline_days} days",
               "Token consumption of the whole fleet is far above its usual level for this hour of the day."),
         Alert("LLMRequestNearMaxModelLen",
-              f"({over(VLLM_PROMPT_TOKENS)}) + ({over(VLLM_GENERATION_TOKENS)}) > 0", "1m", "info",
-              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{VLLM_MODEL} }}}} in the last 5 min had a "
+              f"({over(semconv.VLLM_METRIC_PROMPT_TOKENS)}) + ({over(semconv.VLLM_METRIC_GENERATION_TOKENS)}) > 0", "1m", "info",
+              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}} in the last 5 min had a "
               f"prompt or output over {p.near_max_len_bucket} tokens ({p.context_ratio:.0%} of max model length "
               f"{p.max_model_len})",
               "Requests come close to the model's context length: the next longer ones fail or get truncated."),
-        Alert("LLMKVCacheNearlyFull", f"{VLLM_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "5m", "warning",
+        Alert("LLMKVCacheNearlyFull", f"{semconv.VLLM_METRIC_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "5m", "warning",
               f"KV cache of {instance} is {{{{ $value | humanizePercentage }}}} full "
               f"(over {p.kv_cache_usage:.0%} for 5 min)",
               "vLLM's KV cache is almost full: new requests wait and running ones get preempted."),
-        Alert("LLMPreemptions", f"increase({VLLM_PREEMPTIONS}[5m]) > 0", "1m", "warning",
+        Alert("LLMPreemptions", f"increase({semconv.VLLM_METRIC_PREEMPTIONS}[5m]) > 0", "1m", "warning",
               f"{instance} preempted {{{{ $value | humanize }}}} requests in the last 5 min (KV cache too small)",
               "vLLM evicted running requests to free KV cache; they are recomputed later, at a latency cost."),
         Alert("LLMPrefixCacheHitRateLow",

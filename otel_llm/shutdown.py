@@ -29,7 +29,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT
 

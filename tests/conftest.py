@@ -3,10 +3,9 @@ import secrets
 
 import pytest
 
-from otel_llm import semconv
-
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.otlp_receiver import Receiver
+from otel_llm import semconv
 
 # Each e2e server is one real `opentelemetry-instrument vllm serve` on CPU (~40 s to start):
 # tests share them per module.

@@ -38,9 +38,9 @@ import yaml
 from opentelemetry.metrics import NoOpMeter
 from opentelemetry.semconv.attributes import http_attributes, url_attributes
 from opentelemetry.trace import SpanContext, TraceFlags
+from test_redaction import NEGATIVE, POSITIVE
 
 from otel_llm import semconv
-from test_redaction import NEGATIVE, POSITIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "collector-config"

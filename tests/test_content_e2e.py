@@ -10,8 +10,8 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import abandon_stream, genai_spans
 
-from otel_llm import config, content, redaction, semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import config, content, redaction, semconv
 
 MAX_TEXT, MAX_TOTAL = 600, 1500
 PII = ("I am jane.doe@example.com, card 4111 1111 1111 1111, phone +1 415 555 2671, "

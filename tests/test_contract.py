@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm.cli import doctor
 from otel_llm import patching
+from otel_llm.cli import doctor
 from otel_llm.vllm import contract, hooks, wrappers
 
 COMPAT_SOURCES = sorted((Path(__file__).resolve().parents[1] / ".cache" / "vllm-src").glob("*/vllm/_version.py"))

@@ -16,9 +16,9 @@ import yaml
 from conftest import start_server
 from helpers import LONG_PROMPT
 
-from otel_llm import dashboards, rules
 from devkit.devserver import PrometheusServer
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import dashboards, rules, semconv
 
 VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "__rate_interval": "1m", "__range": "5m",
           "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}
@@ -29,8 +29,8 @@ NO_DATA = {
     # 8192 (7372) exists unless vLLM is started with --custom-histogram-buckets, so the subtraction
     # matches nothing. Its +Inf halves must have data.
     "LLMRequestNearMaxModelLen": [
-        f'sum by ({rules.VLLM_MODEL}) (increase({rules.VLLM_PROMPT_TOKENS}_bucket{{le="+Inf"}}[5m]))',
-        f'sum by ({rules.VLLM_MODEL}) (increase({rules.VLLM_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
+        f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({semconv.VLLM_METRIC_PROMPT_TOKENS}_bucket{{le="+Inf"}}[5m]))',
+        f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({semconv.VLLM_METRIC_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
 }
 
 
@@ -56,7 +56,7 @@ def vllm(receiver, tmp_path_factory):
 def rules_file(tmp_path_factory):
     """otel-llm-rules.yml with its group interval at 2 s instead of 1 m, so that recording rules
     have data within the test; the expressions are the committed ones."""
-    data = yaml.safe_load(rules.RULES_FILE.read_text())
+    data = yaml.safe_load(rules.render())
     for group in data["groups"]:
         group["interval"] = "2s"
     path = tmp_path_factory.mktemp("rules") / "otel-llm-rules.yml"
@@ -168,7 +168,7 @@ def test_panels_show_the_traffic(prometheus, traffic):
 
 
 def test_every_rule_parses_and_returns_data(prometheus, traffic):
-    groups = yaml.safe_load(rules.RULES_FILE.read_text())["groups"]
+    groups = yaml.safe_load(rules.render())["groups"]
     failures, checked = [], 0
     for rule in (r for g in groups for r in g["rules"]):
         body = query(prometheus, rule["expr"])  # the whole expression must parse

@@ -5,8 +5,8 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import genai_spans, request_trace
 
-from otel_llm import semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
 
 
 @pytest.fixture(scope="module")

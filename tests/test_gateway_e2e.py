@@ -12,9 +12,9 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import LONG_PROMPT, assert_server_tree, assert_usage, genai_spans, until_engine_aborts
 
-from otel_llm import semconv
 from devkit.devserver import GatewayServer, otlp_env, run_app, write_keys_file
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
 
 GATEWAY = semconv.GATEWAY_SERVICE_NAME
 APP = "llm-app"

@@ -14,8 +14,8 @@ import openai
 import pytest
 from conftest import start_server
 
-from otel_llm import ledger, report, semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import ledger, report, semconv
 
 THREADS = 6
 KILL_AFTER = 40  # completed responses before the kill

@@ -20,8 +20,8 @@ import pytest
 from conftest import start_prometheus, start_server
 from helpers import LONG_PROMPT, abandon_stream
 
-from otel_llm import billing_export, ledger, reconcile, report, semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import billing_export, ledger, reconcile, report, semconv
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
 ABORTING = {TENANTS[5], TENANTS[11]}

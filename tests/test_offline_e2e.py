@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm import semconv
 from devkit.devserver import DEFAULT_MODEL_DIR
 from devkit.tiny_model import MODEL_NAME, build
+from otel_llm import semconv
 from otel_llm.vllm import VLLMInstrumentor
 
 pytestmark = pytest.mark.e2e

@@ -664,7 +664,6 @@ def test_a_failing_instrumentation_never_breaks_the_call(otel, server, client, m
 
 def _request_body(cassette):
     import yaml
-
     from openai_replay import CASSETTES
 
     return yaml.safe_load((CASSETTES / cassette).read_text())["interactions"][0]["request"]["body"]

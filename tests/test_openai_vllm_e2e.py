@@ -11,8 +11,8 @@ from conftest import Traceparent, start_server
 from helpers import Otel, abandon_stream, assert_server_tree, genai_spans, request_trace, until_engine_aborts
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_llm import semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 

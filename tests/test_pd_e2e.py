@@ -14,9 +14,9 @@ import pytest
 from conftest import Traceparent
 from helpers import genai_spans
 
-from otel_llm import ledger, semconv
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import ledger, semconv
 
 PROMPT = "hello there, how are you today? " * 8
 TENANT = "pd-tenant"

@@ -173,12 +173,12 @@ def ttft_test():
 def vllm_gauges_test():
     other = {**VLLM, "instance": "vllm-1:8000"}
     return {"interval": "1m",
-            "input_series": [series(rules.VLLM_WAITING, VLLM, "60x20"), series(rules.VLLM_WAITING, other, "50x20"),
-                             series(rules.VLLM_KV_CACHE_USAGE, VLLM, "0.97x20"),
-                             series(rules.VLLM_KV_CACHE_USAGE, other, "0.95x20"),
+            "input_series": [series(semconv.VLLM_METRIC_WAITING, VLLM, "60x20"), series(semconv.VLLM_METRIC_WAITING, other, "50x20"),
+                             series(semconv.VLLM_METRIC_KV_CACHE_USAGE, VLLM, "0.97x20"),
+                             series(semconv.VLLM_METRIC_KV_CACHE_USAGE, other, "0.95x20"),
                              # vllm-0 preempts one request at minute 6; vllm-1 never
-                             series(rules.VLLM_PREEMPTIONS, VLLM, "0x5 1x14"),
-                             series(rules.VLLM_PREEMPTIONS, other, "0x20")],
+                             series(semconv.VLLM_METRIC_PREEMPTIONS, VLLM, "0x5 1x14"),
+                             series(semconv.VLLM_METRIC_PREEMPTIONS, other, "0x20")],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "LLMQueueTooLong", "exp_alerts": []},
                 {"eval_time": "10m", "alertname": "LLMQueueTooLong", "exp_alerts": [
@@ -239,11 +239,11 @@ def near_max_len_test():
 
     return {"interval": "1m",
             "input_series": [
-                *hist(rules.VLLM_PROMPT_TOKENS, "llama", [("5000.0", "0+5x20"), ("7372.0", "0+5x20"),
+                *hist(semconv.VLLM_METRIC_PROMPT_TOKENS, "llama", [("5000.0", "0+5x20"), ("7372.0", "0+5x20"),
                                                            ("8192.0", "0+5x10 55+6x9"), ("+Inf", "0+5x10 55+6x9")]),
-                *hist(rules.VLLM_GENERATION_TOKENS, "llama", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")]),
-                *hist(rules.VLLM_PROMPT_TOKENS, "small", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")]),
-                *hist(rules.VLLM_GENERATION_TOKENS, "small", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")])],
+                *hist(semconv.VLLM_METRIC_GENERATION_TOKENS, "llama", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")]),
+                *hist(semconv.VLLM_METRIC_PROMPT_TOKENS, "small", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")]),
+                *hist(semconv.VLLM_METRIC_GENERATION_TOKENS, "small", [("7372.0", "0+5x20"), ("+Inf", "0+5x20")])],
             "alert_rule_test": [
                 {"eval_time": "10m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": []},
                 {"eval_time": "16m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": [

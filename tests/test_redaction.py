@@ -123,8 +123,9 @@ def test_content_budget_cuts_each_text_then_the_request():
 
 
 def test_content_caps_from_the_environment(caplog):
-    from otel_llm import content
     from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_llm import content
 
     meter = MeterProvider().get_meter("test")
     capture = content.Capture(meter, {config.ENV_CONTENT_MAX_TEXT_LENGTH: "10", config.ENV_CONTENT_MAX_LENGTH: "lots"})

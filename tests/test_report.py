@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from otel_llm import report, semconv
 from devkit.devserver import PrometheusServer
+from otel_llm import report, semconv
 
 NOW = 1_764_700_000.0  # 2025-12-02T18:26:40Z
 

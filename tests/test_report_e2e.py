@@ -15,11 +15,9 @@ import pytest
 from conftest import Traceparent, start_prometheus, start_server
 from helpers import LONG_PROMPT, abandon_stream
 
-from otel_llm import report, semconv
 from devkit.devserver import write_keys_file
 from devkit.tiny_model import MODEL_NAME
-
-
+from otel_llm import report, semconv
 
 DELTA_KEY = f"sk-delta-{secrets.token_hex(12)}"  # mapped to tenant delta by OTEL_LLM_API_KEYS_FILE
 

@@ -30,11 +30,20 @@ import pytest
 import yaml
 from conftest import Traceparent, start_server
 from helpers import abandon_stream, genai_spans, request_trace
-from test_collector_config import (BASELINE, CONFIG_DIR, CONTENT_ATTRIBUTES, collector_redact, keeping_policies,
-                                   parse_ottl, recorded_policy, release, tail_sampling_policies)
+from test_collector_config import (
+    BASELINE,
+    CONFIG_DIR,
+    CONTENT_ATTRIBUTES,
+    collector_redact,
+    keeping_policies,
+    parse_ottl,
+    recorded_policy,
+    release,
+    tail_sampling_policies,
+)
 
-from otel_llm import config, semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import config, semconv
 
 MAX_MODEL_LEN = 2048
 LONG_PROMPT_TOKENS = 600  # cache-miss case (> scaled cache-miss threshold, < big-input threshold)

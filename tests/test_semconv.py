@@ -119,6 +119,7 @@ def test_prometheus_names_are_unique_and_spec_derived():
 
 def test_spec_violations_reports_what_the_spec_lacks():
     from conftest import spec_violations
+
     from devkit.otlp_receiver import LogRecord, MetricPoint, Span
 
     span = Span("t", "s", "", "chat m", "INTERNAL", 0, 1, {semconv.GEN_AI_OPERATION_NAME: "chat", "made.up": 1,

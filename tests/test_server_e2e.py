@@ -4,15 +4,20 @@ import json
 import time
 import urllib.request
 
-import httpx
 import openai
 import pytest
 from conftest import Traceparent, start_server
-from helpers import LONG_PROMPT, assert_phase_durations_match, assert_server_tree, assert_usage, genai_spans, request_trace
+from helpers import (
+    LONG_PROMPT,
+    assert_phase_durations_match,
+    assert_server_tree,
+    assert_usage,
+    genai_spans,
+    request_trace,
+)
 
-from otel_llm import semconv
 from devkit.tiny_model import MODEL_NAME
-
+from otel_llm import semconv
 
 
 @pytest.fixture(scope="module")

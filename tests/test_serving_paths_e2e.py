@@ -15,9 +15,9 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import children, genai_spans, request_trace
 
-from otel_llm import ledger, semconv
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import ledger, semconv
 
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
 

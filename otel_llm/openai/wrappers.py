@@ -8,9 +8,9 @@ from opentelemetry import context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import set_span_in_context
 
-from otel_llm.warn import failed
 from otel_llm.openai.streams import AsyncStreamProxy, StreamProxy
 from otel_llm.openai.telemetry import ClientTelemetry, Invocation, is_raw_response_call
+from otel_llm.warn import failed
 
 _log = logging.getLogger("otel_llm.openai")
 # set while one of our spans is current: a wrapped method that calls another (an openai helper

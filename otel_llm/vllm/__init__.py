@@ -6,7 +6,7 @@ import importlib.util
 import logging
 import os
 import sys
-from typing import Collection
+from collections.abc import Collection
 
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 @dataclass(frozen=True)
 class Fields:
     modules: tuple[str, ...]  # candidates, newest vLLM first

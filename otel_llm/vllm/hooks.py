@@ -14,9 +14,19 @@ import os
 from otel_llm import patching, semconv
 from otel_llm.patching import Hook
 from otel_llm.vllm import contract, http
-from otel_llm.vllm.wrappers import (async_llm_generate, attach_engine_request, background_response, engine_aborted,
-                                    engine_finished, handler_wrapper, llm_engine_add_request, llm_keeps_stats,
-                                    native_tracing_off, validation_rejection, vllm_error_rejection)
+from otel_llm.vllm.wrappers import (
+    async_llm_generate,
+    attach_engine_request,
+    background_response,
+    engine_aborted,
+    engine_finished,
+    handler_wrapper,
+    llm_engine_add_request,
+    llm_keeps_stats,
+    native_tracing_off,
+    validation_rejection,
+    vllm_error_rejection,
+)
 
 _log = logging.getLogger("otel_llm.vllm")
 

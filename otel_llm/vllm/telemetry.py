@@ -17,6 +17,7 @@ from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
 
+
 @dataclass
 class Usage:
     input_tokens: int = 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from opentelemetry import context as otel_context, trace
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from otel_llm import semconv
 from otel_llm.vllm import contract, routes
@@ -15,6 +16,7 @@ from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, 
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry
 from otel_llm.vllm.telemetry import Telemetry
 from otel_llm.warn import guard as _safe
+
 
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
     tenant, scene, cost_center = tel.attribution(getattr(raw_request, "headers", None))
@@ -288,7 +290,7 @@ def background_response(tel: Telemetry):
     """Responses API with background=true: the handler answers `queued` and a task generates later.
     That work is its own request (span, tokens, usage record), linked to the request that started it."""
     start = _safe("starting a background response span")(
-        lambda request, origin: start_request(tel, 
+        lambda request, origin: start_request(tel,
             _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES)
             if origin is None else origin.info,
             links=[trace.Link(origin.span.get_span_context())] if origin is not None else None,

@@ -20,9 +20,9 @@ import pytest
 from conftest import start_server
 from helpers import assert_server_tree, genai_spans, request_trace
 
-from otel_llm import semconv
 from devkit.otlp_receiver import Receiver
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
 
 API_KEY = "sk-secret-" + secrets.token_hex(8)
 WRONG_KEY = "sk-secret-wrong-" + secrets.token_hex(8)

@@ -48,11 +48,11 @@ from conftest import Traceparent
 from helpers import assert_server_tree, request_trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_llm import semconv
 from devkit.devserver import VLLMServer, bin_path, free_port, otlp_env
+from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
 from otel_llm.config import DEFAULT_SHUTDOWN_TIMEOUT_S, ENV_SHUTDOWN_TIMEOUT
 from otel_llm.shutdown import DROPPED_MESSAGE
-from devkit.tiny_model import MODEL_NAME
 
 TEARDOWN_MARGIN_S = 15.0
 # our hook aims 0.25 s short of the bound; this much more for thread wake-ups on a loaded machine

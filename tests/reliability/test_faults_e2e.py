@@ -54,10 +54,10 @@ import pytest
 from conftest import Traceparent
 from helpers import genai_spans
 
-from otel_llm import semconv
 from devkit.devserver import VLLMServer, otlp_env
-from otel_llm.ledger import read_spool
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import semconv
+from otel_llm.ledger import read_spool
 
 HERE = Path(__file__).resolve().parent
 W = "otel_llm.vllm.wrappers"

@@ -12,8 +12,8 @@ import pytest
 from conftest import Traceparent, start_server
 from helpers import genai_spans, request_trace
 
-from otel_llm import ledger, semconv
 from devkit.tiny_model import MODEL_NAME
+from otel_llm import ledger, semconv
 
 KEY = f"sk-acme-{secrets.token_hex(8)}"
 JUNK = [f"junk-{i:02d}" for i in range(60)]  # more than the 50 label slots
