@@ -26,6 +26,7 @@ a closed port; healthy: the same endpoint answering at once. It measures; it ass
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from devkit.devserver import VLLMServer, free_port, otlp_env  # noqa: E402
 from devkit.tiny_model import MODEL_NAME  # noqa: E402
-from otel_llm.config import ENV_SHUTDOWN_TIMEOUT, shutdown_timeout
+from otel_llm.config import ENV_SHUTDOWN_TIMEOUT, shutdown_timeout  # noqa: E402
 from otel_llm.shutdown import DROPPED_MESSAGE  # noqa: E402
 
 CASES = ["healthy", "refused", "blackhole", "slow"]
@@ -140,8 +141,8 @@ def rss_mib(pids) -> float:
 
 def one_request(url: str, i: int) -> float:
     stream = i % 2 == 1
-    body = ('{"model": "%s", "messages": [{"role": "user", "content": "tell me about tracing %d"}], '
-            '"max_tokens": 16, "ignore_eos": true, "stream": %s}' % (MODEL_NAME, i, "true" if stream else "false"))
+    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": f"tell me about tracing {i}"}],
+                       "max_tokens": 16, "ignore_eos": True, "stream": stream})
     request = urllib.request.Request(url + "/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=120) as response:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from devkit import tiny_model
 
-DEFAULT_MODEL_DIR = Path(os.environ.get("OTEL_LLM_TINY_MODEL", Path(__file__).resolve().parent.parent / ".cache" / "tiny-llama"))
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_DIR = Path(os.environ.get("OTEL_LLM_TINY_MODEL", REPO_ROOT / ".cache" / "tiny-llama"))
 CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
 
 
@@ -89,7 +90,8 @@ class VLLMServer(ServerProcess):
             self.model_dir = tiny_model.build_paced(paced_dir, DEFAULT_MODEL_DIR)
             extra_args = (*tiny_model.PACED_SERVE_ARGS, *extra_args)
         elif scorer:  # the tiny model as a cross-encoder (/classify, /score, /rerank)
-            scorer_dir = Path(model_dir) if model_dir else DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-scorer")
+            scorer_dir = Path(model_dir) if model_dir else \
+                DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-scorer")
             self.model_dir = tiny_model.build_scorer(scorer_dir, DEFAULT_MODEL_DIR)
             extra_args = ("--runner", "pooling", *extra_args)
         else:
@@ -139,7 +141,6 @@ def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms:
     return env
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 GATEWAY_DIR = REPO_ROOT / "examples" / "gateway"
 APP_PATH = REPO_ROOT / "examples" / "app" / "app.py"
 

@@ -114,7 +114,8 @@ def overview() -> dict:
         panel("Time to first token", quantiles(TTFT, OURS), "s", w=8),
         panel("Time per output token", quantiles(TPOT, OURS), "s", w=8),
         panel("Request duration (e2e)", quantiles(DURATION, OURS), "s", w=8),
-        panel("Preemptions/s", [target(f"sum by ({VLLM_MODEL}) (rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}]))",
+        panel("Preemptions/s", [target(
+            f"sum by ({VLLM_MODEL}) (rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}]))",
                                        f"{{{{{VLLM_MODEL}}}}}")], "short", w=24,
               description="Requests the scheduler preempted (KV cache too small)"),
     ])
@@ -122,7 +123,8 @@ def overview() -> dict:
 
 def latency() -> dict:
     def mean(metric: str, filters: str, legend: str) -> dict:
-        return target(f"sum(rate({metric}_sum{{{filters}}}[{RI}])) / (sum(rate({metric}_count{{{filters}}}[{RI}])) > 0)",
+        return target(
+            f"sum(rate({metric}_sum{{{filters}}}[{RI}])) / (sum(rate({metric}_count{{{filters}}}[{RI}])) > 0)",
                       legend, exemplar=True)
 
     phases = [mean(metric, ENGINE, p) for p, metric in PHASES.items()]
@@ -132,7 +134,8 @@ def latency() -> dict:
         panels.append(panel(f"{p.capitalize()} time", quantiles(metric, ENGINE), "s", w=8))
     panels += [
         panel("TTFT vs e2e (P95)", [
-            target(f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{{{OURS}}}[{RI}])))", "TTFT P95", exemplar=True),
+            target(f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{{{OURS}}}[{RI}])))", "TTFT P95",
+                   exemplar=True),
             target(f"histogram_quantile(0.95, sum by (le) (rate({DURATION}_bucket{{{OURS}}}[{RI}])))", "e2e P95",
                    exemplar=True)], "s"),
         panel("TTFT vs e2e (mean)", [mean(TTFT, OURS, "TTFT"), mean(DURATION, OURS, "e2e")], "s"),

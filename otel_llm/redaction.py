@@ -109,8 +109,10 @@ BUILTIN_RULES = (
          r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
          "<SECRET>", gate=_may_hold_secret),
     Rule(semconv.REDACTION_RULE_EMAIL,
-         _ascii(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"), "<EMAIL>", gate=lambda text: "@" in text),
-    Rule(semconv.REDACTION_RULE_PRC_ID, _ascii(r"(?<!\d)\d{17}[\dXx](?![\dA-Za-z])"), "<NATIONAL_ID>", prc_id_valid, gate=_has_digit,
+         _ascii(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"), "<EMAIL>",
+         gate=lambda text: "@" in text),
+    Rule(semconv.REDACTION_RULE_PRC_ID, _ascii(r"(?<!\d)\d{17}[\dXx](?![\dA-Za-z])"), "<NATIONAL_ID>", prc_id_valid,
+         gate=_has_digit,
          starts=r"\d"),
     Rule(semconv.REDACTION_RULE_PAYMENT_CARD,
          _ascii(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])"), "<PAYMENT_CARD>", luhn_valid, gate=_has_digit,
@@ -121,7 +123,8 @@ BUILTIN_RULES = (
          r"|(?<![\d-])\d{3}[.-]\d{3}[.-]\d{4}(?![\d-])"
          r"|(?<!\d)1[3-9]\d[ -]?\d{4}[ -]?\d{4}(?!\d)"),
          "<PHONE>", gate=_has_digit, starts=r"[\d+(]"),
-    Rule(semconv.REDACTION_RULE_IP_ADDRESS, _ascii(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?!\d|\.\d)"), "<IP_ADDRESS>", _ip_valid,
+    Rule(semconv.REDACTION_RULE_IP_ADDRESS, _ascii(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?!\d|\.\d)"), "<IP_ADDRESS>",
+         _ip_valid,
          gate=lambda text: "." in text and _has_digit(text), starts=r"\d"),
     Rule(semconv.REDACTION_RULE_IP_ADDRESS,
          _ascii(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){1,7}(?::|(?::[0-9A-Fa-f]{1,4}){1,7}|[0-9A-Fa-f]{1,4})(?![\w:])"

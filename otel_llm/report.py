@@ -520,7 +520,8 @@ def add_arguments(parser) -> None:
                         help="Prometheus (or any PromQL API) base URL (default %(default)s)")
     parser.add_argument("--by", default="tenant,model",
                         help=f"comma-separated, from: {', '.join(_all_dimensions())} (default %(default)s)")
-    parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (or now), e.g. 24h, 7d (default 24h)")
+    parser.add_argument("--range", dest="range_", metavar="DURATION",
+                        help="window ending at --end (or now), e.g. 24h, 7d (default 24h)")
     parser.add_argument("--start", help="window start: 2026-12-01, 2026-12-01T08:00:00Z or Unix seconds")
     parser.add_argument("--end", help="window end (default now)")
     parser.add_argument("--prices", help="price file (JSON or YAML): per model, input / cached_input / output "

@@ -169,10 +169,11 @@ def alerts(p: Params = Params()) -> list[Alert]:
               f"{p.token_spike_factor:.0%} of this hour's mean of the previous {p.baseline_days} days",
               "Token consumption of the whole fleet is far above its usual level for this hour of the day."),
         Alert("LLMRequestNearMaxModelLen",
-              f"({over(semconv.VLLM_METRIC_PROMPT_TOKENS)}) + ({over(semconv.VLLM_METRIC_GENERATION_TOKENS)}) > 0", "1m", "info",
-              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}} in the last 5 min had a "
-              f"prompt or output over {p.near_max_len_bucket} tokens ({p.context_ratio:.0%} of max model length "
-              f"{p.max_model_len})",
+              f"({over(semconv.VLLM_METRIC_PROMPT_TOKENS)}) + ({over(semconv.VLLM_METRIC_GENERATION_TOKENS)}) > 0",
+              "1m", "info",
+              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}} "
+              f"in the last 5 min had a prompt or output over {p.near_max_len_bucket} tokens "
+              f"({p.context_ratio:.0%} of max model length {p.max_model_len})",
               "Requests come close to the model's context length: the next longer ones fail or get truncated."),
         Alert("LLMKVCacheNearlyFull", f"{semconv.VLLM_METRIC_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "5m", "warning",
               f"KV cache of {instance} is {{{{ $value | humanizePercentage }}}} full "

@@ -257,7 +257,8 @@ class BoundedShutdown:
             if getattr(provider, "_shutdown", False) is True:  # already shut down by its owner
                 continue
             if provider is self.meter_provider:
-                call = lambda p=provider: p.shutdown(timeout_millis=max(0.0, abort_at - time.monotonic()) * 1e3)
+                def call(p=provider):
+                    return p.shutdown(timeout_millis=max(0.0, abort_at - time.monotonic()) * 1e3)
             else:
                 call = provider.shutdown
             thread = threading.Thread(target=_quietly, args=(call,), name="otel-llm-shutdown", daemon=True)

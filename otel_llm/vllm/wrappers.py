@@ -260,7 +260,8 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
             return
         operation = route.operation or semconv.OP_TEXT_COMPLETION
         tenant, scene, cost_center = tel.attribution(request.headers)
-        record = start_request(tel, RequestInfo(operation=operation, tenant=tenant, scene=scene, cost_center=cost_center,
+        record = start_request(tel, RequestInfo(operation=operation, tenant=tenant, scene=scene,
+                                                cost_center=cost_center,
                                        api_type=route.api_type))
         error_type = str(getattr(response, "status_code", "400"))
         if by_exception and exc is not None:
