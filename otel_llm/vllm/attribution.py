@@ -76,12 +76,14 @@ def _first_header(headers, names) -> str | None:
             return value
     return None
 
+
 def _first_baggage(entries, keys) -> str | None:
     for key in keys:
         value = entries.get(key)
         if value:
             return str(value)
     return None
+
 
 def _load_api_keys(path: str | None) -> dict:
     if not path:

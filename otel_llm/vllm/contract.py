@@ -53,8 +53,16 @@ FIELDS: tuple[Fields, ...] = (
            why="response id; the usage vLLM reports (beam search)"),
     Fields(("vllm.v1.engine",), "EngineCoreRequest", ("request_id", "sampling_params"),
            why="the engine request OutputProcessor.add_request gets"),
-    Fields(("vllm.sampling_params",), "SamplingParams", (), ("extra_args",),
-           why="kv_transfer_params: the P/D leg of a request"),
+    Fields(("vllm.sampling_params",), "SamplingParams", ("n", *_SAMPLING[:-2]), ("extra_args",),
+           why="gen_ai.request.* of AsyncLLM / offline requests; kv_transfer_params: the P/D leg"),
+    Fields(("vllm.v1.engine.async_llm",), "AsyncLLM", ("model_config",), why="the model of AsyncLLM requests"),
+    Fields(("vllm.v1.engine.llm_engine",), "LLMEngine", ("model_config",), why="the model of offline requests"),
+    Fields(("vllm.config.model", "vllm.config"), "ModelConfig", ("model", "served_model_name"),
+           why="gen_ai.request.model of AsyncLLM / offline requests"),
+    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "ErrorResponse",
+           ("error",), why="error.type of a handler that answered with an error"),
+    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "ErrorInfo",
+           ("type", "code", "message"), why="error.type and status message"),
     Fields(_CHAT_PROTOCOL, "ChatCompletionRequest",
            ("model", "messages", "stream", "n", "max_completion_tokens", *_SAMPLING, "use_beam_search"),
            why="gen_ai.request.* of chat"),
@@ -124,6 +132,48 @@ def read_engine_request(state) -> EngineRequest:
             generation_tokens=stats.num_generation_tokens,
             preemptions=getattr(stats, "num_preemptions", 0) or 0),  # vLLM >= 0.30
     )
+
+
+def read_state_id(state) -> str:
+    """RequestState.request_id: the internal id of the engine request a RequestState tracks."""
+    return state.request_id
+
+
+def read_engine_request_id(engine_request) -> str:
+    """EngineCoreRequest.request_id: the internal id OutputProcessor keys its RequestStates by."""
+    return engine_request.request_id
+
+
+def read_engine_model(engine) -> str | None:
+    """The served model name (else the model) of an AsyncLLM or LLMEngine."""
+    config = getattr(engine, "model_config", None)
+    name = getattr(config, "served_model_name", None) or getattr(config, "model", None)
+    if isinstance(name, list):  # several served names: vLLM answers with the first
+        name = name[0] if name else None
+    return name if isinstance(name, str) else None
+
+
+def read_sampling_params(params) -> dict:
+    """gen_ai.request.* of SamplingParams; {} for PoolingParams (no generation)."""
+    if not hasattr(params, "max_tokens"):
+        return {}
+    top_k = getattr(params, "top_k", None)
+    return {"n": getattr(params, "n", None), "max_tokens": params.max_tokens,
+            "temperature": getattr(params, "temperature", None), "top_p": getattr(params, "top_p", None),
+            "top_k": top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
+            "seed": getattr(params, "seed", None)}
+
+
+def read_error(result) -> tuple[str, str] | None:
+    """(error.type, message) when a handler returned an error instead of raising: vLLM's
+    ErrorResponse, or a starlette Response with an error status (pooling endpoints)."""
+    error = getattr(result, "error", None)
+    if error is not None and hasattr(error, "code"):
+        return str(getattr(error, "type", None) or error.code), str(getattr(error, "message", ""))
+    status = getattr(result, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        return str(status), ""
+    return None
 
 
 def read_request_states(output_processor) -> dict:

@@ -30,6 +30,7 @@ from otel_llm.vllm.wrappers import (
 
 _log = logging.getLogger("otel_llm.vllm")
 
+
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
 
 HOOKS: tuple[Hook, ...] = (

@@ -126,16 +126,6 @@ def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=No
     )
 
 
-
-
-
-
-
-
-
-
-
-
 class RequestTelemetry:
     __slots__ = (
         "telemetry",
@@ -183,11 +173,12 @@ class RequestTelemetry:
     # --- engine events (API-server process, output handler task) ---------------------------
     def attach_engine_request(self, req_state) -> None:
         self.engine_states.append(req_state)
-        self.telemetry.by_engine_id[req_state.request_id] = self
+        self.telemetry.track_engine_request(contract.read_state_id(req_state), self)
 
     def on_engine_finished(self, req_state, finish_reason) -> None:
-        self.finish_reasons[req_state.request_id] = str(finish_reason)
-        self.telemetry.by_engine_id.pop(req_state.request_id, None)
+        engine_id = contract.read_state_id(req_state)
+        self.finish_reasons[engine_id] = str(finish_reason)
+        self.telemetry.untrack_engine_request(engine_id)
         if self.engine_owned and len(self.finish_reasons) == len(self.engine_states):
             self.end()
 
@@ -219,9 +210,8 @@ class RequestTelemetry:
     def _end(self, error_type, error_message, aborted, response) -> None:
         end_ns = time.time_ns()
         span = self.span
-        by_engine_id = self.telemetry.by_engine_id
         for state in self.engine_states:
-            by_engine_id.pop(state.request_id, None)
+            self.telemetry.untrack_engine_request(contract.read_state_id(state))
         if aborted and error_type is None:
             error_type = semconv.ERROR_CLIENT_ABORTED
         engines = [contract.read_engine_request(state) for state in self.engine_states]
@@ -494,16 +484,6 @@ class _Timing:
         self.attributes: dict[str, Any] = {}
         self.ttft: float | None = None
         self.tpot: float | None = None
-
-
-
-
-
-
-
-
-
-
 
 
 def _earliest(current: float, candidate: float) -> float:

@@ -11,6 +11,7 @@ from otel_llm.warn import guard as _safe
 
 _SSE_DONE = "data: [DONE]\n\n"  # the last chunk of every OpenAI-style SSE stream vLLM sends
 
+
 class _StreamTelemetry:
     """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
 
@@ -71,12 +72,14 @@ class _StreamTelemetry:
         if not record.ended:  # never ended here: see otel_llm/finalizer.py
             finalizer.defer(record.end, aborted=True)
 
+
 _first_chunk = _safe("recording a stream's first chunk")(lambda record: record.on_first_chunk())
 
 # Making a record current and restoring the context around vLLM's code are our calls on every
 # request path too: a fault there leaves the span without its engine request (no tokens), and never
 # fails the request. The lambdas look the functions up at call time.
 _make_current = _safe("making a request's span current")(lambda record: attach(record))
+
 
 _restore_context = _safe("restoring the context after a request")(
     lambda tokens: detach(tokens) if tokens is not None else None
@@ -87,5 +90,6 @@ _restore_context = _safe("restoring the context after a request")(
 _end_on_exception = _safe("ending a request's span on an exception")(
     lambda record, exc: _end_with_exception(record, exc)
 )
+
 
 _end_with_exception = end_with_exception  # (a name here: the fault-injection suite targets it)

@@ -63,7 +63,7 @@ class Telemetry:
         self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
         self._metric_attributes: dict[tuple, dict[str, Any]] = {}
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
-        self.by_engine_id: dict[str, Any] = {}
+        self._by_engine_id: dict[str, Any] = {}
 
     def metric_attributes(self, key: tuple) -> dict[str, Any]:
         """Attributes of an (operation, request model, response model, tenant, scene, cost center)
@@ -95,3 +95,20 @@ class Telemetry:
     def _observe_tokens(self, options):
         for (key, token_type), value in list(self._token_totals.items()):
             yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
+
+    # --- engine requests in flight (the registry engine hooks find a request's record by) ------
+    def track_engine_request(self, engine_id: str, record) -> None:
+        self._by_engine_id[engine_id] = record
+
+    def untrack_engine_request(self, engine_id: str):
+        """Forget an engine request; its record, if it was tracked."""
+        return self._by_engine_id.pop(engine_id, None)
+
+    def engine_request_tracked(self, engine_id: str) -> bool:
+        return engine_id in self._by_engine_id
+
+    def engine_request_record(self, engine_id: str):
+        return self._by_engine_id.get(engine_id)
+
+    def engine_requests_in_flight(self) -> int:
+        return len(self._by_engine_id)

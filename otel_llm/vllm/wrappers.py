@@ -24,15 +24,10 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type
                         cost_center=cost_center, api_type=api_type,
                         request=request if tel.capture is not None else None)
 
+
 def _error_of(result) -> tuple[str, str] | None:
-    """(error.type, message) when a handler returned an error instead of raising."""
-    error = getattr(result, "error", None)  # vLLM's ErrorResponse
-    if error is not None and hasattr(error, "code"):
-        return str(getattr(error, "type", None) or error.code), str(getattr(error, "message", ""))
-    status = getattr(result, "status_code", None)  # a starlette Response (pooling endpoints)
-    if isinstance(status, int) and status >= 400:
-        return str(status), ""
-    return None
+    return contract.read_error(result)
+
 
 def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
@@ -55,6 +50,7 @@ def handler_wrapper(operation: str, api_type: str | None = None):
 
     return factory
 
+
 async def _run_current(record, wrapped, args, kwargs):
     """await vLLM's coroutine with `record` current; an exception ends the record and goes on."""
     tokens = _make_current(record)
@@ -66,11 +62,14 @@ async def _run_current(record, wrapped, args, kwargs):
     finally:
         _restore_context(tokens)
 
+
 def _claimed(record):
     _claim(record)  # the route this request came by adds no span of its own
     return record
 
+
 _claim = _safe("claiming a request for its route")(lambda record: routes.claim(record))
+
 
 @_safe("marking a request as traced")
 def _mark_traced(raw_request) -> None:
@@ -78,6 +77,7 @@ def _mark_traced(raw_request) -> None:
     state = getattr(raw_request, "state", None)
     if state is not None:
         state.otel_llm_traced = True
+
 
 @_safe("reading a vLLM response")
 def _read_response(record, result, raw_request):
@@ -96,12 +96,14 @@ def _read_response(record, result, raw_request):
     record.end(response=result if hasattr(result, "choices") else None)
     return result
 
+
 def _finish_handler(record, result, raw_request):
     wrapped = _read_response(record, result, raw_request)
     if wrapped is None:
         record.end()
         return result
     return wrapped
+
 
 def attach_engine_request(tel: Telemetry):
     on_attach = _safe("attaching an engine request")(
@@ -116,17 +118,20 @@ def attach_engine_request(tel: Telemetry):
 
     return wrapper
 
+
 def _attach(tel: Telemetry, output_processor, request) -> None:
     record = CURRENT.get()
     if record is None:
         record = routes.record_for_engine_request(tel)
     if record is None or record.ended:
         return
-    state = contract.read_request_states(output_processor).get(request.request_id)
-    if state is not None and state.request_id not in tel.by_engine_id:
+    engine_id = contract.read_engine_request_id(request)
+    state = contract.read_request_states(output_processor).get(engine_id)
+    if state is not None and not tel.engine_request_tracked(engine_id):
         record.attach_engine_request(state)
         if record.pd_role is None:
             record.pd_role = _pd_role(request)
+
 
 def _pd_role(request) -> str | None:
     """The P/D leg an engine request is, from the kv_transfer_params vLLM passes in extra_args."""
@@ -139,10 +144,11 @@ def _pd_role(request) -> str | None:
         return semconv.PD_ROLE_DECODE
     return None
 
+
 def engine_finished(tel: Telemetry):
     @_safe("recording an engine finish")
     def on_finish(req_state, finish_reason):
-        record = tel.by_engine_id.get(req_state.request_id)
+        record = tel.engine_request_record(contract.read_state_id(req_state))
         if record is not None:
             record.on_engine_finished(req_state, finish_reason)
 
@@ -155,11 +161,12 @@ def engine_finished(tel: Telemetry):
 
     return wrapper
 
+
 def engine_aborted(tel: Telemetry):
     @_safe("recording an engine abort")
     def on_abort(aborted_ids):
         for request_id in aborted_ids or ():
-            record = tel.by_engine_id.pop(request_id, None)
+            record = tel.untrack_engine_request(request_id)
             if record is None:
                 continue
             record.engine_aborted = True
@@ -173,6 +180,7 @@ def engine_aborted(tel: Telemetry):
 
     return wrapper
 
+
 def native_tracing_off(tel: Telemetry):
     """vLLM's own `llm_request` span (--otlp-traces-endpoint) would trace every request twice."""
 
@@ -181,9 +189,6 @@ def native_tracing_off(tel: Telemetry):
 
     return wrapper
 
-def _engine_model(engine) -> str | None:
-    config = getattr(engine, "model_config", None)
-    return getattr(config, "served_model_name", None) or getattr(config, "model", None)
 
 def async_llm_generate(tel: Telemetry):
     """AsyncLLM used directly (no OpenAI handler around it): the generate() call is the request."""
@@ -203,19 +208,20 @@ def async_llm_generate(tel: Telemetry):
 
     return wrapper
 
+
 def _engine_request_info(engine, params) -> RequestInfo:
-    n = getattr(params, "n", None)
-    top_k = getattr(params, "top_k", None)
+    sampling = contract.read_sampling_params(params)
     return RequestInfo(
-        operation=semconv.OP_TEXT_COMPLETION if hasattr(params, "max_tokens") else semconv.OP_EMBEDDINGS,
-        model=_engine_model(engine),
-        choice_count=n,
-        max_tokens=getattr(params, "max_tokens", None),
-        temperature=getattr(params, "temperature", None),
-        top_p=getattr(params, "top_p", None),
-        top_k=top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
-        seed=getattr(params, "seed", None),
+        operation=semconv.OP_TEXT_COMPLETION if sampling else semconv.OP_EMBEDDINGS,
+        model=contract.read_engine_model(engine),
+        choice_count=sampling.get("n"),
+        max_tokens=sampling.get("max_tokens"),
+        temperature=sampling.get("temperature"),
+        top_p=sampling.get("top_p"),
+        top_k=sampling.get("top_k"),
+        seed=sampling.get("seed"),
     )
+
 
 def llm_engine_add_request(tel: Telemetry):
     """Offline LLMEngine (vllm.LLM): one span per engine request, ended when the engine finishes."""
@@ -240,6 +246,7 @@ def llm_engine_add_request(tel: Telemetry):
 
     return wrapper
 
+
 def llm_keeps_stats(tel: Telemetry):
     """vllm.LLM turns per-request stats off by default; the phase spans need them."""
 
@@ -249,6 +256,7 @@ def llm_keeps_stats(tel: Telemetry):
         return wrapped(*args, **kwargs)
 
     return wrapper
+
 
 def validation_rejection(tel: Telemetry, by_exception: bool = False):
     """Requests FastAPI rejects before any handler runs (bad JSON, schema errors) get a span too."""
@@ -282,10 +290,12 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
 
     return wrapper
 
+
 def vllm_error_rejection(tel: Telemetry):
     """A VLLMError raised before a handler runs (a request model's validator: `prompt` missing) goes
     to vLLM's VLLMError handler; one raised inside a handler already ended that handler's span."""
     return validation_rejection(tel, by_exception=True)
+
 
 def background_response(tel: Telemetry):
     """Responses API with background=true: the handler answers `queued` and a task generates later.
@@ -307,5 +317,6 @@ def background_response(tel: Telemetry):
         return result
 
     return wrapper
+
 
 _end_background = _safe("ending a background response span")(lambda record: record.end())
