@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from otel_llm import content, semconv
+from otel_llm import content, histogram_batch, semconv
 from otel_llm.config import ClientSettings
 
 _log = logging.getLogger("otel_llm.openai")
@@ -287,9 +287,7 @@ class Invocation:
             tel.tokens.record(output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_OUTPUT})
         if self.first is not None:
             tel.ttfc.record(self.first - self.start, attrs)
-            record = tel.tpoc.record
-            for gap in self.gaps:
-                record(gap, attrs)
+            histogram_batch.record_all(tel.tpoc, self.gaps, attrs)
 
     def _usage_attributes(self, out: dict) -> tuple[int | None, int | None]:
         usage = self.usage
