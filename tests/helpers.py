@@ -1,5 +1,7 @@
-"""Assertions over exported traces, shared by the end-to-end tests."""
+"""Helpers shared across folders: assertions over exported traces, in-memory OTel providers, the
+e2e servers (start_server, start_prometheus, Traceparent) and the names spec check (spec_violations)."""
 
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -11,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.devserver import PrometheusServer, VLLMServer, otlp_env
 from otel_llm import semconv
 from otel_llm.openai import OpenAIInstrumentor
 
@@ -166,17 +169,16 @@ def assert_usage(genai, usage):
     assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == cached
 
 
-class Otel:
-    """The OpenAI client instrumentation on in-memory span and metric readers (in-process tests)."""
+class InMemoryOtel:
+    """A tracer provider and a meter provider on in-memory readers (in-process tests; the
+    `memory_otel` fixture)."""
 
-    def __init__(self, **options):
+    def __init__(self):
         self.spans = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
-        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
-                                        meter_provider=self.meter_provider, **options)
 
     def finished(self):
         return list(self.spans.get_finished_spans())
@@ -196,5 +198,92 @@ class Otel:
                         result.extend(metric.data.data_points)
         return result
 
+
+class Otel(InMemoryOtel):
+    """The OpenAI client instrumentation on in-memory span and metric readers (in-process tests)."""
+
+    def __init__(self, **options):
+        super().__init__()
+        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
+                                        meter_provider=self.meter_provider, **options)
+
     def close(self):
         OpenAIInstrumentor().uninstrument()
+
+
+# --- servers -------------------------------------------------------------------------------------
+
+def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False, paced=False):
+    """paced: for modules whose server must see a client leave mid-stream (VLLMServer)."""
+    log = tmp_path_factory.mktemp("logs") / f"vllm-{name}.log"
+    otlp = otlp_env(receiver.grpc_endpoint, protocol="grpc") if grpc else otlp_env(receiver.endpoint)
+    server = VLLMServer(env={**otlp, **(env or {})}, extra_args=extra_args, log_path=log, paced=paced)
+    server.start()
+    return server
+
+
+class Traceparent:
+    """A W3C traceparent for one test request, so its trace can be found among all others."""
+
+    def __init__(self):
+        self.trace_id = secrets.token_hex(16)
+        self.span_id = secrets.token_hex(8)
+        self.header = f"00-{self.trace_id}-{self.span_id}-01"
+
+    def headers(self, **extra):
+        return {"traceparent": self.header, **extra}
+
+
+def start_prometheus(vllm, tmp_path_factory, **options):
+    """A real Prometheus scraping the server every second, returned after its first scrape of vLLM's
+    counters: traffic sent before it would be missed (a series' first sample counts from zero)."""
+    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"), **options)
+    prom.start()
+    deadline = time.monotonic() + 60
+    while not prom.query("vllm:generation_tokens_total"):
+        if time.monotonic() > deadline:
+            prom.stop()
+            raise TimeoutError("Prometheus never scraped vLLM")
+        time.sleep(0.5)
+    return prom
+
+
+# --- the names spec ----------------------------------------------------------------------------
+
+_SCOPE_LAYERS = {"otel_llm.vllm": semconv.VLLM, "otel_llm.openai": semconv.CLIENT}
+
+
+def _type_error(name: str, value) -> str | None:
+    spec = semconv.ATTRIBUTES[name]
+    if spec.type == semconv.DOUBLE and isinstance(value, bool) or \
+            spec.type == semconv.INT and isinstance(value, bool) or \
+            not isinstance(value, semconv.PYTHON_TYPES[spec.type]):
+        return f"is {type(value).__name__}, the spec says {spec.type}"
+    return None
+
+
+def spec_violations(spans, points, logs) -> list[str]:
+    """What otel-llm's layers emitted that the names spec does not describe: span attributes of our
+    scopes, our metrics and their attributes, usage records' fields, with the spec's types."""
+    found: list[str] = []
+
+    def check(attributes: dict, layer: str, what: str, where: str = "") -> None:
+        for name, value in attributes.items():
+            spec = semconv.ATTRIBUTES.get(name)
+            if spec is None or layer not in spec.emitted_by:
+                found.append(f"{what} {name!r}{where} is not in semconv.ATTRIBUTES for layer {layer}")
+            elif (error := _type_error(name, value)) is not None:
+                found.append(f"{what} {name!r}{where} {error}")
+
+    for span in spans:
+        if span.scope in _SCOPE_LAYERS:
+            check(span.attributes, _SCOPE_LAYERS[span.scope], "span attribute", f" ({span.scope})")
+    for point in points:
+        if point.name in semconv.METRICS:
+            check(point.attributes, semconv.METRIC, "metric attribute", f" of {point.name}")
+        elif point.name.startswith(("gen_ai.", "otel_llm.")):
+            found.append(f"metric {point.name!r} is not in semconv.METRICS")
+    for record in logs:
+        if record.event_name == semconv.USAGE_EVENT:
+            check(record.attributes, semconv.USAGE, "usage record field")
+    return list(dict.fromkeys(found))

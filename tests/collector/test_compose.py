@@ -12,7 +12,7 @@
   (exemplar link, tracesToMetrics, serviceMap) exist;
 - images are pinned (no :latest, no untagged image), the collector version is inside the range
   collector-config/README.md states, and otelcol.yaml merged with the Jaeger overlay passes the
-  same static checks as collector-config/ (tests/test_collector_config.py);
+  same static checks as collector-config/ (tests/collector/validator.py);
 - the usage ledger: a pinned ClickHouse service; one named spool volume, mounted by the vLLM
   services at their OTEL_LLM_USAGE_DIR and read-only by the collector at the path its filelog
   receiver reads (the config's ${env:...} expanded with the collector's environment); file_storage
@@ -34,9 +34,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from test_collector_config import RECORD_POLICY_GATE, check_all, duration_seconds
+from collector.validator import RECORD_POLICY_GATE, check_all, duration_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "examples" / "compose"
 COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict] = COMPOSE["services"]
@@ -144,14 +144,15 @@ def otlp_receiver_ports(cfg: dict) -> dict[str, int]:
 
 
 def datasources() -> list[dict]:
-    return yaml.safe_load(mounted("grafana", "/etc/grafana/provisioning/datasources/datasources.yaml").read_text())["datasources"]
+    path = mounted("grafana", "/etc/grafana/provisioning/datasources/datasources.yaml")
+    return yaml.safe_load(path.read_text())["datasources"]
 
 
 # ---- files ------------------------------------------------------------------------------------
 
 def test_every_mounted_host_path_exists():
     assert volumes()
-    for service, host, container in volumes():
+    for service, host, _container in volumes():
         path = (COMPOSE_DIR / host).resolve()
         assert path.is_relative_to(ROOT), f"{service}: {host} is outside the repository"
         if host in OPTIONAL_MOUNTS and not path.exists():
@@ -160,7 +161,7 @@ def test_every_mounted_host_path_exists():
 
 
 def test_mounted_configs_parse():
-    for service, host, container in volumes():
+    for _service, host, _container in volumes():
         path = (COMPOSE_DIR / host).resolve()
         files = sorted(path.rglob("*")) if path.is_dir() else [path] if path.exists() else []
         for f in files:
@@ -456,9 +457,11 @@ def test_tempo_retention_is_the_readmes():
     tempo = yaml.safe_load(mounted("tempo", flag(command_args(SERVICES["tempo"]), "-config.file")).read_text())
     want = readme_retention()["Tempo"]
     assert duration_seconds(tempo["backend_worker"]["compaction"]["block_retention"]) == want  # the worker applies it
-    assert duration_seconds(tempo["backend_scheduler"]["provider"]["compaction"]["compaction"]["block_retention"]) == want
+    scheduler = tempo["backend_scheduler"]["provider"]["compaction"]["compaction"]
+    assert duration_seconds(scheduler["block_retention"]) == want
     blocks = tempo["storage"]["trace"]["local"]["path"]
-    volume, read_only = next((v for path, v in named_mounts("tempo").items() if blocks.startswith(path.rstrip("/") + "/")))
+    volume, read_only = next((v for path, v in named_mounts("tempo").items()
+                              if blocks.startswith(path.rstrip("/") + "/")))
     assert not read_only and volume in COMPOSE["volumes"]
 
 

@@ -1,14 +1,13 @@
 """Opt-in content capture on the real vLLM CPU server: prompts and completions on the GenAI span in
 the semconv shapes, redacted before export, cut to the size caps with a marker, and counted per
 redaction rule; for chats, streams with n=2, an abandoned stream and a 404. (The servers of the
-other e2e modules run without the opt-in: tests/test_server_e2e.py checks no content leaves.)"""
+other e2e modules run without the opt-in: tests/e2e/test_server_e2e.py checks no content leaves.)"""
 
 import json
 
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import abandon_stream, genai_spans
+from helpers import Traceparent, abandon_stream, genai_spans, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import config, content, redaction, semconv
@@ -25,7 +24,8 @@ REDACT = redaction.Redactor().redact
 def server(receiver, tmp_path_factory):
     srv = start_server(receiver, tmp_path_factory, "content", paced=True, extra_args=["--max-model-len", "4096"],
                        env={config.ENV_CAPTURE_CONTENT: "span_only",
-                            config.ENV_CONTENT_MAX_TEXT_LENGTH: str(MAX_TEXT), config.ENV_CONTENT_MAX_LENGTH: str(MAX_TOTAL)})
+                            config.ENV_CONTENT_MAX_TEXT_LENGTH: str(MAX_TEXT),
+                            config.ENV_CONTENT_MAX_LENGTH: str(MAX_TOTAL)})
     yield srv
     srv.stop()
 

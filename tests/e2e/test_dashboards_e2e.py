@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import yaml
-from conftest import start_server
-from helpers import LONG_PROMPT
+from helpers import LONG_PROMPT, start_server
 
 from devkit.devserver import PrometheusServer
 from devkit.tiny_model import MODEL_NAME
@@ -30,7 +29,8 @@ NO_DATA = {
     # matches nothing. Its +Inf halves must have data.
     "LLMRequestNearMaxModelLen": [
         f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({semconv.VLLM_METRIC_PROMPT_TOKENS}_bucket{{le="+Inf"}}[5m]))',
-        f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({semconv.VLLM_METRIC_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
+        f'sum by ({semconv.VLLM_LABEL_MODEL}) '
+        f'(increase({semconv.VLLM_METRIC_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
 }
 
 

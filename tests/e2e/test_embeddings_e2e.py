@@ -2,8 +2,7 @@
 
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import genai_spans, request_trace
+from helpers import Traceparent, genai_spans, request_trace, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv

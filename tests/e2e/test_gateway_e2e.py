@@ -9,8 +9,15 @@ from collections import Counter
 import httpx
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import LONG_PROMPT, assert_server_tree, assert_usage, genai_spans, until_engine_aborts
+from helpers import (
+    LONG_PROMPT,
+    Traceparent,
+    assert_server_tree,
+    assert_usage,
+    genai_spans,
+    start_server,
+    until_engine_aborts,
+)
 
 from devkit.devserver import GatewayServer, otlp_env, run_app, write_keys_file
 from devkit.tiny_model import MODEL_NAME

@@ -12,7 +12,7 @@ from collections import Counter
 import httpx
 import openai
 import pytest
-from conftest import start_server
+from helpers import start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import ledger, report, semconv

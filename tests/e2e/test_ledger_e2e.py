@@ -17,8 +17,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from conftest import start_prometheus, start_server
-from helpers import LONG_PROMPT, abandon_stream
+from helpers import LONG_PROMPT, abandon_stream, start_prometheus, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import billing_export, ledger, reconcile, report, semconv
@@ -256,7 +255,8 @@ def test_reconcile_matches_vllm_counters(traffic, prometheus, records):
     assert code == 0, out + err
     assert len(rows) == 3 and {r["state"] for r in rows} == {"ok"}
     input_row = next(r for r in rows if r["tokens"] == semconv.TOKEN_TYPE_INPUT)
-    n2_prompts = sum(r[semconv.GEN_AI_USAGE_INPUT_TOKENS] for r in records if r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2)
+    n2_prompts = sum(r[semconv.GEN_AI_USAGE_INPUT_TOKENS] for r in records
+                     if r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2)
     assert input_row["explained"] == n2_prompts > 0
     assert input_row["engine"] == input_row["ledger"] + n2_prompts
 
@@ -283,7 +283,8 @@ def test_exports_are_idempotent_and_add_up(traffic, records, expected, tmp_path)
     for line in stripe.splitlines():
         event = json.loads(line)
         token_type = event["event_name"].removeprefix("llm_").removesuffix("_tokens")
-        summed[(event["payload"]["stripe_customer_id"].removeprefix("cus_"), token_type)] += int(event["payload"]["value"])
+        customer = event["payload"]["stripe_customer_id"].removeprefix("cus_")
+        summed[(customer, token_type)] += int(event["payload"]["value"])
         assert len(event["identifier"]) <= billing_export.STRIPE_IDENTIFIER_MAX
     assert summed == +expected
     again, _ = billing_export.render(ledger.open_ledger(str(traffic.spool)).records(traffic.started - 60,

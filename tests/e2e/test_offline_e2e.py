@@ -7,18 +7,12 @@ import asyncio
 import uuid
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from helpers import InMemoryOtel
 
 from devkit.devserver import DEFAULT_MODEL_DIR
 from devkit.tiny_model import MODEL_NAME, build
 from otel_llm import semconv
 from otel_llm.vllm import VLLMInstrumentor
-
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +21,10 @@ def telemetry(tmp_path_factory):
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
+    otel = InMemoryOtel()
     instrumentor = VLLMInstrumentor()
-    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    yield exporter, reader
+    instrumentor.instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    yield otel.spans, otel.reader
     instrumentor.uninstrument()
 
 

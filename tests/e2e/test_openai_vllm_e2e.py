@@ -7,8 +7,16 @@ import asyncio
 
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import Otel, abandon_stream, assert_server_tree, genai_spans, request_trace, until_engine_aborts
+from helpers import (
+    Otel,
+    Traceparent,
+    abandon_stream,
+    assert_server_tree,
+    genai_spans,
+    request_trace,
+    start_server,
+    until_engine_aborts,
+)
 from opentelemetry.trace import SpanKind, StatusCode
 
 from devkit.tiny_model import MODEL_NAME
@@ -70,7 +78,8 @@ def test_stream_with_include_usage_counts_what_the_engine_counted(otel, client, 
     assert all(c.choices for c in chunks)  # the usage chunk we asked for is not shown to the caller
     span = client_span(otel)
     genai = engine_trace(receiver, span)
-    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 20
+    assert (span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+            == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 20)
     assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     # the user felt at least the engine's time to first token
@@ -88,7 +97,8 @@ def test_async_legacy_completion_stream(otel, server, receiver):
     span = client_span(otel)
     assert span.name == f"text_completion {MODEL_NAME}"
     genai = engine_trace(receiver, span)
-    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8
+    assert (span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+            == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8)
 
 
 def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, client, receiver, server):
@@ -120,7 +130,7 @@ def test_client_disconnect_mid_stream_yields_aborted_span(server, receiver):
             "max_tokens": 400, "ignore_eos": True}
     *ran_to_end, left = abandon_stream(server.url, "/v1/chat/completions", body, lambda: Traceparent().headers())
     for attempt in ran_to_end:  # the engine finished it before it saw the client leave: no abort
-        ended = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(attempt.trace_id, [])))[0]
+        ended = receiver.wait_for(lambda rx, attempt=attempt: genai_spans(rx.traces().get(attempt.trace_id, [])))[0]
         assert ended.attributes.get(semconv.VLLM_ABORTED, False) is False
     genai = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(left.trace_id, [])))[0]
     attrs = genai.attributes

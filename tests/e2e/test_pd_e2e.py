@@ -11,8 +11,7 @@ import json
 
 import httpx
 import pytest
-from conftest import Traceparent
-from helpers import genai_spans
+from helpers import Traceparent, genai_spans
 
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME

@@ -3,8 +3,7 @@ vLLM's own --otlp-traces-endpoint, all at once on one real server."""
 
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import LONG_PROMPT, assert_server_tree, assert_usage, request_trace
+from helpers import LONG_PROMPT, Traceparent, assert_server_tree, assert_usage, request_trace, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from conftest import Traceparent, start_prometheus, start_server
-from helpers import LONG_PROMPT, abandon_stream
+from helpers import LONG_PROMPT, Traceparent, abandon_stream, start_prometheus, start_server
 
 from devkit.devserver import write_keys_file
 from devkit.tiny_model import MODEL_NAME

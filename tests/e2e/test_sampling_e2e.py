@@ -3,7 +3,7 @@
 One real `opentelemetry-instrument vllm serve` (tiny model, CPU) exports its spans to the in-test
 OTLP receiver. We produce one trace per case (normal, unknown model 404, aborted stream, slow,
 big prompt, cache miss on a long prompt and the cache hit of its second send), then run the same
-policy evaluator as tests/test_collector_config.py on the spans the server really exported.
+policy evaluator as tests/collector/validator.py on the spans the server really exported.
 
 The server captures prompt and completion content (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
 on, redacted in the server), so the model of the collector's content processors runs on the real
@@ -28,9 +28,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import yaml
-from conftest import Traceparent, start_server
-from helpers import abandon_stream, genai_spans, request_trace
-from test_collector_config import (
+from collector.validator import (
     BASELINE,
     CONFIG_DIR,
     CONTENT_ATTRIBUTES,
@@ -41,6 +39,7 @@ from test_collector_config import (
     release,
     tail_sampling_policies,
 )
+from helpers import Traceparent, abandon_stream, genai_spans, request_trace, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import config, semconv
@@ -89,7 +88,8 @@ def scaled_policies(longest_other_ms: float) -> tuple[list[dict], dict[str, obje
     (original,) = cond
     old = f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > 4000'
     assert old in original, original
-    cond[0] = original.replace(old, f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > {SCALED["cache-miss-long-prompt"]}')
+    cond[0] = original.replace(
+        old, f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > {SCALED["cache-miss-long-prompt"]}')
     parse_ottl(cond[0])  # still inside the evaluator's OTTL subset
     changed["cache-miss-long-prompt"] = cond[0]
     # slow-requests: 4x the longest of the other (short) traces, at least 1 s.
@@ -202,8 +202,9 @@ def test_real_trace_kept_by_its_policies(case, traces, policies):
     spans = traces[case]
     kept_by = keeping_policies(policies, as_eval_trace(spans))
     (genai,) = genai_spans(spans)
+    shown = ('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error')
     print(f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
-          f"{ {k: v for k, v in genai.attributes.items() if k.startswith(('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error'))} }")
+          f"{ {k: v for k, v in genai.attributes.items() if k.startswith(shown)} }")
     assert BASELINE in kept_by
     assert kept_by - {BASELINE} == _reasons(case, genai), f"{case}: kept by {sorted(kept_by)}"
 

@@ -6,14 +6,15 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import Traceparent, start_server
 from helpers import (
     LONG_PROMPT,
+    Traceparent,
     assert_phase_durations_match,
     assert_server_tree,
     assert_usage,
     genai_spans,
     request_trace,
+    start_server,
 )
 
 from devkit.tiny_model import MODEL_NAME

@@ -12,8 +12,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import Traceparent, start_server
-from helpers import children, genai_spans, request_trace
+from helpers import Traceparent, children, genai_spans, request_trace, start_server
 
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME

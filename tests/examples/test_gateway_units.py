@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-GATEWAY_PY = Path(__file__).resolve().parent.parent / "examples" / "gateway" / "gateway.py"
+GATEWAY_PY = Path(__file__).resolve().parents[2] / "examples" / "gateway" / "gateway.py"
 
 
 @pytest.fixture(scope="module")

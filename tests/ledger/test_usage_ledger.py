@@ -11,8 +11,6 @@ import threading
 import time
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_llm import billing_export, ledger, reconcile, semconv, usage
 from otel_llm.report import ReportError
@@ -135,9 +133,9 @@ def test_a_forked_child_writes_its_own_file(tmp_path):
     assert sorted(r[semconv.USAGE_ID] for r in ledger.read_spool(str(tmp_path))) == ["child", "parent"]
 
 
-def test_the_ledger_counts_dropped_records_by_reason(tmp_path):
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+def test_the_ledger_counts_dropped_records_by_reason(tmp_path, memory_otel):
+    reader = memory_otel.reader
+    meter = memory_otel.meter_provider.get_meter("t")
     blocker = tmp_path / "file"
     blocker.write_text("")
     writer = usage.UsageLedger(meter, directory=str(blocker / "x"), events=False, instance="h:1", service="vllm")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from otel_llm import config
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", re.M)
 OURS = {v for k, v in vars(config).items() if k.startswith("ENV_") and v.startswith("OTEL_LLM_")} | {
     config.ENV_CAPTURE_CONTENT, config.ENV_SEMCONV_OPT_IN}

@@ -1,6 +1,6 @@
 """The names spec (otel_llm/semconv.py) against the OpenTelemetry semantic conventions package and
 against the code that emits names. What the running layers really emit is checked against the spec
-by every e2e module (tests/conftest.py: spec_violations on the receiver's telemetry)."""
+by every e2e module (the `receiver` fixture in tests/conftest.py: helpers.spec_violations on what it received)."""
 
 import ast
 import importlib
@@ -118,7 +118,7 @@ def test_prometheus_names_are_unique_and_spec_derived():
 
 
 def test_spec_violations_reports_what_the_spec_lacks():
-    from conftest import spec_violations
+    from helpers import spec_violations
 
     from devkit.otlp_receiver import LogRecord, MetricPoint, Span
 

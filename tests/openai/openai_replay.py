@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-CASSETTES = Path(__file__).resolve().parent / "fixtures" / "openai_cassettes"
+CASSETTES = Path(__file__).resolve().parents[1] / "fixtures" / "openai_cassettes"
 _PASSED_HEADERS = ("content-type", "content-encoding", "x-request-id")
 
 

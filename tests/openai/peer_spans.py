@@ -1,6 +1,6 @@
 """Run one OpenAI instrumentation (ours or a peer's) against recorded exchanges; print its spans
 as JSON. Used by test_openai_peer_compat.py in a subprocess, since instrumentations patch openai
-globally:  python tests/peer_spans.py MODULE [PEER_DIR]"""
+globally:  python tests/openai/peer_spans.py MODULE [PEER_DIR]"""
 
 import asyncio
 import importlib
@@ -12,7 +12,7 @@ HERE = Path(__file__).resolve().parent
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])
 sys.path.insert(1, str(HERE))
-sys.path.insert(2, str(HERE.parent))
+sys.path.insert(2, str(HERE.parents[1]))  # the repository root
 
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402

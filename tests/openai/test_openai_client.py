@@ -1,5 +1,5 @@
 """The OpenAI client instrumentation against recorded OpenAI exchanges, over real HTTP with the
-real openai client (tests/openai_replay.py). The real vLLM engine is in test_openai_vllm_e2e.py.
+real openai client (tests/openai/openai_replay.py). The real vLLM engine is in test_openai_vllm_e2e.py.
 """
 
 import asyncio

@@ -3,7 +3,7 @@ both run for real on the same recorded exchanges: same span names, kinds and sta
 same value for every attribute the official one sets, except the documented differences.
 
 The peer is installed (PyPI) into .cache/bench-peers/official, never into .venv, by the same code
-as the client benchmark; each instrumentation runs in its own process (tests/peer_spans.py).
+as the client benchmark; each instrumentation runs in its own process (tests/openai/peer_spans.py).
 """
 
 import importlib.util
@@ -16,7 +16,8 @@ import pytest
 
 from otel_llm import semconv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+PEER_SPANS = Path(__file__).resolve().parent / "peer_spans.py"  # run as a script
 
 # Where we differ on purpose (README "What we do differently"):
 DIFFERENT = {
@@ -35,7 +36,7 @@ ONLY_OURS = {
 
 
 def _spans(module, peer_dir=None):
-    command = [sys.executable, str(ROOT / "tests" / "peer_spans.py"), module, *([str(peer_dir)] if peer_dir else [])]
+    command = [sys.executable, str(PEER_SPANS), module, *([str(peer_dir)] if peer_dir else [])]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

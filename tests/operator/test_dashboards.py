@@ -10,7 +10,7 @@ import pytest
 
 from otel_llm import dashboards, promql, rules, semconv
 
-DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards"
+DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
 
 def test_committed_dashboards_equal_the_generator():

@@ -15,7 +15,7 @@ import yaml
 
 from otel_llm import promql, rules, semconv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None,
@@ -173,7 +173,8 @@ def ttft_test():
 def vllm_gauges_test():
     other = {**VLLM, "instance": "vllm-1:8000"}
     return {"interval": "1m",
-            "input_series": [series(semconv.VLLM_METRIC_WAITING, VLLM, "60x20"), series(semconv.VLLM_METRIC_WAITING, other, "50x20"),
+            "input_series": [series(semconv.VLLM_METRIC_WAITING, VLLM, "60x20"),
+                             series(semconv.VLLM_METRIC_WAITING, other, "50x20"),
                              series(semconv.VLLM_METRIC_KV_CACHE_USAGE, VLLM, "0.97x20"),
                              series(semconv.VLLM_METRIC_KV_CACHE_USAGE, other, "0.95x20"),
                              # vllm-0 preempts one request at minute 6; vllm-1 never
@@ -247,8 +248,9 @@ def near_max_len_test():
             "alert_rule_test": [
                 {"eval_time": "10m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": []},
                 {"eval_time": "16m", "alertname": "LLMRequestNearMaxModelLen", "exp_alerts": [
-                    fired({semconv.VLLM_LABEL_MODEL: "llama"}, "5 requests to model llama in the last 5 min had a prompt or "
-                                                   "output over 7372 tokens (90% of max model length 8192)", "info")]},
+                    fired({semconv.VLLM_LABEL_MODEL: "llama"},
+                          "5 requests to model llama in the last 5 min had a prompt or "
+                          "output over 7372 tokens (90% of max model length 8192)", "info")]},
             ]}
 
 

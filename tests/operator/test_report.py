@@ -79,7 +79,8 @@ def test_a_yaml_file_without_pyyaml_says_so(tmp_path, monkeypatch):
 
 def test_prices_yaml_and_cached_defaults_to_input(tmp_path):
     path = tmp_path / "prices.yaml"
-    path.write_text("currency: EUR\nmodels:\n  m: {input: 2, output: 8}\n  '*': {input: 1, cached_input: 0.1, output: 2}\n")
+    path.write_text("currency: EUR\nmodels:\n  m: {input: 2, output: 8}\n"
+                    "  '*': {input: 1, cached_input: 0.1, output: 2}\n")
     prices, currency = report.load_prices(path)
     assert currency == "EUR"
     assert prices["m"] == report.Price(input=2.0, cached_input=2.0, output=8.0)

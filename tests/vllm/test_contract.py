@@ -15,7 +15,7 @@ from otel_llm import patching
 from otel_llm.cli import doctor
 from otel_llm.vllm import contract, hooks, wrappers
 
-COMPAT_SOURCES = sorted((Path(__file__).resolve().parents[1] / ".cache" / "vllm-src").glob("*/vllm/_version.py"))
+COMPAT_SOURCES = sorted((Path(__file__).resolve().parents[2] / ".cache" / "vllm-src").glob("*/vllm/_version.py"))
 
 
 def failures(findings):
@@ -44,7 +44,8 @@ def write(root: Path, module: str, text: str) -> None:
 
 
 FIELDS = (contract.Fields(("vllm.state",), "State", ("prompt_len", "stats", "tokens"), ("newer",)),)
-HOOK = patching.Hook("handler", ("vllm.new.serving", "vllm.old.serving"), "Serving.create", wrappers.native_tracing_off, "x")
+HOOK = patching.Hook("handler", ("vllm.new.serving", "vllm.old.serving"), "Serving.create",
+                     wrappers.native_tracing_off, "x")
 
 
 def test_fields_are_found_in_annotations_self_assignments_methods_and_relative_bases(tmp_path):
@@ -103,7 +104,8 @@ def test_an_alias_shim_is_followed_to_the_module_vllm_imports(tmp_path, monkeypa
 
         sys.modules[__name__] = importlib.import_module("vllm.frontend.entrypoints.serving")
     """)
-    old_only = patching.Hook("handler", ("vllm.entrypoints.serving",), "Serving.create", wrappers.native_tracing_off, "x")
+    old_only = patching.Hook("handler", ("vllm.entrypoints.serving",), "Serving.create",
+                             wrappers.native_tracing_off, "x")
     (finding,) = contract.check(tmp_path, hooks=(old_only,), fields=())
     assert not finding.ok and "is an alias of vllm.frontend.entrypoints.serving" in finding.detail
     # at instrument time the post-import hook goes to the module vLLM imports

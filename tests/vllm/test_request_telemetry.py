@@ -4,27 +4,19 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv
 from otel_llm.config import Settings
+from otel_llm.vllm.attribution import LabelGuard
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request
 from otel_llm.vllm.telemetry import Telemetry
 
 
 @pytest.fixture
-def env():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    tel = Telemetry(provider.get_tracer("test"), meter, Settings(label_limit=2))
-    return SimpleNamespace(tel=tel, exporter=exporter, reader=reader)
+def env(memory_otel):
+    meter = memory_otel.meter_provider.get_meter("test")
+    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), meter, Settings(label_limit=2))
+    return SimpleNamespace(tel=tel, exporter=memory_otel.spans, reader=memory_otel.reader)
 
 
 def stats(queued_ago=0.30, queue=0.05, prefill=0.10, decode=0.10, tokens=5, preemptions=0):
@@ -160,7 +152,7 @@ def test_broken_state_never_raises_and_span_still_ends(env):
     record.attach_engine_request(bad)
     record.end()
     assert [s.name for s in env.exporter.get_finished_spans()] == ["chat m"]
-    assert env.tel.by_engine_id == {}
+    assert env.tel.engine_requests_in_flight() == 0
 
 
 def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
@@ -237,7 +229,7 @@ def test_an_invalid_header_falls_back_to_baggage_and_warns_once(env, caplog):
     assert len([r for r in caplog.records if "was ignored" in r.message]) == 1
 
 
-def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_path):
+def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_path, memory_otel):
     import hashlib
     import json
 
@@ -246,8 +238,7 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme",
                                           "scene": "support"}]}))
-    reader = InMemoryMetricReader()
-    tel = Telemetry(TracerProvider().get_tracer("t"), MeterProvider(metric_readers=[reader]).get_meter("t"),
+    tel = Telemetry(memory_otel.tracer_provider.get_tracer("t"), memory_otel.meter_provider.get_meter("t"),
                     Settings(api_keys_file=str(keys), label_limit=50))
     # 60 made-up tenants from headers cannot take the slots: they are all "other"
     assert {tel.label_tenant(f"junk-{i}") for i in range(60)} == {semconv.LABEL_OTHER}
@@ -261,32 +252,8 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
     assert (listed("x"), listed("acme")) == ("x", semconv.LABEL_OTHER)
 
 
-def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
-    """A stream wrapper the garbage collector takes is ended on the finalizer thread: the collecting
-    thread may hold a lock the end needs (the SDK's metric reader held an instrument's lock when it
-    collected one, recorded a metric on it from __del__ and hung the server)."""
-    import gc
-    import threading
-
-    from otel_llm.vllm import streams
-
-    lock, done, seen = threading.Lock(), threading.Event(), {}
-
-    class Record:
-        ended = False
-
-        def end(self, **kwargs):
-            seen["thread"] = threading.current_thread().name
-            seen["got_lock"] = lock.acquire(timeout=10)
-            if seen["got_lock"]:
-                lock.release()
-            seen["kwargs"] = kwargs
-            done.set()
-
-    with lock:  # what the collecting thread holds
-        stream = streams._StreamTelemetry(None, Record())
-        del stream
-        gc.collect()
-        assert not done.is_set()  # not ended inline
-    assert done.wait(10)
-    assert seen == {"thread": "otel-llm-finalizer", "got_lock": True, "kwargs": {"aborted": True}}
+def test_label_guard_allow_list_and_cap():
+    assert LabelGuard(allow_list=("a",))("a") == "a"
+    assert LabelGuard(allow_list=("a",))("b") == semconv.LABEL_OTHER
+    guard = LabelGuard(limit=2)
+    assert [guard(v) for v in ("x", "y", "z", "x", None)] == ["x", "y", semconv.LABEL_OTHER, "x", None]

@@ -85,7 +85,7 @@ def _patch_guards(switch: str) -> None:
 
         def safe(what: str, *args, original=original):
             deco = original(what, *args)
-            return lambda fn: deco(_faulty(GUARD_PREFIX + what, fn, switch))
+            return lambda wrapped: deco(_faulty(GUARD_PREFIX + what, wrapped, switch))
 
         for attribute, value in list(vars(module).items()):
             what, fn = getattr(value, "what", None), getattr(value, "wrapped", None)

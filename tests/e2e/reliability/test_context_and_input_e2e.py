@@ -17,8 +17,7 @@ import socket
 
 import httpx
 import pytest
-from conftest import start_server
-from helpers import assert_server_tree, genai_spans, request_trace
+from helpers import assert_server_tree, genai_spans, request_trace, start_server
 
 from devkit.otlp_receiver import Receiver
 from devkit.tiny_model import MODEL_NAME

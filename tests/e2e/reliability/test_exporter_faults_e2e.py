@@ -44,8 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
-from conftest import Traceparent
-from helpers import assert_server_tree, request_trace
+from helpers import Traceparent, assert_server_tree, request_trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from devkit.devserver import VLLMServer, bin_path, free_port, otlp_env

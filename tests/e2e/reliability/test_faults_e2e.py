@@ -1,6 +1,6 @@
 """Faults in otel-llm's own code inside a real server, and an abort storm (issue 11, "Hardening").
 
-One `opentelemetry-instrument vllm serve` for the module, with tests/reliability/fault_injector.py
+One `opentelemetry-instrument vllm serve` for the module, with tests/e2e/reliability/fault_injector.py
 loaded in it (see its docstring for how: an `opentelemetry_pre_instrument` entry point from a
 temporary dist-info on PYTHONPATH, so opentelemetry-instrument's own sitecustomize stays in charge).
 The injector can make any `_safe` guard of otel_llm.vllm.wrappers and streams, or any function we name, raise; the
@@ -51,8 +51,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Traceparent
-from helpers import genai_spans
+from helpers import Traceparent, genai_spans
 
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
@@ -162,11 +161,11 @@ if hasattr(importlib.import_module("otel_llm.vllm.http"), "redact_query"):
 
 # `_safe` guards the server registers that no request of this server reaches, and why
 GUARDS_OFF_THIS_PATH = {
-    "starting an LLMEngine span": "offline vllm.LLM only (tests/test_offline_e2e.py)",
-    "starting the embeddings span": "a pooling model's server (tests/test_embeddings_e2e.py); the same "
+    "starting an LLMEngine span": "offline vllm.LLM only (tests/e2e/test_offline_e2e.py)",
+    "starting the embeddings span": "a pooling model's server (tests/e2e/test_embeddings_e2e.py); the same "
                                     "handler wrapper as chat and completions, faulted here",
-    "starting a background response span": "Responses API background mode (tests/test_serving_paths_e2e.py)",
-    "ending a background response span": "Responses API background mode (tests/test_serving_paths_e2e.py)",
+    "starting a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
+    "ending a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
 }
 
 # the first line of a log record (vLLM's, uvicorn's, ours), as opposed to a traceback's lines
@@ -494,7 +493,8 @@ def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
             if p.name == semconv.SERVER_REQUESTS and p.attributes.get(semconv.TENANT_ID) in expected:
                 found[p.attributes[semconv.TENANT_ID]] = found.get(p.attributes[semconv.TENANT_ID], 0) + p.value
         names = {r["tenant"]: n for n, r in _results.items()}
-        raise AssertionError({names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n})
+        raise AssertionError(
+            {names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n}) from None
 
 
 # --- the abort storm ---------------------------------------------------------------------------
@@ -522,7 +522,8 @@ def _aborted_spans(receiver, traceparents):
     except TimeoutError:
         traces = receiver.traces()
         missing = [t for t in ids if not genai_spans(traces.get(t, []))]
-        raise AssertionError(f"{len(missing)} of {len(ids)} abandoned streams have no GenAI span (never ended?)")
+        raise AssertionError(
+            f"{len(missing)} of {len(ids)} abandoned streams have no GenAI span (never ended?)") from None
 
 
 def _requests_counted(receiver, tenant):

@@ -1,0 +1,14 @@
+"""Everything under tests/e2e is end-to-end (a real vLLM engine on CPU, in a server or in-process):
+marked `e2e` here, by folder, so `pytest -m "not e2e" tests` runs only the unit tests."""
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)

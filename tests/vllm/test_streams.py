@@ -1,0 +1,149 @@
+"""The response stream wrapper (otel_llm/vllm/streams.py): its record ends exactly once, on
+exhaustion, error, cancellation, early close or garbage collection (then on the finalizer thread,
+otel_llm/finalizer.py), and before the [DONE] chunk leaves."""
+
+import asyncio
+import gc
+
+import pytest
+
+from otel_llm import finalizer
+from otel_llm.vllm import streams
+
+
+class FakeRecord:
+    def __init__(self):
+        self.ended = False
+        self.calls = []
+        self.context = None
+        self.first_chunk = 0
+
+    def end(self, **kwargs):
+        if not self.ended:
+            self.ended = True
+            self.calls.append(kwargs)
+
+    def on_first_chunk(self):
+        self.first_chunk += 1
+
+
+@pytest.fixture
+def fake_record(monkeypatch):
+    monkeypatch.setattr(streams, "attach", lambda record: None)
+    monkeypatch.setattr(streams, "detach", lambda tokens: None)
+    return FakeRecord()
+
+
+async def _chunks(n, fail_at=None):
+    for i in range(n):
+        if i == fail_at:
+            raise ValueError("boom")
+        await asyncio.sleep(0)
+        yield f"data: {i}\n\n"
+
+
+def test_stream_ends_once_on_exhaustion(fake_record):
+    async def run():
+        return [c async for c in streams._StreamTelemetry(_chunks(3), fake_record)]
+
+    assert len(asyncio.run(run())) == 3
+    assert fake_record.calls == [{}] and fake_record.first_chunk == 1
+
+
+def test_stream_error_midway(fake_record):
+    async def run():
+        async for _ in streams._StreamTelemetry(_chunks(3, fail_at=1), fake_record):
+            pass
+
+    with pytest.raises(ValueError):
+        asyncio.run(run())
+    assert fake_record.calls == [{"error_type": "ValueError", "error_message": "boom"}]
+
+
+def test_stream_cancelled_is_an_abort(fake_record):
+    async def run():
+        stream = streams._StreamTelemetry(_chunks(100), fake_record)
+
+        async def consume():
+            async for _ in stream:
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.03)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    # cancelled inside the consumer's own sleep (the usual case on a busy machine), the stream is
+    # only dropped: its end comes from the finalizer thread (otel_llm/finalizer.py)
+    gc.collect()
+    assert finalizer.drain()
+    assert fake_record.calls == [{"aborted": True}]
+
+
+def test_stream_closed_early_is_an_abort(fake_record):
+    async def run():
+        stream = streams._StreamTelemetry(_chunks(10), fake_record)
+        await stream.__anext__()
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert fake_record.calls == [{"aborted": True}]
+
+
+def test_a_failing_first_chunk_hook_does_not_stop_the_stream(fake_record):
+    def boom():
+        raise RuntimeError("injected")
+
+    fake_record.on_first_chunk = boom
+
+    async def run():
+        return [c async for c in streams._StreamTelemetry(_chunks(3), fake_record)]
+
+    assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
+    assert fake_record.calls == [{}]
+
+
+def test_the_done_chunk_ends_the_record_before_it_is_sent(fake_record):
+    async def done_stream():
+        yield "data: 0\n\n"
+        yield "data: [DONE]\n\n"
+        assert fake_record.calls == [{}], "ended (and billed) before [DONE] left"
+
+    async def run():
+        return [c async for c in streams._StreamTelemetry(done_stream(), fake_record)]
+
+    assert asyncio.run(run())[-1] == "data: [DONE]\n\n"
+    assert fake_record.calls == [{}]
+
+
+def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
+    """A stream wrapper the garbage collector takes is ended on the finalizer thread: the collecting
+    thread may hold a lock the end needs (the SDK's metric reader held an instrument's lock when it
+    collected one, recorded a metric on it from __del__ and hung the server)."""
+    import gc
+    import threading
+
+    from otel_llm.vllm import streams
+
+    lock, done, seen = threading.Lock(), threading.Event(), {}
+
+    class Record:
+        ended = False
+
+        def end(self, **kwargs):
+            seen["thread"] = threading.current_thread().name
+            seen["got_lock"] = lock.acquire(timeout=10)
+            if seen["got_lock"]:
+                lock.release()
+            seen["kwargs"] = kwargs
+            done.set()
+
+    with lock:  # what the collecting thread holds
+        stream = streams._StreamTelemetry(None, Record())
+        del stream
+        gc.collect()
+        assert not done.is_set()  # not ended inline
+    assert done.wait(10)
+    assert seen == {"thread": "otel-llm-finalizer", "got_lock": True, "kwargs": {"aborted": True}}
