@@ -105,9 +105,7 @@ def _aggregations(histogram, attributes: dict, probe: float, probed: list):
         if type(aggregation) is not _ExplicitBucketHistogramAggregation:
             return None
         found.append((aggregation, lock))
-    if not found:
-        return None
-    return found
+    return found  # empty: no reader takes this instrument, the values go nowhere as recorded ones would
 
 
 def _fast_path_usable() -> bool:

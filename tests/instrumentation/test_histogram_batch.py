@@ -59,3 +59,9 @@ def test_merged_points_equal_per_value_points(temporality):
 ], ids=["attribute filter", "exponential histogram"])
 def test_views_it_cannot_merge_into_get_every_value_recorded(view):
     assert run(True, AggregationTemporality.CUMULATIVE, [view]) == run(False, AggregationTemporality.CUMULATIVE, [view])
+
+
+def test_no_reader_takes_the_values_and_nothing_fails():
+    histogram = semconv.create_instrument(MeterProvider().get_meter("t"), semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+    histogram_batch.record_all(histogram, [0.1, 0.2, 0.3], ATTRS)
+    assert histogram_batch._merge(histogram, [0.1, 0.2], ATTRS) is True
