@@ -58,7 +58,7 @@ doctor: install
 
 # The hook table and field contract against the Python sources of other vLLM releases (the floor
 # pyproject.toml declares and the newest ones), unpacked from their wheels into .cache/vllm-src/ and
-# read without importing them: no GPU, never installed. tests/test_contract.py checks every release
+# read without importing them: no GPU, never installed. tests/vllm/test_contract.py checks every release
 # found there, so `make test` covers them once this has run.
 VLLM_COMPAT_VERSIONS ?= 0.30.0 0.33.0 0.34.0
 compat: install
