@@ -482,7 +482,7 @@ def test_query_redaction_hook_and_switch(monkeypatch):
             monkeypatch.delenv("OTEL_LLM_HTTP_REDACT_QUERY", raising=False)
         else:
             monkeypatch.setenv("OTEL_LLM_HTTP_REDACT_QUERY", value)
-        assert http.instrument_app(FastAPI(), Settings())
+        assert http.instrument_app(FastAPI(), Settings.from_env())
         assert calls[-1]["server_request_hook"] is hook, value
         assert any(isinstance(f, http._AccessLogQueryFilter) for f in access_log.filters) == (value != "false")
         access_log.filters.clear()
