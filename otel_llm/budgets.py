@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, read_config, yaml_text
+from otel_llm.promql import (
+    DIMENSIONS,
+    TOKEN_METRIC,
+    TOKEN_TYPES,
+    TYPE_LABEL,
+    ReportError,
+    read_config,
+    runbook_url,
+    yaml_text,
+)
 
 DEFAULT_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 ALERT_NEAR = "TokenBudgetNearLimit"
@@ -95,13 +104,18 @@ def rules(budgets: list[Budget]) -> dict:
             "expr": f"{usage_expr(budget)} > {budget.warn_ratio:g} * {budget.tokens_per_day}",
             "labels": {**labels, "severity": "warning"},
             "annotations": {"summary": f"{what}, over {budget.warn_ratio:.0%} of its daily budget of "
-                                       f"{budget.tokens_per_day}"},
+                                       f"{budget.tokens_per_day}",
+                            "description": "A tenant (or one of its scenes) is close to its daily token budget.",
+                            "runbook_url": runbook_url(ALERT_NEAR)},
         })
         alerts.append({
             "alert": ALERT_OVER,
             "expr": f"{usage_expr(budget)} > {budget.tokens_per_day}",
             "labels": {**labels, "severity": "critical"},
-            "annotations": {"summary": f"{what}, over its daily budget of {budget.tokens_per_day}"},
+            "annotations": {"summary": f"{what}, over its daily budget of {budget.tokens_per_day}",
+                            "description": "A tenant (or one of its scenes) used more tokens in the last 24 h "
+                                           "than its daily budget.",
+                            "runbook_url": runbook_url(ALERT_OVER)},
         })
     return {"groups": [{"name": "otel-llm-token-budgets", "interval": "1m", "rules": alerts}]}
 

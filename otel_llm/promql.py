@@ -132,3 +132,16 @@ def _scalar(text: str) -> str:
             and text.lower() not in _YAML_WORDS):
         return text
     return "'" + text.replace("'", "''") + "'"
+
+
+# Where each alert's runbook is: the README's "## Alerts" section, one "### Alert: NAME" each
+RUNBOOK_URL = "https://github.com/otel-llm/otel-llm"
+
+
+def runbook_anchor(alert: str) -> str:
+    """The anchor GitHub gives the heading "### Alert: NAME" (lower case, ':' dropped, ' ' -> '-')."""
+    return f"alert-{alert.lower()}"
+
+
+def runbook_url(alert: str) -> str:
+    return f"{RUNBOOK_URL}#{runbook_anchor(alert)}"

@@ -31,13 +31,7 @@ TOKENS_BY_TENANT = f"{TENANT}_{TOKEN_TYPE}:{TOKENS.removesuffix('_total')}:rate5
 TOKENS_RATE_1H = f"otel_llm:{TOKENS.removesuffix('_total')}:rate1h"
 QUANTILES = (0.5, 0.95, 0.99)
 
-# Where each alert's runbook is: the README's "## Alerts" section, one "### Alert: NAME" each
-RUNBOOK_URL = "https://github.com/otel-llm/otel-llm"
-
-
-def runbook_anchor(alert: str) -> str:
-    """The anchor GitHub gives the heading "### Alert: NAME" (lower case, ':' dropped, ' ' -> '-')."""
-    return f"alert-{alert.lower()}"
+RUNBOOK_URL, runbook_anchor = promql.RUNBOOK_URL, promql.runbook_anchor
 
 
 def quantile_rule(metric: str) -> str:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from otel_llm import budgets, semconv
+from otel_llm import budgets, promql, semconv
 from otel_llm.promql import ReportError
 
 TOKENS = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
@@ -99,8 +99,12 @@ def test_promtool_checks_and_unit_tests_the_rules(tmp_path):
     def alert(name, labels, value, budget, ratio=None, types="input+output"):
         who = labels["tenant"] + (f"/{labels['scene']}" if "scene" in labels else "")
         over = f"over {ratio} of its daily budget of {budget}" if ratio else f"over its daily budget of {budget}"
+        description = ("A tenant (or one of its scenes) is close to its daily token budget." if ratio else
+                       "A tenant (or one of its scenes) used more tokens in the last 24 h than its daily budget.")
+        name = budgets.ALERT_NEAR if ratio else budgets.ALERT_OVER
         return {"exp_labels": {**labels, "severity": "warning" if ratio else "critical"},
-                "exp_annotations": {"summary": f"{who}: {value} tokens ({types}) in the last 24 h, {over}"}}
+                "exp_annotations": {"summary": f"{who}: {value} tokens ({types}) in the last 24 h, {over}",
+                                    "description": description, "runbook_url": promql.runbook_url(name)}}
 
     acme, batch = {"tenant": "acme"}, {"tenant": "acme", "scene": "batch"}
     near, over = budgets.ALERT_NEAR, budgets.ALERT_OVER

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_llm import promql, rules, semconv
+from otel_llm import budgets, promql, rules, semconv
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml"
@@ -59,6 +59,8 @@ def test_every_runbook_is_a_heading_of_the_readme():
     for alert in rules.alerts():
         assert alert.runbook_url.startswith(rules.RUNBOOK_URL + "#")
         assert alert.runbook_url.split("#")[1] in anchors, alert.name
+    for name in (budgets.ALERT_NEAR, budgets.ALERT_OVER):  # otel-llm budget-rules' alerts
+        assert promql.runbook_anchor(name) in anchors, name
     # the options a "Tune:" line names are `otel-llm rules` options
     tuned = re.findall(r"`(--[a-z-]+)`", " ".join(re.findall(r"Tune: ([^.]+)", alerts_section)))
     assert tuned and set(tuned) <= {rules.option(f) for f in rules.Params.__dataclass_fields__}
