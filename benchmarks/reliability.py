@@ -30,20 +30,18 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devkit.devserver import VLLMServer, free_port, otlp_env  # noqa: E402
+from devkit.devserver import VLLMServer, otlp_env  # noqa: E402
+from devkit.faulty_otlp import BlackHole, FaultyOTLP, Refused  # noqa: E402
 from devkit.tiny_model import MODEL_NAME  # noqa: E402
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT, shutdown_timeout  # noqa: E402
 from otel_llm.shutdown import DROPPED_MESSAGE  # noqa: E402
@@ -51,65 +49,6 @@ from otel_llm.shutdown import DROPPED_MESSAGE  # noqa: E402
 CASES = ["healthy", "refused", "blackhole", "slow"]
 DROPPED_RE = re.compile(re.escape(DROPPED_MESSAGE) + r": (\d+) spans, (\d+) log records, (\d+) metric points "
                         r"not exported \((.+?); took ([\d.]+) s")
-
-
-class BlackHole:
-    """Accepts TCP connections, never reads nor answers."""
-
-    def __init__(self):
-        self._sock = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._held = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                self._held.append(self._sock.accept()[0])
-            except OSError:
-                return
-
-    def close(self):
-        self._sock.close()
-        for conn in self._held:
-            conn.close()
-
-
-class Slow:
-    """OTLP/HTTP endpoint that answers 200 after `delay` seconds, discarding the data; with no
-    delay, the healthy collector (it costs the VM's two cores next to nothing, unlike a receiver
-    that decodes, so the healthy case is not slowed by its own collector)."""
-
-    def __init__(self, delay: float):
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                time.sleep(delay)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self._server.shutdown()
-        self._server.server_close()
-
-
-class Refused:
-    def __init__(self):
-        self.endpoint = f"http://127.0.0.1:{free_port()}"
-
-    def close(self):
-        pass
 
 
 def group(pgid: int) -> list[int]:
@@ -178,8 +117,8 @@ def p95(values):
 
 
 def run_case(case: str, args, workdir: Path, sdk_default: bool = False) -> dict:
-    endpoint = {"healthy": lambda: Slow(0.0), "refused": Refused, "blackhole": BlackHole,
-                "slow": lambda: Slow(args.slow_delay), "bare": Refused}[case]()
+    endpoint = {"healthy": lambda: FaultyOTLP("slow", 0.0, decode=False), "refused": Refused, "blackhole": BlackHole,
+                "slow": lambda: FaultyOTLP("slow", args.slow_delay, decode=False), "bare": Refused}[case]()
     env = {k: v for k, v in otlp_env(endpoint.endpoint).items()
            if k not in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_METRIC_EXPORT_INTERVAL")}  # the SDK's defaults
     env.update({"OTEL_LOGS_EXPORTER": "otlp", "OTEL_LLM_USAGE_EVENTS": "true"})

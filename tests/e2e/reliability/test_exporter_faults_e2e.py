@@ -34,13 +34,10 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
@@ -48,6 +45,7 @@ from helpers import Traceparent, assert_server_tree, request_trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from devkit.devserver import VLLMServer, bin_path, free_port, otlp_env
+from devkit.faulty_otlp import BlackHole, FaultyOTLP
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
 from otel_llm.config import DEFAULT_SHUTDOWN_TIMEOUT_S, ENV_SHUTDOWN_TIMEOUT
@@ -78,77 +76,6 @@ DROPPED_RE = re.compile(
 
 
 # --- in-test OTLP endpoints ------------------------------------------------------------------
-
-
-class BlackHole:
-    """Accepts TCP connections and never answers (nor reads)."""
-
-    def __init__(self):
-        self._sock = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            self._held.append(conn)
-
-    def close(self):
-        self._sock.close()
-        for conn in self._held:
-            conn.close()
-
-
-class FaultyOTLP:
-    """OTLP/HTTP traces endpoint: `blackhole` (reads a request, never answers) or `slow` (answers
-    200 after `delay`); records the spans it answered for."""
-
-    def __init__(self, mode: str, delay: float):
-        self.mode, self.delay = mode, delay
-        self.received: list[tuple[str, str]] = []  # (trace id, span name)
-        self._release = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if outer.mode == "blackhole":
-                    outer._release.wait()  # until the mode changes: then close without an answer
-                    self.close_connection = True
-                    return
-                time.sleep(outer.delay)
-                if self.path.endswith("/v1/traces"):
-                    request = ExportTraceServiceRequest.FromString(body)
-                    outer.received.extend((s.trace_id.hex(), s.name) for rs in request.resource_spans
-                                          for ss in rs.scope_spans for s in ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def set_mode(self, mode: str):
-        self.mode = mode
-        if mode != "blackhole":
-            self._release.set()
-
-    def close(self):
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
 
 
 class SlowGrpc:
