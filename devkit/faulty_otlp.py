@@ -7,11 +7,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from devkit.devserver import free_port
+from devkit.otlp_receiver import QuietHandler
 
 
 class BlackHole:
@@ -48,7 +49,7 @@ class FaultyOTLP:
         self._release = threading.Event()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):  # noqa: N802
@@ -62,13 +63,7 @@ class FaultyOTLP:
                     request = ExportTraceServiceRequest.FromString(body)
                     outer.received.extend((s.trace_id.hex(), s.name) for rs in request.resource_spans
                                           for ss in rs.scope_spans for s in ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
+                self.answer_ok()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -88,6 +88,20 @@ class MetricPoint:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """An OTLP/HTTP request handler that logs nothing; `answer_ok` sends the empty 200 a collector
+    answers an accepted export with."""
+
+    def answer_ok(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 class Receiver:
     """OTLP over HTTP (`endpoint`) and, optionally, gRPC (`grpc_endpoint`)."""
 
@@ -98,7 +112,7 @@ class Receiver:
         self._lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
@@ -109,13 +123,7 @@ class Receiver:
                     receiver._metrics(body)
                 elif self.path.endswith("/v1/logs"):
                     receiver._logs(body)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
+                self.answer_ok()
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
