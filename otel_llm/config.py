@@ -111,7 +111,7 @@ def env_bool(name: str, default: bool, environ=os.environ) -> bool:
     return default
 
 
-def env_number(name: str, default, environ=os.environ, kind=float):
+def env_number(name: str, default, environ=os.environ, kind=float, minimum=None):
     raw = (environ.get(name) or "").strip()
     if not raw:
         return default
@@ -120,7 +120,7 @@ def env_number(name: str, default, environ=os.environ, kind=float):
     except ValueError:
         _bad(name, raw, default)
         return default
-    if isinstance(value, float) and math.isnan(value):
+    if (isinstance(value, float) and math.isnan(value)) or (minimum is not None and value < minimum):
         _bad(name, raw, default)
         return default
     return value
@@ -158,7 +158,8 @@ def _from_env(cls, environ):
         if f.type in ("bool",):
             values[f.name] = env_bool(name, default, environ)
         elif f.type in ("int", "float"):
-            values[f.name] = env_number(name, default, environ, int if f.type == "int" else float)
+            values[f.name] = env_number(name, default, environ, int if f.type == "int" else float,
+                                        f.metadata.get("minimum"))
         elif f.type.startswith("tuple"):
             values[f.name] = env_list(name, default, environ)
         else:
@@ -166,8 +167,8 @@ def _from_env(cls, environ):
     return values
 
 
-def _env(name: str, default, **kwargs):
-    return field(default=default, metadata={"env": name}, **kwargs)
+def _env(name: str, default, minimum=None):
+    return field(default=default, metadata={"env": name, "minimum": minimum})
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,9 @@ class ClientSettings:
 class ContentLimits:
     """Caps on captured content, in characters (otel_llm/content.py)."""
 
-    max_text: int = _env(ENV_CONTENT_MAX_TEXT_LENGTH, 16_384)  # one text: a message's content, tool arguments
-    max_total: int = _env(ENV_CONTENT_MAX_LENGTH, 65_536)  # all texts of one request, input and output
+    # one text (a message's content, tool arguments); all texts of one request, input and output
+    max_text: int = _env(ENV_CONTENT_MAX_TEXT_LENGTH, 16_384, minimum=0)
+    max_total: int = _env(ENV_CONTENT_MAX_LENGTH, 65_536, minimum=0)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ContentLimits:

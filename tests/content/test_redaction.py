@@ -92,6 +92,9 @@ def test_content_caps_from_the_environment(caplog):
     capture = content.Capture(meter, {config.ENV_CONTENT_MAX_TEXT_LENGTH: "10", config.ENV_CONTENT_MAX_LENGTH: "lots"})
     assert (capture.max_text, capture.max_total) == (10, config.ContentLimits.max_total)
     assert any(config.ENV_CONTENT_MAX_LENGTH in m for m in caplog.messages)
+    # a negative cap is no cap at all: the default applies
+    capture = content.Capture(meter, {config.ENV_CONTENT_MAX_TEXT_LENGTH: "-5", config.ENV_CONTENT_MAX_LENGTH: "-1"})
+    assert (capture.max_text, capture.max_total) == (config.ContentLimits.max_text, config.ContentLimits.max_total)
 
 
 @pytest.mark.parametrize("text,redacted", [
