@@ -6,15 +6,7 @@ Prometheus recording and alerting rules), dashboards (the Grafana dashboards).""
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import sys
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
 
 
 def doctor(out=sys.stdout, source: str | None = None) -> int:

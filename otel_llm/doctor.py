@@ -23,7 +23,7 @@ def _version(dist: str) -> str | None:
 def doctor(out=sys.stdout, source: str | None = None) -> int:
     """The installed vLLM (or the sources under `source`) against otel-llm's hook table and field
     contract; exit 1 when something required is missing or a hook would never fire."""
-    from otel_llm.vllm import contract, routes
+    from otel_llm.vllm import contract, hooks, routes
 
     if source is not None:
         print(f"vLLM sources at {source}: version {contract.version_of(source) or '?'}", file=out)
@@ -41,8 +41,6 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
         return 1
     failures = _print_contract(contract.check(root), out)
     # the names vLLM itself imports: a hook registered on a module vLLM imports under another name never fires
-    from otel_llm.vllm import hooks
-
     print("\nimported as vLLM imports them:", file=out)
     failures += _print_imported(hooks.HOOKS, hooks.locate, out)
     failures += _openai(out)
@@ -112,17 +110,3 @@ def _openai(out) -> int:
     from otel_llm.openai import HOOKS
 
     return _print_imported(HOOKS, patching.locate, out)
-
-
-def _print_contract(findings, out) -> int:
-    failures = 0
-    for kind, title in (("hook", "vLLM hooks"), ("fields", "vLLM fields read")):
-        print(f"\n{title}:", file=out)
-        for f in findings:
-            if f.kind != kind:
-                continue
-            state = "ok" if f.ok else "missing"
-            if not f.ok and f.required:
-                failures += 1
-            print(f"  [{state}] {f.name}{'' if f.required else ' (optional)'}: {f.detail}", file=out)
-    return failures

@@ -19,40 +19,40 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 _usable: bool | None = None
 _check_lock = threading.Lock()
 
 
 def record_all(histogram, values: Sequence[float], attributes: dict) -> None:
-    if not values:
-        return
-    if len(values) == 1 or not _fast_path_usable() or not _merge(histogram, values, attributes):
+    if len(values) > 1 and _fast_path_usable():
+        _merge(histogram, values, attributes)
+    else:
         for value in values:
             histogram.record(value, attributes)
 
 
 def _merge(histogram, values: Sequence[float], attributes: dict) -> bool:
-    """True when every value is recorded: the first through the API, the rest merged."""
-    probed = []
-    try:
-        aggregations = _aggregations(histogram, attributes, values[0], probed)
-    except Exception:  # noqa: BLE001 - SDK internals changed: record through the API
-        aggregations = None
+    """Record every value: the first through the API, the rest merged into the aggregations it went
+    to (True), or through the API too where they cannot be (False)."""
+    histogram.record(values[0], attributes)
     rest = values[1:]
+    try:
+        aggregations = _aggregations(histogram, attributes)
+    except Exception:  # noqa: BLE001 - SDK internals changed
+        aggregations = None
     if aggregations is None:
-        if not probed:
-            return False
-        for value in rest:  # the first one went through the API already
+        for value in rest:
             histogram.record(value, attributes)
-        return True
+        return False
     for aggregation, lock in aggregations:
         boundaries = aggregation._boundaries
         counts = [0] * (len(boundaries) + 1)
         for value in rest:
             counts[bisect_left(boundaries, value)] += 1
         low, high = min(rest), max(rest)
-        with lock or _NO_LOCK, aggregation._lock:
+        with lock or nullcontext(), aggregation._lock:
             if aggregation._value is None:
                 aggregation._value = [0] * len(counts)
             buckets = aggregation._value
@@ -69,21 +69,9 @@ def _merge(histogram, values: Sequence[float], attributes: dict) -> bool:
     return True
 
 
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_LOCK = _NoLock()
-
-
-def _aggregations(histogram, attributes: dict, probe: float, probed: list):
-    """Record `probe` through the API (appending it to `probed`) and return the (aggregation, lock
-    to hold) pairs it went to; None when one of them is not an explicit-bucket histogram this
-    module can merge into."""
+def _aggregations(histogram, attributes: dict):
+    """The (aggregation, lock to hold) pairs a value just recorded with `attributes` went to; None
+    when one of them is not an explicit-bucket histogram this module can merge into."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
     from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
 
@@ -93,12 +81,10 @@ def _aggregations(histogram, attributes: dict, probe: float, probed: list):
     matches = [m for s in storages for m in s._get_or_init_view_instrument_match(histogram)]
     if any(m._view._attribute_keys is not None for m in matches):
         return None
-    histogram.record(probe, attributes)
-    probed.append(probe)
     key = _hash_attributes(dict(attributes))
     found = []
     for match in matches:
-        with match._lock:  # (made by the probe; unless a collection with reset_on_collect came between)
+        with match._lock:  # (made by the value just recorded, unless a collection with reset_on_collect came between)
             aggregation = match._attributes_aggregation.get(key) or match._get_or_create_aggregation(
                 key, dict(attributes))
         lock = match._lock if match._reset_on_collect else None  # collect() discards these aggregations
@@ -133,7 +119,7 @@ def _self_check() -> bool:
             for _ in range(2):  # a series made by the first call, then one that exists
                 if merged:
                     if not _merge(histogram, values, attributes):
-                        return False
+                        return False  # (every value recorded through the API: the check proves nothing)
                 else:
                     for value in values:
                         histogram.record(value, attributes)

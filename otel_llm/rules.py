@@ -31,7 +31,6 @@ TOKENS_BY_TENANT = f"{TENANT}_{TOKEN_TYPE}:{TOKENS.removesuffix('_total')}:rate5
 TOKENS_RATE_1H = f"otel_llm:{TOKENS.removesuffix('_total')}:rate1h"
 QUANTILES = (0.5, 0.95, 0.99)
 
-RUNBOOK_URL, runbook_anchor = promql.RUNBOOK_URL, promql.runbook_anchor
 
 
 def quantile_rule(metric: str) -> str:
@@ -77,7 +76,7 @@ class Alert:
 
     @property
     def runbook_url(self) -> str:
-        return f"{RUNBOOK_URL}#{runbook_anchor(self.name)}"
+        return promql.runbook_url(self.name)
 
     def rule(self) -> dict:
         return {"alert": self.name, "expr": self.expr, "for": self.for_, "labels": {"severity": self.severity},

@@ -51,6 +51,8 @@ def instrument_app(app, settings: Settings) -> bool:
 
 
 REDACTED = "REDACTED"
+# one warning for both places a query is redacted: the same function fails in both
+_REDACTION_FAILED = ("redacting a URL query (HTTP span or access log)", "the span keeps it, the log line is dropped")
 _URL_ATTRIBUTES = ("http.url", "url.full", "http.target")
 
 
@@ -78,7 +80,7 @@ def redact_query_hook(span, scope) -> None:
         if isinstance(attributes.get("url.query"), str):
             span.set_attribute("url.query", redact_query(attributes["url.query"]))
     except Exception:
-        failed("redacting a URL query (HTTP span or access log)", "the span keeps it, the log line is dropped")
+        failed(*_REDACTION_FAILED)
 
 
 class _AccessLogQueryFilter(logging.Filter):
@@ -91,7 +93,7 @@ class _AccessLogQueryFilter(logging.Filter):
                 base, _, query = args[2].partition("?")
                 record.args = (*args[:2], f"{base}?{redact_query(query)}", *args[3:])
         except Exception:  # runs inside uvicorn's send(): never fail a response over a log line
-            failed("redacting a URL query (HTTP span or access log)", "the span keeps it, the log line is dropped")
+            failed(*_REDACTION_FAILED)
             return False  # the line may hold a key: drop it rather than log it unredacted
         return True
 

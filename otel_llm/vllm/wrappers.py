@@ -25,10 +25,6 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type
                         request=request if tel.capture is not None else None)
 
 
-def _error_of(result) -> tuple[str, str] | None:
-    return contract.read_error(result)
-
-
 def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
         start = _safe(f"starting the {operation} span")(
@@ -87,7 +83,7 @@ def _read_response(record, result, raw_request):
     response_id = contract.read_response_id(metadata)
     if response_id is not None:
         record.response_id = response_id
-    error = _error_of(result)
+    error = contract.read_error(result)
     if error is not None:
         record.end(error_type=error[0], error_message=error[1])
         return result

@@ -33,10 +33,8 @@ KIND_CLASS = {"receivers": "receiver", "processors": "processor", "exporters": "
 
 # Attribute types as otel-llm's spec says it sets them (otel_llm/semconv.py): only names some layer
 # emits on spans count (a policy on a name nothing emits never matches).
-_SPEC_TYPES = {semconv.INT: int, semconv.DOUBLE: float, semconv.BOOLEAN: bool, semconv.STRING: str,
-               semconv.STRING_ARRAY: list}
 EMITTED_TYPES: dict[str, type] = {
-    spec.name: _SPEC_TYPES[spec.type] for spec in semconv.ATTRIBUTES.values()
+    spec.name: semconv.PYTHON_TYPES[spec.type][0] for spec in semconv.ATTRIBUTES.values()
     if spec.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.COLLECTOR}}
 SEMCONV_NAMES = set(semconv.ATTRIBUTES)
 # Names the HTTP server spans carry (opentelemetry-instrumentation-fastapi), used by the noise filter.

@@ -4,6 +4,7 @@ marked `e2e` here, by folder, so `pytest -m "not e2e" tests` runs only the unit 
 from pathlib import Path
 
 import pytest
+from helpers import start_prometheus
 
 HERE = Path(__file__).resolve().parent
 
@@ -12,3 +13,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def prometheus(vllm, tmp_path_factory):
+    """A real Prometheus scraping the module's `vllm` server (helpers.start_prometheus)."""
+    prom = start_prometheus(vllm, tmp_path_factory)
+    yield prom
+    prom.stop()

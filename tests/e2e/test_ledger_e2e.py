@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from helpers import LONG_PROMPT, abandon_stream, start_prometheus, start_server
+from helpers import LONG_PROMPT, abandon_stream, start_server
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import billing_export, ledger, reconcile, report, semconv
@@ -42,13 +42,6 @@ def vllm(receiver, tmp_path_factory, spool):
                             "OTEL_LOGS_EXPORTER": "otlp"}, paced=True)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(vllm, tmp_path_factory):
-    prom = start_prometheus(vllm, tmp_path_factory)
-    yield prom
-    prom.stop()
 
 
 def _traceparent():

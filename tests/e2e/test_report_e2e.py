@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from helpers import LONG_PROMPT, Traceparent, abandon_stream, start_prometheus, start_server
+from helpers import LONG_PROMPT, Traceparent, abandon_stream, start_server
 
 from devkit.devserver import write_keys_file
 from devkit.tiny_model import MODEL_NAME
@@ -36,13 +36,6 @@ def vllm(receiver, tmp_path_factory):
                                                                 "cc-7,cc-42"}, paced=True)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(vllm, tmp_path_factory):
-    prom = start_prometheus(vllm, tmp_path_factory)
-    yield prom
-    prom.stop()
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def test_names_are_the_exporters():
     for r in groups[1]["rules"]:
         assert r["for"] and r["labels"]["severity"] in ("info", "warning", "critical")
         assert set(r["annotations"]) == {"summary", "description", "runbook_url"} and all(r["annotations"].values())
-        assert r["annotations"]["runbook_url"] == f"{rules.RUNBOOK_URL}#alert-{r['alert'].lower()}"
+        assert r["annotations"]["runbook_url"] == f"{promql.RUNBOOK_URL}#alert-{r['alert'].lower()}"
 
 
 def github_anchor(heading: str) -> str:
@@ -57,7 +57,7 @@ def test_every_runbook_is_a_heading_of_the_readme():
     alerts_section = text[text.index("\n## Alerts\n"):]
     anchors = {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", alerts_section, re.M)}
     for alert in rules.alerts():
-        assert alert.runbook_url.startswith(rules.RUNBOOK_URL + "#")
+        assert alert.runbook_url.startswith(promql.RUNBOOK_URL + "#")
         assert alert.runbook_url.split("#")[1] in anchors, alert.name
     for name in (budgets.ALERT_NEAR, budgets.ALERT_OVER):  # otel-llm budget-rules' alerts
         assert promql.runbook_anchor(name) in anchors, name

@@ -7,7 +7,7 @@ import sys
 from types import SimpleNamespace
 
 from otel_llm import patching
-from otel_llm.vllm import hooks, wrappers
+from otel_llm.vllm import contract, hooks, wrappers
 
 
 def test_every_hook_is_found_in_the_installed_vllm():
@@ -42,9 +42,9 @@ def test_missing_attribute_in_existing_module_is_reported(caplog):
 
 def test_error_responses_are_recognised():
     error = SimpleNamespace(error=SimpleNamespace(code=404, type="NotFoundError", message="no model"))
-    assert wrappers._error_of(error) == ("NotFoundError", "no model")
-    assert wrappers._error_of(SimpleNamespace(status_code=503)) == ("503", "")
-    assert wrappers._error_of(SimpleNamespace(choices=[])) is None
+    assert contract.read_error(error) == ("NotFoundError", "no model")
+    assert contract.read_error(SimpleNamespace(status_code=503)) == ("503", "")
+    assert contract.read_error(SimpleNamespace(choices=[])) is None
 
 
 def test_instrument_is_idempotent_and_uninstrument_restores():

@@ -125,7 +125,7 @@ TARGETS = (
     Target("guard:marking a request as traced", fires=GENERATING),
     # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
     Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
-    Target(f"{W}:_error_of", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
+    Target("otel_llm.vllm.contract:read_error", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
     # the stream wrapper: first chunk, and its end on an exception (StopAsyncIteration after [DONE])
     Target("guard:recording a stream's first chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
     Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
