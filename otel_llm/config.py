@@ -62,6 +62,9 @@ ENV_OPENAI_PROPAGATE = "OTEL_LLM_OPENAI_PROPAGATE"
 ENV_OPENAI_PROVIDER_NAME = "OTEL_LLM_OPENAI_PROVIDER_NAME"
 # seconds the telemetry flush at exit may take (0 or negative: the SDK's own unbounded hooks)
 ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
+# true: under opentelemetry-instrument, vLLM request telemetry is built and exported by a child
+# process of each API server (otel_llm/vllm/offload.py); false: by the SDK in the API server
+ENV_EXPORT_PROCESS = "OTEL_LLM_EXPORT_PROCESS"
 # 1: otel-llm's warnings go through the application's logging instead of a stderr handler of ours
 ENV_LOG_PROPAGATE = "OTEL_LLM_LOG_PROPAGATE"
 # Standard OpenTelemetry variables otel-llm reads too
@@ -189,6 +192,7 @@ class Settings:
     http_redact_query: bool = _env(ENV_HTTP_REDACT_QUERY, True)
     usage_dir: str | None = _env(ENV_USAGE_DIR, None)
     usage_events: bool = _env(ENV_USAGE_EVENTS, False)
+    export_process: bool = _env(ENV_EXPORT_PROCESS, True)
     usage_fsync_interval_s: float = _env(ENV_USAGE_FSYNC_INTERVAL, 1.0)
     usage_max_bytes: int = _env(ENV_USAGE_MAX_FILE_BYTES, 64 << 20)
     usage_max_age_s: float = _env(ENV_USAGE_MAX_FILE_AGE, 3600.0)

@@ -39,8 +39,20 @@ class OtelLLMDistro(BaseDistro):
             apply_vllm_resource_defaults(os.environ, *server)
 
 
+_configured_from_environment = False
+
+
+def configured_from_environment() -> bool:
+    """True once our configurator set the SDK up from OTEL_* variables alone (no config file, no
+    processors or exporter arguments passed in code): another process can make the same exporters."""
+    return _configured_from_environment
+
+
 class OtelLLMConfigurator(_OTelSDKConfigurator):
     def _configure(self, **kwargs):
+        global _configured_from_environment
+        from_environment = not os.environ.get(ENV_CONFIG_FILE) and not any(
+            kwargs.get(k) for k in ("span_processors", "log_record_processors", "exporter_args_map"))
         # process.pid tells the API servers of `--api-server-count N` apart; the SDK's process
         # detector is not used because it exports the command line, which may hold an API key.
         if not os.environ.get(ENV_CONFIG_FILE):  # a config file declares its own resource
@@ -53,6 +65,7 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
             kwargs.setdefault("export_span_processor", shutdown.span_processor_factory)
             kwargs.setdefault("export_log_record_processor", shutdown.log_record_processor_factory)
         super()._configure(**kwargs)
+        _configured_from_environment = from_environment
         if timeout_s is not None:
             try:
                 shutdown.install_bounded_shutdown(timeout_s)

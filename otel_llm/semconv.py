@@ -262,6 +262,9 @@ DROP_OPEN = "open"  # no spool file could be opened (unwritable directory)
 DROP_DISK_FULL = "disk_full"
 DROP_WRITE = "write"  # any other write error
 DROP_ERROR = "error"  # building the record failed
+# error.type values of EXPORT_DROPPED (otel_llm/vllm/offload.py)
+EXPORT_DROP_QUEUE_FULL = "queue_full"  # the export process does not keep up
+EXPORT_DROP_EXPORTER_DOWN = "exporter_down"  # the export process is gone (restarting) or cannot start
 
 # --- Content redaction (otel_llm/redaction.py) ---------------------------------------------
 REDACTION_RULE = _attribute("otel_llm.redaction.rule", STRING, METRIC)
@@ -321,6 +324,10 @@ SERVER_REQUESTS = _metric(
 USAGE_RECORDS_DROPPED = _metric(
     "otel_llm.usage.records.dropped", COUNTER, UNIT_RECORD,
     "Usage (billing) records that could not be written, by error.type.", USAGE)
+EXPORT_DROPPED = _metric(
+    "otel_llm.export.dropped", COUNTER, UNIT_REQUEST,
+    "Requests whose telemetry (spans, request metrics, usage event) the API server could not hand to its "
+    "export process, by error.type (usage spool records are written in the API server, not dropped).", VLLM)
 REDACTIONS = _metric(
     "otel_llm.redactions", COUNTER, UNIT_REDACTION,
     "Replacements made in captured prompt and completion content, by rule.", _BOTH)

@@ -183,10 +183,12 @@ class _Signal:
 
 
 class BoundedShutdown:
-    """Shuts the tracer, meter and logger providers down within `timeout_s` (one atexit hook)."""
+    """Shuts the tracer, meter and logger providers down within `timeout_s` (one atexit hook), and
+    alongside them whatever joined (`join_shutdown`: the vLLM export process)."""
 
     def __init__(self, timeout_s: float, tracer_provider=None, meter_provider=None, logger_provider=None):
         self.timeout_s = timeout_s
+        self.participants: list[Callable[[float], Any]] = []
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.logger_provider = logger_provider
@@ -236,9 +238,11 @@ class BoundedShutdown:
         multi = getattr(self.logger_provider, "_multi_log_record_processor", None)
         return _Signal(_processors(multi, "_log_record_processors"))
 
-    def run(self) -> dict | None:
-        """Shut everything down within the bound; one warning if telemetry was lost. Returns what
-        was not exported ({"spans", "log_records", "metric_points", "complete", "seconds"})."""
+    def run(self, warn: bool = True) -> dict | None:
+        """Shut everything down within the bound; one warning if telemetry was lost (with what the
+        participants report lost). Returns what was not exported ({"spans", "log_records",
+        "metric_points", "complete", "seconds"}); warn=False: only returns it (the export process
+        reports to its server)."""
         if self._done:
             return None
         self._done = True
@@ -265,6 +269,16 @@ class BoundedShutdown:
             thread.start()
             threads.append(thread)
 
+        reports: list[dict] = []  # what the participants lost
+        for close in self.participants:  # each gets the time left to the bound
+
+            def participate(c=close):
+                reports.append(c(max(0.0, deadline - time.monotonic())) or {})
+
+            thread = threading.Thread(target=_quietly, args=(participate,), name="otel-llm-shutdown", daemon=True)
+            thread.start()
+            threads.append(thread)
+
         _join(threads, abort_at)
         aborted = any(t.is_alive() for t in threads)
         if aborted:
@@ -279,8 +293,13 @@ class BoundedShutdown:
             "complete": complete,
             "seconds": time.monotonic() - start,
         }
+        for other in list(reports):
+            for key in ("spans", "log_records", "metric_points"):
+                report[key] += other.get(key, 0)
+            report["complete"] = report["complete"] and other.get("complete", True)
+        complete = report["complete"]
         lost = report["spans"] or report["log_records"] or report["metric_points"]
-        if lost or not complete:
+        if warn and (lost or not complete):
             _log.warning(
                 "%s: %d spans, %d log records, %d metric points not exported (%s; took %.1f s of "
                 "%s=%g)",
@@ -303,9 +322,23 @@ def _join(threads, until: float) -> None:
         thread.join(max(0.0, until - time.monotonic()))
 
 
+_installed: BoundedShutdown | None = None
+
+
 def install_bounded_shutdown(timeout_s: float) -> BoundedShutdown:
     """After the SDK is configured: bound its shutdown (OTEL_LLM_SHUTDOWN_TIMEOUT)."""
+    global _installed
     from otel_llm import ensure_log_handler
 
     ensure_log_handler()  # the warning comes at exit: our logger must have a handler by then
-    return BoundedShutdown.from_globals(timeout_s).install()
+    _installed = BoundedShutdown.from_globals(timeout_s).install()
+    return _installed
+
+
+def join_shutdown(close: Callable[[float], Any]) -> bool:
+    """Have `close(seconds_left)` run alongside the bounded shutdown of this process's providers.
+    False when none is installed (the caller registers its own exit hook)."""
+    if _installed is None:
+        return False
+    _installed.participants.append(close)
+    return True

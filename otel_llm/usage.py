@@ -199,13 +199,15 @@ class UsageLedger:
     """Writes each record to the spool and/or as an OTLP log event. Never raises."""
 
     def __init__(self, meter, *, directory: str | None, events: bool, instance: str, service: str,
-                 fsync_interval_s: float = 1.0, max_bytes: int = 64 << 20, max_age_s: float = 3600.0):
+                 fsync_interval_s: float = 1.0, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
+                 event_logger=None):
         self.instance = instance
         self.service = service
         self._dropped = semconv.create_instrument(meter, semconv.USAGE_RECORDS_DROPPED)
         self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
                            on_drop=self._count_drop) if directory else None
-        self._event_logger = _event_logger() if events else None
+        # event_logger: where events go instead of the global LoggerProvider (the export process)
+        self._event_logger = (event_logger or _event_logger()) if events else None
         self._warn = WarnOnce(_log)
         if self.spool is not None:
             atexit.register(self.spool.close)

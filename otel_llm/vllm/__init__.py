@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
@@ -11,8 +12,8 @@ from collections.abc import Collection
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_llm import __version__, ensure_log_handler, semconv
-from otel_llm.config import ENV_VLLM_RUST_FRONTEND, Settings
+from otel_llm import __version__, ensure_log_handler, semconv, shutdown
+from otel_llm.config import ENV_VLLM_RUST_FRONTEND, Settings, shutdown_timeout
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -31,6 +32,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         if importlib.util.find_spec("vllm") is None:
             _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
             return
+        from otel_llm.vllm import offload
         from otel_llm.vllm.hooks import patcher as make_patcher
         from otel_llm.vllm.telemetry import Telemetry
 
@@ -38,8 +40,25 @@ class VLLMInstrumentor(BaseInstrumentor):
         meter = metrics.get_meter("otel_llm.vllm", __version__, kwargs.get("meter_provider"))
         provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         resource = getattr(provider, "resource", None)
-        telemetry = Telemetry(tracer, meter, Settings.from_env(),
-                              resource_attributes=resource.attributes if resource is not None else None)
+        settings = Settings.from_env()
+        plan = None
+        try:
+            plan = offload.plan(settings, provider, bool(kwargs.get("tracer_provider") or kwargs.get("meter_provider")))
+        except Exception:  # noqa: BLE001 - the SDK in this process exports, as without the export process
+            _log.warning("otel-llm: could not set the telemetry export process up; exporting in process",
+                         exc_info=True)
+        channel = None
+        if plan is not None:
+            tracer = offload.DeferredTracer(provider)
+            channel = offload.ExportChannel({**plan, "version": __version__},
+                                            on_drop=lambda reason: telemetry.count_export_drop(reason),
+                                            shutdown_timeout_s=shutdown_timeout())
+            if not shutdown.join_shutdown(channel.close):
+                atexit.register(channel.close)
+        telemetry = Telemetry(tracer, meter, settings,
+                              resource_attributes=resource.attributes if resource is not None else None,
+                              channel=channel, offload_metrics=bool(plan and plan["metrics"]),
+                              usage_events=offload.UsageEvents() if plan and plan["usage_events"] else None)
         _warn_unknown_service(provider)
         _warn_untraced_frontends(sys.argv, os.environ)
         patcher = make_patcher(telemetry)
@@ -50,6 +69,8 @@ class VLLMInstrumentor(BaseInstrumentor):
         patcher, VLLMInstrumentor._patcher = VLLMInstrumentor._patcher, None
         if patcher is not None:
             patcher.uninstall()
+            if patcher.telemetry.channel is not None:
+                patcher.telemetry.channel.close()
 
 
 def _warn_untraced_frontends(argv, environ) -> None:

@@ -21,6 +21,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import content, semconv
 from otel_llm.vllm import contract
+from otel_llm.vllm.offload import DeferredSpan
+from otel_llm.vllm.request_metrics import Measurement, outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
 from otel_llm.warn import failed, guarded, warn_once
 
@@ -204,6 +206,7 @@ class RequestTelemetry:
             failed("finishing the span of a vLLM request")
             try:
                 self.span.end()
+                self.telemetry.finish(self.span)
             except Exception:
                 pass
 
@@ -268,6 +271,7 @@ class RequestTelemetry:
         span.end(end_time=end_ns)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
                 error_type, response_model, (end_ns - self.start_ns) / 1e9)
+        guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
 
     def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
@@ -295,7 +299,7 @@ class RequestTelemetry:
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
             semconv.VLLM_REQUEST_ID: first.external_id,
             semconv.GEN_AI_OPERATION_NAME: info.operation,
-            semconv.REQUEST_OUTCOME: _outcome(error_type),
+            semconv.REQUEST_OUTCOME: outcome(error_type),
             semconv.USAGE_DURATION: (end_ns - self.start_ns) / 1e9,
             semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
@@ -425,6 +429,7 @@ class RequestTelemetry:
         lo, hi = self.start_ns, end_ns
         attrs = {semconv.VLLM_REQUEST_ID: engine.request_id} if tag else None
         tracer = self.telemetry.tracer
+        deferred = isinstance(self.span, DeferredSpan)
         prev_end = lo
         first = semconv.SPAN_KV_TRANSFER_WAIT if self.pd_role == semconv.PD_ROLE_DECODE else semconv.SPAN_QUEUE
         phases = [(first, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
@@ -435,9 +440,12 @@ class RequestTelemetry:
                 break
             start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
             stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
-            child = tracer.start_span(
-                name, context=self.context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attrs
-            )
+            if deferred:  # exported with this request (otel_llm/vllm/offload.py)
+                child = self.span.start_child(name, start_ns, attrs)
+            else:
+                child = tracer.start_span(
+                    name, context=self.context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attrs
+                )
             child.end(end_time=stop_ns)
             prev_end = stop_ns
             if not stop:
@@ -450,25 +458,11 @@ class RequestTelemetry:
         model = info.model if error_type is None else tel.label_failed_model(info.model)
         key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
                tel.label_cost_center(info.cost_center))
-        attrs = tel.metric_attributes(key)
-        ctx = self.context  # exemplars link the points to this trace
-        tel.requests.add(1, {**attrs, semconv.REQUEST_OUTCOME: _outcome(error_type)}, context=ctx)
-        if error_type is None:
-            if timing.ttft is not None:
-                tel.time_to_first_token.record(timing.ttft, attrs, context=ctx)
-            if timing.tpot is not None:
-                tel.time_per_output_token.record(timing.tpot, attrs, context=ctx)
-        else:
-            attrs = {**attrs, semconv.ERROR_TYPE: error_type}
-        if self.engine_states and usage is not None:  # (None: a P/D prefill leg, counted on its decode node)
-            tel.add_tokens(key, usage)
-        tel.request_duration.record(duration, attrs, context=ctx)
-
-
-def _outcome(error_type: str | None) -> str:
-    if error_type is None:
-        return semconv.OUTCOME_FINISHED
-    return semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR
+        # (usage None: a P/D prefill leg, counted on its decode node)
+        tokens = (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) \
+            if self.engine_states and usage is not None else None
+        tel.record_request(self.span, self.context, Measurement(key, error_type, timing.ttft, timing.tpot, duration,
+                                                                tokens))
 
 
 def _reasoning_tokens(response) -> int | None:

@@ -38,6 +38,7 @@ class _StreamTelemetry:
                 chunk = await self._inner.__anext__()
             except BaseException as exc:
                 _end_on_exception(record, exc)
+                _end_if_not_ended(record)
                 raise
             if chunk == _SSE_DONE:
                 # the client holds a complete response once this is sent: end (and bill) it now,
@@ -50,6 +51,7 @@ class _StreamTelemetry:
             chunk = await self._inner.__anext__()
         except BaseException as exc:
             _end_on_exception(record, exc)
+            _end_if_not_ended(record)
             raise
         finally:
             _restore_context(tokens)
@@ -93,3 +95,11 @@ _end_on_exception = _safe("ending a request's span on an exception")(
 
 
 _end_with_exception = end_with_exception  # (a name here: the fault-injection suite targets it)
+
+
+def _end_if_not_ended(record) -> None:
+    """Our end failed: end the span as __del__ would, but now. (The wrapper is often in a reference
+    cycle with vLLM's exception, so __del__ may come only at a garbage collection, minutes later on
+    an idle server.)"""
+    if not record.ended:
+        finalizer.defer(record.end, aborted=True)

@@ -1,0 +1,195 @@
+"""The export process: builds and exports the request telemetry an API server hands over.
+
+Started by otel_llm/vllm/offload.py with one end of a Unix socket. The first message holds the
+API server's resource, our version and which signals come here; then one message per request
+(its finished spans, its metric Measurement, its usage event). Exporters are made from the
+same OTEL_* environment, as the SDK's configurator makes them for `opentelemetry-instrument`;
+spans become the SDK's `ReadableSpan`s (span limits from the environment as in the server), so
+the exported telemetry is what the SDK would have exported from the API server.
+
+It stops, flushing within OTEL_LLM_SHUTDOWN_TIMEOUT, when the server says goodbye, when the
+socket closes (the server died) or on SIGTERM; Ctrl-C reaches the whole process group and is
+left to the server, which then says goodbye.
+
+    python -m otel_llm.vllm.export_process FD
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import signal
+import socket
+import sys
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+
+from otel_llm import config, semconv, shutdown
+from otel_llm.vllm.offload import BYE, CONFIG, FIRST, LAST, REPORT, REQUEST, WHOLE
+from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+
+_log = logging.getLogger("otel_llm.vllm.export")
+SCOPE = "otel_llm.vllm"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stop()
+
+
+def messages(sock: socket.socket, frame: int):
+    """Messages as the server sent them; a message whose frames stopped short (the buffer filled
+    mid-message) is skipped."""
+    parts: list[bytes] = []
+    while True:
+        data = sock.recv(frame + 1)
+        if not data:
+            return
+        flags = data[0]
+        if flags & FIRST:
+            parts = []
+        parts.append(data[1:])
+        if flags & LAST:
+            yield marshal.loads(b"".join(parts))
+            parts = []
+
+
+class Exporter:
+    """The SDK providers of this process, and how one request's message becomes their input."""
+
+    def __init__(self, settings: dict, environ=None):
+        from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
+
+        self.resource = Resource(settings["resource"], settings.get("schema_url"))
+        self.scope = InstrumentationScope(SCOPE, settings["version"])
+        span_names = _get_exporter_names("traces") if settings["traces"] else []
+        metric_names = _get_exporter_names("metrics") if settings["metrics"] else []
+        log_names = _get_exporter_names("logs") if settings["usage_events"] else []
+        span_exporters, metric_exporters, log_exporters = _import_exporters(span_names, metric_names, log_names)
+
+        self.tracer_provider = TracerProvider(resource=self.resource)
+        for exporter in span_exporters.values():
+            self.tracer_provider.add_span_processor(shutdown.span_processor_factory(exporter()))
+        self._processors = [*self.tracer_provider._active_span_processor._span_processors]
+        self._limits = SpanLimits()
+
+        self.meter_provider = self.metrics = None
+        if settings["metrics"]:
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+
+            readers = [cls() if issubclass(cls, MetricReader) else PeriodicExportingMetricReader(cls())
+                       for cls in metric_exporters.values()]
+            self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers)
+            self.metrics = RequestMetrics(self.meter_provider.get_meter(SCOPE, settings["version"]))
+
+        self.logger_provider = self.usage_logger = None
+        if log_exporters:
+            from opentelemetry.sdk._logs import LoggerProvider
+
+            self.logger_provider = LoggerProvider(resource=self.resource)
+            for exporter in log_exporters.values():
+                self.logger_provider.add_log_record_processor(shutdown.log_record_processor_factory(exporter()))
+            self.usage_logger = self.logger_provider.get_logger(semconv.USAGE_EVENT, settings["version"])
+
+    def handle(self, payload) -> None:
+        spans, measurement, usage_event, exemplar = payload
+        for span in spans:
+            readable = self.readable_span(span)
+            for processor in self._processors:
+                processor.on_end(readable)
+        if exemplar is not None and (measurement is not None or usage_event is not None):
+            trace_id, span_id, flags = exemplar
+            context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+                trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))))
+        else:
+            context = None
+        if measurement is not None and self.metrics is not None:
+            self.metrics.record(Measurement(*measurement), context=context)
+        if usage_event is not None and self.usage_logger is not None:
+            fields, end_ns = usage_event
+            self.usage_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
+                                   event_name=semconv.USAGE_EVENT, attributes=fields)
+
+    def readable_span(self, span: tuple) -> ReadableSpan:
+        (name, trace_id, span_id, flags, state, parent_id, parent_remote, parent_flags, kind, start, end,
+         attributes, status, links) = span
+        trace_state = TraceState.from_header([state]) if state else TraceState()
+        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
+                              trace_state=trace_state)
+        parent = SpanContext(trace_id, parent_id, is_remote=parent_remote, trace_flags=TraceFlags(parent_flags),
+                             trace_state=trace_state) if parent_id else None
+        limits = self._limits
+        link_objects = [Link(SpanContext(l_trace, l_span, is_remote=l_remote, trace_flags=TraceFlags(l_flags),
+                                         trace_state=TraceState.from_header([l_state]) if l_state else TraceState()),
+                             BoundedAttributes(limits.max_link_attributes, l_attrs, max_value_len=
+                                               limits.max_attribute_length))
+                        for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links]
+        return ReadableSpan(
+            name=name, context=context, parent=parent, resource=self.resource,
+            attributes=BoundedAttributes(limits.max_span_attributes, attributes, immutable=False,
+                                         max_value_len=limits.max_span_attribute_length),
+            links=BoundedList.from_seq(limits.max_links, link_objects), kind=SpanKind(kind),
+            status=Status(StatusCode(status[0]), status[1]) if status is not None else Status(StatusCode.UNSET),
+            start_time=start, end_time=end, instrumentation_scope=self.scope)
+
+    def shutdown(self, timeout_s: float | None = None, warn: bool = True) -> dict:
+        """Flush within `timeout_s` (default OTEL_LLM_SHUTDOWN_TIMEOUT); what was not exported."""
+        if timeout_s is None:
+            timeout_s = config.shutdown_timeout() or 30.0
+        return shutdown.BoundedShutdown(timeout_s, self.tracer_provider, self.meter_provider,
+                                        self.logger_provider).run(warn=warn)
+
+
+def main(argv: list[str]) -> int:
+    from otel_llm import ensure_log_handler
+
+    ensure_log_handler()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
+    sock = socket.socket(fileno=int(argv[1]))
+    exporter = None
+    goodbye = None  # the seconds the server gives the flush, when it said goodbye
+    try:
+        stream = messages(sock, 64 << 10)
+        kind, settings = next(stream)
+        assert kind == CONFIG, kind
+        exporter = Exporter(settings)
+        stream = messages(sock, settings["frame"])
+        for kind, payload in stream:
+            if kind == BYE:
+                goodbye = payload
+                break
+            if kind == REQUEST:
+                try:
+                    exporter.handle(payload)
+                except Exception:  # noqa: BLE001 - one bad message must not stop the others
+                    _log.warning("otel-llm: could not export one request's telemetry", exc_info=True)
+    except (_Stop, StopIteration):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if exporter is not None and goodbye is not None:  # the server warns, once, for both processes
+            report = exporter.shutdown(goodbye, warn=False)
+            try:
+                sock.send(bytes((WHOLE,)) + marshal.dumps((REPORT, report)))
+            except OSError:
+                pass
+        elif exporter is not None:  # the server is gone (or SIGTERM): warn here
+            exporter.shutdown()
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,418 @@
+"""Telemetry off the API server's hot path: the API-server side.
+
+With `opentelemetry-instrument` (our configurator, exporters named in OTEL_*_EXPORTER), a
+request's GenAI span and its phase spans are not SDK spans in the API server. A request keeps
+what it will export in plain Python values: a `DeferredSpan` per span (ids from the user's
+sampler and id generator, at the moment the SDK would have made them), the request's metric
+`Measurement` and its usage event. When the request ends they go, as one `marshal`led message
+through a non-blocking Unix socket, to a child process (otel_llm/vllm/export_process.py) that
+builds the SDK's `ReadableSpan`s, records the metrics and sends everything with the exporters
+the user configured, with the API server's resource. The API server pays for the values and
+one `send`; the SDK's span objects, attribute validation, metric aggregation and OTLP encoding
+run in the other process.
+
+The socket buffer is the bounded queue: when it is full (the export process is stalled) or the
+export process is gone, the request's telemetry is dropped and counted in
+`otel_llm.export.dropped` (`error.type`: queue_full, exporter_down); a request never waits. A
+dead export process is restarted, with a backoff, by the next request that finds it gone. A
+forked child (vLLM's engine core) drops its inherited socket and would start its own; a
+spawned API server (`--api-server-count N`) is instrumented on its own and has its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from otel_llm import semconv
+from otel_llm.warn import WarnOnce
+
+_log = logging.getLogger("otel_llm.vllm")
+
+# message kinds (the first element of each message); REPORT goes back: what the flush lost
+CONFIG, REQUEST, BYE, REPORT = "config", "request", "bye", "report"
+# frame header: one byte; a message larger than one frame goes as first .. last
+FIRST, LAST = 1, 2
+WHOLE = FIRST | LAST
+SOCKET_BUFFER = 4 << 20  # asked for; the kernel caps it (net.core.wmem_max)
+RESTART_BACKOFF_S = (1.0, 30.0)
+_AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
+
+
+class Outbox:
+    """What one request exports: finished spans, its metric Measurement, its usage event."""
+
+    __slots__ = ("spans", "measurement", "usage_event", "exemplar")
+
+    def __init__(self):
+        self.spans: list[tuple] = []
+        self.measurement: tuple | None = None
+        self.usage_event: tuple | None = None
+        self.exemplar: tuple | None = None  # (trace_id, span_id, flags) of the request's span
+
+    def message(self) -> tuple:
+        return REQUEST, (self.spans, self.measurement, self.usage_event, self.exemplar)
+
+
+class DeferredSpan(trace.Span):
+    """A span whose ids and sampling decision are made now and whose SDK object is built in the
+    export process. Attribute order and overwrite rules follow the SDK's (BoundedAttributes)."""
+
+    __slots__ = ("_name", "_context", "_parent", "_kind", "_attributes", "_links", "_start", "_status",
+                 "_sampled", "outbox", "_ended", "_tracer")
+
+    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
+                 attributes, links, start_ns: int, sampled: bool, outbox: Outbox, tracer: DeferredTracer):
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes: dict[str, Any] = {}
+        if attributes:
+            self.set_attributes(attributes)
+        self._links = links or ()
+        self._start = start_ns
+        self._status: tuple | None = None
+        self._sampled = sampled
+        self.outbox = outbox
+        self._ended = False
+        self._tracer = tracer
+
+    def start_child(self, name: str, start_time: int, attributes=None) -> DeferredSpan:
+        """A child span exported with this span's request (a phase span). Any other span started
+        under this one (another request's, nested in it) has its own Outbox."""
+        return self._tracer.start_span(name, trace.set_span_in_context(self), SpanKind.INTERNAL, attributes,
+                                       start_time=start_time, _outbox=self.outbox)
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._sampled and not self._ended
+
+    def set_attribute(self, key: str, value) -> None:
+        attrs = self._attributes
+        if key in attrs:
+            del attrs[key]  # the SDK moves an overwritten attribute to the end
+        attrs[key] = value
+
+    def set_attributes(self, attributes) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def set_status(self, status, description: str | None = None) -> None:
+        code = getattr(status, "status_code", status)
+        self._status = (code.value, getattr(status, "description", None) or description)
+
+    def update_name(self, name: str) -> None:
+        self._name = name
+
+    def add_event(self, name, attributes=None, timestamp=None) -> None:
+        pass  # our spans carry no events
+
+    def record_exception(self, exception, attributes=None, timestamp=None, escaped=False) -> None:
+        pass
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if not self._sampled:
+            return
+        ctx, parent = self._context, self._parent
+        self.outbox.spans.append((
+            self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(),
+            parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
+            int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
+            end_time or time.time_ns(), self._attributes, self._status,
+            [_link(link) for link in self._links],
+        ))
+
+
+def _link(link) -> tuple:
+    ctx = link.context
+    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(), ctx.is_remote,
+            dict(link.attributes or {}))
+
+
+class DeferredTracer:
+    """`start_span` as the SDK's Tracer does it (the user's sampler and id generator), making a
+    DeferredSpan with an Outbox of its own (a request's phase spans: DeferredSpan.start_child)."""
+
+    def __init__(self, provider):
+        self.sampler = provider.sampler
+        self.id_generator = provider.id_generator
+
+    def start_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None, links=None,
+                   start_time: int | None = None, _outbox: Outbox | None = None, **_ignored) -> DeferredSpan:
+        links = links or ()
+        parent_span = trace.get_current_span(context)
+        parent = parent_span.get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = self.id_generator.generate_trace_id()
+            random_trace_id = self.id_generator.is_trace_id_random()
+        else:
+            trace_id = parent.trace_id
+            random_trace_id = parent.trace_flags.random_trace_id
+        result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        if random_trace_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        span_context = SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
+                                   trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+        outbox = _outbox if _outbox is not None else Outbox()
+        # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
+        sampled = result.decision.is_sampled()
+        span = DeferredSpan(name, span_context, parent, kind, result.attributes if sampled else None, links,
+                            start_time or time.time_ns(), sampled, outbox, self)
+        if outbox.exemplar is None:
+            outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
+        return span
+
+
+def outbox_of(context) -> Outbox | None:
+    span = trace.get_current_span(context)
+    return span.outbox if isinstance(span, DeferredSpan) else None
+
+
+class UsageEvents:
+    """The usage ledger's event logger when events are exported by the export process: the event
+    goes with its request's message."""
+
+    def emit(self, timestamp=None, observed_timestamp=None, context=None, event_name=None, attributes=None,
+             **_ignored) -> None:
+        outbox = outbox_of(context)
+        if outbox is None:
+            raise LookupError("a usage event without its request's span")
+        outbox.usage_event = (attributes, timestamp)
+
+
+def plan(settings, tracer_provider, explicit_providers: bool) -> dict[str, Any] | None:
+    """What the export process takes over here, or None (the SDK exports in this process): only
+    where our configurator set the SDK up from the environment alone, so that the export process
+    can make the same exporters from the same environment."""
+    from otel_llm import distro
+
+    if not settings.export_process or explicit_providers or not distro.configured_from_environment():
+        return None
+    if type(tracer_provider).__module__ != "opentelemetry.sdk.trace" or not hasattr(tracer_provider, "sampler"):
+        return None
+    from opentelemetry import _logs
+    from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
+    from opentelemetry.sdk.metrics.export import MetricReader
+
+    # a metric reader (Prometheus) serves from this process: such metrics stay here
+    _, metric_exporters, _ = _import_exporters([], _get_exporter_names("metrics"), [])
+    metrics = not any(issubclass(cls, MetricReader) for cls in metric_exporters.values())
+    events = settings.usage_events and type(_logs.get_logger_provider()).__module__.startswith("opentelemetry.sdk")
+    resource = tracer_provider.resource
+    return {"traces": True, "metrics": metrics, "usage_events": events, "resource": dict(resource.attributes),
+            "schema_url": resource.schema_url or None}
+
+
+class ExportChannel:
+    """The socket to this process's export process, which it starts, supervises and restarts."""
+
+    def __init__(self, config: dict[str, Any], on_drop, shutdown_timeout_s: float | None):
+        self._config = config
+        self._on_drop = on_drop
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._lock = threading.Lock()
+        self._warn = WarnOnce(_log)
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen | None = None
+        self._owner = os.getpid()
+        self._started_at = 0.0
+        self._retry_at = 0.0
+        self._backoff = RESTART_BACKOFF_S[0]
+        self._frame = 64 << 10
+        self._closed = False
+        self.sent = 0
+        self.dropped = 0
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        # the parent's socket and process are the parent's; this process starts its own if it sends
+        self._lock = threading.Lock()
+        if self._sock is not None:
+            try:
+                self._sock.detach()  # not close(): shutdown semantics are the parent's
+            except OSError:
+                pass
+        self._sock, self._process, self._owner = None, None, os.getpid()
+        self._retry_at, self._closed = 0.0, False
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self._process
+
+    def start(self) -> bool:
+        with self._lock:
+            return self._ensure_started()
+
+    def send(self, message: tuple) -> bool:
+        """Hand one message over, never blocking. False when it was dropped (and counted)."""
+        try:
+            data = marshal.dumps(message)
+        except ValueError:  # a value marshal does not take: the attributes, made plain
+            data = marshal.dumps(_plain(message))
+        with self._lock:
+            if self._sock is None and not self._ensure_started():
+                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
+            try:
+                self._send_frames(data)
+            except BlockingIOError:
+                return self._drop(semconv.EXPORT_DROP_QUEUE_FULL)
+            except OSError as exc:  # EPIPE, ECONNRESET: the export process is gone
+                self._lost(exc)
+                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
+            self.sent += 1
+            return True
+
+    def _send_frames(self, data: bytes) -> None:
+        frame, sock = self._frame, self._sock
+        if len(data) < frame:
+            sock.send(bytes((WHOLE,)) + data)
+            return
+        parts = range(0, len(data), frame - 1)
+        for i in parts:
+            flags = (FIRST if i == 0 else 0) | (LAST if i + frame - 1 >= len(data) else 0)
+            sock.send(bytes((flags,)) + data[i:i + frame - 1])
+
+    def _drop(self, reason: str) -> bool:
+        self.dropped += 1
+        if reason == semconv.EXPORT_DROP_QUEUE_FULL:
+            self._warn("full", "otel-llm: the export process does not keep up; request telemetry is dropped "
+                               "(counted in %s)", semconv.EXPORT_DROPPED)
+        try:
+            self._on_drop(reason)
+        except Exception:  # noqa: BLE001
+            pass
+        return False
+
+    def _lost(self, exc) -> None:
+        code = self._process.poll() if self._process is not None else None
+        self._warn("lost", "otel-llm: the telemetry export process is gone (%s, exit code %s); it is restarted, "
+                           "telemetry in between is dropped and counted in %s", exc, code, semconv.EXPORT_DROPPED)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._sock = None
+        lived = time.monotonic() - self._started_at
+        self._backoff = RESTART_BACKOFF_S[0] if lived > 60 else min(self._backoff * 2, RESTART_BACKOFF_S[1])
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _ensure_started(self) -> bool:
+        if self._owner != os.getpid():
+            self._after_fork()
+        if self._sock is not None:
+            return True
+        if self._closed or time.monotonic() < self._retry_at:
+            return False
+        if self._process is not None:
+            self._process.poll()  # reap the old one
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            for sock, option in ((parent, socket.SO_SNDBUF), (child, socket.SO_RCVBUF)):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            # the largest message one send takes whole, with room for the kernel's own bookkeeping
+            self._frame = max(4096, parent.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2 - 1024)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "otel_llm.vllm.export_process", str(child.fileno())],
+                pass_fds=(child.fileno(),), env=child_environment(os.environ), stdin=subprocess.DEVNULL,
+                close_fds=True)
+        except OSError as exc:
+            parent.close()
+            self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry is "
+                                "dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
+            self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
+            return False
+        finally:
+            child.close()
+        parent.sendall(bytes((WHOLE,)) + marshal.dumps((CONFIG, {**self._config, "frame": self._frame})))
+        parent.setblocking(False)
+        self._sock, self._started_at = parent, time.monotonic()
+        return True
+
+    def close(self, timeout_s: float | None = None) -> dict | None:
+        """Tell the export process to flush within `timeout_s` and exit; wait for it. Returns what
+        its flush could not export (shutdown.BoundedShutdown's report), or None. Once."""
+        with self._lock:
+            if self._closed or self._owner != os.getpid():
+                return None
+            self._closed = True
+            sock, process, self._sock = self._sock, self._process, None
+        if sock is None or process is None:
+            return None
+        timeout = timeout_s if timeout_s is not None else (self._shutdown_timeout_s or 30.0)
+        deadline = time.monotonic() + timeout
+        report = {"complete": False}
+        try:
+            sock.settimeout(max(0.05, timeout))
+            # the export process flushes a little within the bound: time to hear its report
+            sock.send(bytes((WHOLE,)) + marshal.dumps((BYE, max(0.0, timeout - min(0.5, 0.1 * timeout)))))
+            data = sock.recv(self._frame + 1)
+            if data:
+                kind, report = marshal.loads(data[1:])
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+        finally:
+            sock.close()
+        try:
+            process.wait(max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass  # it ends on its own within its bound
+        return report
+
+
+def child_environment(environ) -> dict[str, str]:
+    """The export process's environment: the server's (its OTEL_* settings), without
+    opentelemetry-instrument's sitecustomize, so the export process is not instrumented itself."""
+    env = dict(environ)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not p.rstrip(os.sep).endswith(_AUTO_INSTRUMENTATION_DIR)]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def _plain(message: tuple) -> tuple:
+    """A request message with its attributes cleaned as the SDK cleans them (a value of a type the
+    SDK does not take is dropped) and every value of a subclass (a str or int enum) made its base
+    type, which marshal takes."""
+    from opentelemetry.attributes import BoundedAttributes
+
+    kind, (spans, measurement, usage_event, exemplar) = message
+    spans = [(*s[:11], dict(BoundedAttributes(attributes=s[11])), *s[12:13],
+              [(*link[:5], dict(BoundedAttributes(attributes=link[5]))) for link in s[13]]) for s in spans]
+    if usage_event is not None:
+        usage_event = (dict(BoundedAttributes(attributes=usage_event[0])), *usage_event[1:])
+    return _base_types((kind, (spans, measurement, usage_event, exemplar)))
+
+
+def _base_types(value):
+    if value is None or type(value) in (str, int, float, bool, bytes):
+        return value
+    if isinstance(value, dict):
+        return {_base_types(k): _base_types(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_base_types(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    for base in (bool, str, int, float, bytes):
+        if isinstance(value, base):
+            return base(value) if base is not str else str.__str__(value)
+    return repr(value)

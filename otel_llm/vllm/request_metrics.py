@@ -1,0 +1,94 @@
+"""The server's per-request metrics: one `Measurement` per request, recorded into instruments
+created from otel_llm/semconv.py.
+
+The same recorder runs in the API server (when telemetry is exported in process) or in the
+export process (otel_llm/vllm/export_process.py), which receives the Measurement as a plain
+tuple; so this module imports nothing of vLLM and nothing that needs the API server.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from opentelemetry.metrics import Observation
+
+from otel_llm import semconv
+
+
+class Measurement(NamedTuple):
+    """What one request adds to the metrics (label values already guarded)."""
+
+    # (operation, request model, response model, tenant, scene, cost center)
+    key: tuple
+    error_type: str | None
+    ttft: float | None
+    tpot: float | None
+    duration: float
+    # (input, cached input, output) tokens, or None (a P/D prefill leg: counted on its decode node)
+    tokens: tuple[int, int, int] | None
+
+
+class RequestMetrics:
+    """The instruments of the server's request metrics, and token totals read at collection time."""
+
+    def __init__(self, meter):
+        self.requests = semconv.create_instrument(meter, semconv.SERVER_REQUESTS)
+        self.request_duration = semconv.create_instrument(meter, semconv.SERVER_REQUEST_DURATION)
+        self.time_to_first_token = semconv.create_instrument(meter, semconv.SERVER_TIME_TO_FIRST_TOKEN)
+        self.time_per_output_token = semconv.create_instrument(meter, semconv.SERVER_TIME_PER_OUTPUT_TOKEN)
+        # Token totals are summed here and read by the SDK at collection time: three synchronous
+        # counter adds per request cost more than all our spans' attributes together.
+        self._token_totals: dict[tuple, int] = {}
+        self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
+        self._metric_attributes: dict[tuple, dict[str, Any]] = {}
+
+    def record(self, m: Measurement, context=None) -> None:
+        """`context` holds the request's span: exemplars link the points to its trace."""
+        attrs = self.metric_attributes(m.key)
+        self.requests.add(1, {**attrs, semconv.REQUEST_OUTCOME: outcome(m.error_type)}, context=context)
+        if m.error_type is None:
+            if m.ttft is not None:
+                self.time_to_first_token.record(m.ttft, attrs, context=context)
+            if m.tpot is not None:
+                self.time_per_output_token.record(m.tpot, attrs, context=context)
+        else:
+            attrs = {**attrs, semconv.ERROR_TYPE: m.error_type}
+        if m.tokens is not None:
+            self.add_tokens(m.key, m.tokens)
+        self.request_duration.record(m.duration, attrs, context=context)
+
+    def metric_attributes(self, key: tuple) -> dict[str, Any]:
+        """Attributes of an (operation, request model, response model, tenant, scene, cost center)
+        series, cached."""
+        attrs = self._metric_attributes.get(key)
+        if attrs is None:
+            operation, model, response_model, tenant, scene, cost_center = key
+            attrs = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM}
+            for name, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_RESPONSE_MODEL, response_model),
+                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene),
+                                (semconv.TENANT_COST_CENTER, cost_center)):
+                if value is not None:
+                    attrs[name] = value
+            if len(self._metric_attributes) > 10_000:  # models x guarded tenants never get here
+                self._metric_attributes.clear()
+            self._metric_attributes[key] = attrs
+        return attrs
+
+    def add_tokens(self, key: tuple, tokens: tuple[int, int, int]) -> None:
+        totals = self._token_totals
+        for token_type, value in zip(_TOKEN_TYPES, tokens):
+            series = (key, token_type)
+            totals[series] = totals.get(series, 0) + value
+
+    def _observe_tokens(self, options):
+        for (key, token_type), value in list(self._token_totals.items()):
+            yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
+
+
+_TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
+
+
+def outcome(error_type: str | None) -> str:
+    if error_type is None:
+        return semconv.OUTCOME_FINISHED
+    return semconv.OUTCOME_ABORTED if error_type == semconv.ERROR_CLIENT_ABORTED else semconv.OUTCOME_ERROR

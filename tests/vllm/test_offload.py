@@ -1,0 +1,330 @@
+"""The export process (otel_llm/vllm/offload.py, export_process.py) with a real child process
+and a real OTLP receiver: what it exports equals what the SDK exports in process, it honours
+the sampler, it drops (and counts) instead of blocking, and it is restarted, forked and closed
+as a server needs."""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+
+from devkit.otlp_receiver import Receiver
+from otel_llm import __version__, semconv
+from otel_llm.vllm import offload
+
+T0 = 1_700_000_000_000_000_000
+RESOURCE = Resource({"service.name": "vllm", "service.instance.id": "node-1:8000", "process.pid": 4242})
+REMOTE_PARENT = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+                            trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "x1")]))
+
+
+class Sequence(IdGenerator):
+    """The same ids for the in-process SDK and the deferred tracer."""
+
+    def __init__(self):
+        self.next = 0x1000
+
+    def generate_span_id(self) -> int:
+        self.next += 1
+        return self.next
+
+    def generate_trace_id(self) -> int:
+        self.next += 1
+        return 0xABC << 64 | self.next
+
+
+class Choice(enum.Enum):
+    A = "stop"
+
+
+class Reason(str, enum.Enum):  # a str subclass: marshal refuses it, the SDK exports its text
+    LENGTH = "length"
+
+
+def request_tree(tracer) -> trace.Span:
+    """What RequestTelemetry does to one request's spans, with edge cases the SDK handles."""
+    parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    root = tracer.start_span("chat tiny", context=parent, kind=SpanKind.INTERNAL, start_time=T0,
+                             attributes={semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_REQUEST_MODEL: "tiny",
+                                         semconv.GEN_AI_REQUEST_TEMPERATURE: 0.5},
+                             links=[Link(SpanContext(0x1234, 0x5678, is_remote=True))])
+    context = trace.set_span_in_context(root)
+    for i, name in enumerate(semconv.PHASE_SPANS):
+        attributes = {semconv.VLLM_REQUEST_ID: "cmpl-1"} if i else None
+        if isinstance(root, offload.DeferredSpan):
+            child = root.start_child(name, T0 + 10 * i, attributes)
+        else:
+            child = tracer.start_span(name, context=context, start_time=T0 + 10 * i, attributes=attributes)
+        child.end(end_time=T0 + 10 * i + 5)
+    root.set_attributes({
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 4,
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: [Reason.LENGTH, "stop"],
+        semconv.GEN_AI_REQUEST_MODEL: "tiny-again",  # overwritten: moves to the end, as in the SDK
+        semconv.GEN_AI_RESPONSE_ID: "x" * 100,  # cut by OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+        semconv.VLLM_ABORTED: True,
+        "otel_llm.test.bad": Choice.A,  # a type the SDK does not take
+    })
+    root.set_attribute(semconv.TENANT_ID, None)  # (the SDK exports an empty value)
+    root.set_status(Status(StatusCode.ERROR, "engine failed"))
+    root.end(end_time=T0 + 100)
+    return root
+
+
+@pytest.fixture
+def export_env(monkeypatch):
+    def configure(endpoint: str):
+        for name, value in {
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_LOGS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_METRIC_EXPORT_INTERVAL": "200",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40", "OTEL_LLM_SHUTDOWN_TIMEOUT": "5",
+        }.items():
+            monkeypatch.setenv(name, value)
+    return configure
+
+
+def channel(metrics=False, events=False, drops=None) -> offload.ExportChannel:
+    config = {"traces": True, "metrics": metrics, "usage_events": events, "resource": dict(RESOURCE.attributes),
+              "schema_url": None, "version": __version__}
+    return offload.ExportChannel(config, on_drop=(drops.append if drops is not None else lambda reason: None),
+                                 shutdown_timeout_s=5)
+
+
+def deferred_request(tracer: offload.DeferredTracer) -> offload.Outbox:
+    return request_tree(tracer).outbox
+
+
+def test_exported_spans_equal_the_sdks(export_env):
+    with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
+        export_env(sdk_receiver.endpoint)
+        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence())
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        request_tree(provider.get_tracer("otel_llm.vllm", __version__))
+        provider.shutdown()
+
+        export_env(our_receiver.endpoint)
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        outbox = deferred_request(tracer)
+        link = channel()
+        assert link.send(outbox.message())
+        link.close()  # the export process flushes and exits
+
+        expected = sorted(sdk_receiver.spans, key=lambda s: s.span_id)
+        got = sorted(our_receiver.spans, key=lambda s: s.span_id)
+        assert [s.name for s in got] == ["chat tiny", "queue", "prefill", "decode"]
+        assert got == expected
+        root = got[0]
+        assert root.trace_id == format(REMOTE_PARENT.trace_id, "032x")
+        assert root.parent_span_id == format(REMOTE_PARENT.span_id, "016x")
+        assert root.attributes[semconv.GEN_AI_RESPONSE_ID] == "x" * 40
+        assert root.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ["length", "stop"]
+        assert root.attributes["otel_llm.test.bad"] == "Choice.A"  # the SDK's str() of a type it does not take
+        keys = list(root.attributes)
+        assert keys.index(semconv.GEN_AI_REQUEST_MODEL) > keys.index(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+        assert (root.status, root.status_message) == ("ERROR", "engine failed")
+        assert root.scope == "otel_llm.vllm" and root.resource["process.pid"] == 4242
+        assert {s.parent_span_id for s in got[1:]} == {root.span_id}
+
+
+def test_a_span_started_under_another_requests_span_is_exported_on_its_own():
+    tracer = offload.DeferredTracer(TracerProvider())
+    outer = tracer.start_span("chat outer")
+    inner = tracer.start_span("chat inner", context=trace.set_span_in_context(outer))
+    phase = outer.start_child("queue", T0)
+    assert inner.outbox is not outer.outbox and phase.outbox is outer.outbox
+    assert inner.get_span_context().trace_id == outer.get_span_context().trace_id
+    for span in (phase, inner, outer):
+        span.end()
+    assert [s[0] for s in outer.outbox.spans] == ["queue", "chat outer"]
+    assert [s[0] for s in inner.outbox.spans] == ["chat inner"]
+
+
+def test_the_users_sampler_decides():
+    off = offload.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
+    span = off.start_span("chat", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
+    assert not span.is_recording() and not span.get_span_context().trace_flags.sampled
+    span.end()
+    assert span.outbox.spans == [] and span.outbox.exemplar[0] == span.get_span_context().trace_id
+
+    parent_based = offload.DeferredTracer(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
+    sampled_parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    kept = parent_based.start_span("chat", context=sampled_parent)
+    assert kept.is_recording() and kept.get_span_context().trace_id == REMOTE_PARENT.trace_id
+    assert kept.get_span_context().trace_state == REMOTE_PARENT.trace_state
+    unsampled_parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+        REMOTE_PARENT.trace_id, REMOTE_PARENT.span_id, is_remote=True, trace_flags=TraceFlags(0))))
+    assert not parent_based.start_span("chat", context=unsampled_parent).is_recording()
+    assert not parent_based.start_span("chat").is_recording()  # a root: ALWAYS_OFF
+
+
+def test_metrics_and_usage_events_are_recorded_with_exemplars(export_env):
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
+        span = tracer.start_span("chat tiny")
+        key = ("chat", "tiny", "tiny", "acme", None, None)
+        span.outbox.measurement = (key, None, 0.25, 0.01, 1.5, (12, 4, 3))
+        offload.UsageEvents().emit(timestamp=T0, context=trace.set_span_in_context(span),
+                                   attributes={semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"})
+        span.end()
+        link = channel(metrics=True, events=True)
+        assert link.send(span.outbox.message())
+        link.close()
+        ctx = span.get_span_context()
+        duration = receiver.wait_for(lambda r: [p for p in r.latest_metrics()
+                                                if p.name == semconv.SERVER_REQUEST_DURATION])
+        assert duration[0].count == 1 and duration[0].total == 1.5
+        assert duration[0].attributes[semconv.TENANT_ID] == "acme"
+        assert duration[0].exemplars[0]["trace_id"] == format(ctx.trace_id, "032x")
+        assert duration[0].resource["process.pid"] == 4242
+        tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.value for p in receiver.latest_metrics()
+                  if p.name == semconv.SERVER_TOKEN_USAGE}
+        assert tokens == {semconv.TOKEN_TYPE_INPUT: 12, semconv.TOKEN_TYPE_CACHED_INPUT: 4,
+                          semconv.TOKEN_TYPE_OUTPUT: 3}
+        [event] = receiver.logs
+        assert event.event_name == semconv.USAGE_EVENT and event.time_ns == T0
+        assert event.attributes == {semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"}
+        assert (event.trace_id, event.span_id) == (format(ctx.trace_id, "032x"), format(ctx.span_id, "016x"))
+
+
+def _spans_named(receiver, name):
+    return [s for s in receiver.spans if s.name == name]
+
+
+def _one(name: str) -> offload.Outbox:
+    span = offload.DeferredTracer(TracerProvider()).start_span(name)
+    span.end()
+    return span.outbox
+
+
+def test_a_stalled_export_process_costs_drops_not_waits(export_env):
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        drops = []
+        link = channel(drops=drops)
+        assert link.send(_one("first").message())
+        receiver.wait_for(lambda r: _spans_named(r, "first"))
+        os.kill(link.process.pid, signal.SIGSTOP)
+        try:
+            big = _one("filler")
+            big.spans[0][11]["padding"] = "p" * 20_000
+            started = time.monotonic()
+            sends = 0
+            while not drops and sends < 10_000:
+                link.send(big.message())
+                sends += 1
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(link.process.pid, signal.SIGCONT)
+        assert drops == [semconv.EXPORT_DROP_QUEUE_FULL]
+        assert link.dropped == 1 and link.sent == sends  # the first send plus those that fit
+        assert elapsed < 10  # (a blocking send would never return)
+        assert link.send(_one("after").message())
+        receiver.wait_for(lambda r: _spans_named(r, "after"))
+        link.close()
+
+
+def test_a_dead_export_process_is_restarted(export_env, monkeypatch):
+    monkeypatch.setattr(offload, "RESTART_BACKOFF_S", (0.3, 0.3))
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        drops = []
+        link = channel(drops=drops)
+        assert link.send(_one("before").message())
+        receiver.wait_for(lambda r: _spans_named(r, "before"))
+        first = link.process
+        first.kill()
+        first.wait()
+        assert not link.send(_one("lost").message())
+        assert drops == [semconv.EXPORT_DROP_EXPORTER_DOWN]
+        assert not link.send(_one("lost-too").message())  # within the backoff: not restarted yet
+        assert drops == [semconv.EXPORT_DROP_EXPORTER_DOWN] * 2
+        time.sleep(0.4)
+        assert link.send(_one("restarted").message())
+        assert link.process.pid != first.pid
+        receiver.wait_for(lambda r: _spans_named(r, "restarted"))
+        link.close()
+        assert link.process.returncode == 0
+        assert not _spans_named(receiver, "lost")
+
+
+FORK_SCRIPT = """
+import os, sys
+from types import SimpleNamespace
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from otel_llm.vllm import offload
+
+def one(name):
+    span = offload.DeferredTracer(SimpleNamespace(sampler=ALWAYS_ON, id_generator=RandomIdGenerator())).start_span(name)
+    span.end()
+    return span.outbox.message()
+
+config = {"traces": True, "metrics": False, "usage_events": False, "resource": {"service.name": "fork"},
+          "schema_url": None, "version": "0"}
+link = offload.ExportChannel(config, on_drop=print, shutdown_timeout_s=5)
+assert link.send(one("parent"))
+parent_export = link.process.pid
+pid = os.fork()
+if pid == 0:  # the forked process: the parent's export process is not its own
+    code = 3
+    try:
+        ok = link.send(one("forked"))
+        own = link.process.pid
+        link.close()
+        code = 0 if ok and link.process.returncode == 0 and own != parent_export else 2
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert link.send(one("parent-again")) and link.process.pid == parent_export
+link.close()
+assert link.process.returncode == 0
+"""
+
+
+def test_a_forked_process_starts_its_own(export_env):
+    # in a fresh interpreter: the SDK TracerProviders other tests made here re-detect their resource
+    # after a fork with a thread pool, which can hang the forked child (theirs, not ours)
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        result = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr[-3000:]
+        receiver.wait_for(lambda r: all(_spans_named(r, n) for n in ("parent", "forked", "parent-again")))
+        assert len(receiver.spans) == 3
+
+
+def test_large_messages_go_in_frames(export_env):
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        os.environ["OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"] = "2000000"
+        outbox = _one("captured")
+        text = "".join(chr(0x4E00 + i % 500) for i in range(1_500_000))  # 4.5 MB of UTF-8
+        outbox.spans[0][11][semconv.GEN_AI_OUTPUT_MESSAGES] = text
+        link = channel()
+        assert link.send(outbox.message())
+        link.close()
+        [span] = _spans_named(receiver, "captured")
+        assert span.attributes[semconv.GEN_AI_OUTPUT_MESSAGES] == text
+
+
+def test_the_export_process_is_not_instrumented_itself():
+    auto = os.path.join("site-packages", "opentelemetry", "instrumentation", "auto_instrumentation")
+    env = offload.child_environment({"PYTHONPATH": f"/x/{auto}:/app", "OTEL_SERVICE_NAME": "vllm"})
+    assert env == {"PYTHONPATH": "/app", "OTEL_SERVICE_NAME": "vllm"}
+
