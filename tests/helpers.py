@@ -4,6 +4,7 @@ e2e servers (start_server, start_prometheus, Traceparent) and the names spec che
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from opentelemetry.sdk.metrics import MeterProvider
@@ -220,6 +221,20 @@ def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc
     server = VLLMServer(env={**otlp, **(env or {})}, extra_args=extra_args, log_path=log, paced=paced)
     server.start()
     return server
+
+
+def export_processes(server) -> dict[int, int]:
+    """The server's telemetry export processes (otel_llm/vllm/offload.py): pid -> parent pid."""
+    found = {}
+    for pid in server.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if b"otel_llm.vllm.export_process" in cmdline:
+            found[pid] = ppid
+    return found
 
 
 class Traceparent:

@@ -21,17 +21,21 @@ spawned API server (`--api-server-count N`) is instrumented on its own and has i
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import marshal
 import os
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from otel_llm import semconv
@@ -46,6 +50,7 @@ FIRST, LAST = 1, 2
 WHOLE = FIRST | LAST
 SOCKET_BUFFER = 4 << 20  # asked for; the kernel caps it (net.core.wmem_max)
 RESTART_BACKOFF_S = (1.0, 30.0)
+_INTERNAL = SpanKind.INTERNAL.value
 _AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
 
 
@@ -88,6 +93,26 @@ class DeferredSpan(trace.Span):
         self._ended = False
         self._tracer = tracer
 
+    def add_child(self, name: str, start_ns: int, end_ns: int, attributes=None) -> None:
+        """A finished child span (a phase span) exported with this request: what
+        start_child(...).end(end_ns) exports, made without a span object where the sampler's answer
+        for a sampled local parent is known (the SDK's ParentBased with its default ALWAYS_ON
+        there): sampled, the attributes as given, the parent's trace state."""
+        tracer = self._tracer
+        if not (tracer.children_follow_parent and self._sampled):
+            self.start_child(name, start_ns, attributes).end(end_ns)
+            return
+        ctx = self._context
+        self.outbox.spans.append((
+            name, ctx.trace_id, tracer.id_generator.generate_span_id(),
+            TraceFlags.SAMPLED | (ctx.trace_flags & TraceFlags.RANDOM_TRACE_ID), self._trace_state_header(),
+            ctx.span_id, False, int(ctx.trace_flags), _INTERNAL, start_ns, end_ns,
+            dict(attributes) if attributes else {}, None, []))
+
+    def _trace_state_header(self) -> str:
+        state = self._context.trace_state
+        return state.to_header() if state else ""
+
     def start_child(self, name: str, start_time: int, attributes=None) -> DeferredSpan:
         """A child span exported with this span's request (a phase span). Any other span started
         under this one (another request's, nested in it) has its own Outbox."""
@@ -107,6 +132,9 @@ class DeferredSpan(trace.Span):
         attrs[key] = value
 
     def set_attributes(self, attributes) -> None:
+        if self._attributes.keys().isdisjoint(attributes):
+            self._attributes.update(attributes)
+            return
         for key, value in attributes.items():
             self.set_attribute(key, value)
 
@@ -131,7 +159,7 @@ class DeferredSpan(trace.Span):
             return
         ctx, parent = self._context, self._parent
         self.outbox.spans.append((
-            self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(),
+            self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
             parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
             int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
             end_time or time.time_ns(), self._attributes, self._status,
@@ -152,6 +180,9 @@ class DeferredTracer:
     def __init__(self, provider):
         self.sampler = provider.sampler
         self.id_generator = provider.id_generator
+        # the SDK's ParentBased samples every child of a sampled local span (its default)
+        self.children_follow_parent = isinstance(self.sampler, ParentBased) and \
+            getattr(self.sampler, "_local_parent_sampled", None) is ALWAYS_ON
 
     def start_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None, links=None,
                    start_time: int | None = None, _outbox: Outbox | None = None, **_ignored) -> DeferredSpan:
@@ -237,6 +268,7 @@ class ExportChannel:
         self._retry_at = 0.0
         self._backoff = RESTART_BACKOFF_S[0]
         self._frame = 64 << 10
+        self.buffer_size = 0  # the socket's send buffer, as the kernel granted it
         self._closed = False
         self.sent = 0
         self.dropped = 0
@@ -256,6 +288,16 @@ class ExportChannel:
     @property
     def process(self) -> subprocess.Popen | None:
         return self._process
+
+    def backlog(self) -> int:
+        """Bytes sent to the export process that it has not read yet (0 without one)."""
+        sock = self._sock
+        if sock is None:
+            return 0
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
 
     def start(self) -> bool:
         with self._lock:
@@ -328,7 +370,8 @@ class ExportChannel:
             for sock, option in ((parent, socket.SO_SNDBUF), (child, socket.SO_RCVBUF)):
                 sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
             # the largest message one send takes whole, with room for the kernel's own bookkeeping
-            self._frame = max(4096, parent.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2 - 1024)
+            self.buffer_size = parent.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            self._frame = max(4096, self.buffer_size // 2 - 1024)
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "otel_llm.vllm.export_process", str(child.fileno())],
                 pass_fds=(child.fileno(),), env=child_environment(os.environ), stdin=subprocess.DEVNULL,

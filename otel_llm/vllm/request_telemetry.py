@@ -441,12 +441,11 @@ class RequestTelemetry:
             start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
             stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
             if deferred:  # exported with this request (otel_llm/vllm/offload.py)
-                child = self.span.start_child(name, start_ns, attrs)
+                self.span.add_child(name, start_ns, stop_ns, attrs)
             else:
-                child = tracer.start_span(
+                tracer.start_span(
                     name, context=self.context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attrs
-                )
-            child.end(end_time=stop_ns)
+                ).end(end_time=stop_ns)
             prev_end = stop_ns
             if not stop:
                 break

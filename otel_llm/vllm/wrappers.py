@@ -20,7 +20,10 @@ from otel_llm.warn import guard as _safe
 
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
     tenant, scene, cost_center = tel.attribution(getattr(raw_request, "headers", None))
-    return request_info(operation, lambda name: getattr(request, name, None), tenant=tenant, scene=scene,
+    # a pydantic request's fields from its __dict__: getattr warns on deprecated ones (max_tokens), per request
+    fields = getattr(request, "__dict__", None) or {}
+    return request_info(operation, lambda name: fields[name] if name in fields else getattr(request, name, None),
+                        tenant=tenant, scene=scene,
                         cost_center=cost_center, api_type=api_type,
                         request=request if tel.capture is not None else None)
 

@@ -3,7 +3,15 @@ vLLM's own --otlp-traces-endpoint, all at once on one real server."""
 
 import openai
 import pytest
-from helpers import LONG_PROMPT, Traceparent, assert_server_tree, assert_usage, request_trace, start_server
+from helpers import (
+    LONG_PROMPT,
+    Traceparent,
+    assert_server_tree,
+    assert_usage,
+    export_processes,
+    request_trace,
+    start_server,
+)
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
@@ -62,6 +70,8 @@ def test_every_api_server_traces_and_degrades_without_engine_events(server, rece
             break
     # both spawned API servers were instrumented (they inherit opentelemetry-instrument)
     assert len(pids) == 2
+    # each with its own export process, whose spans carry the API server's resource
+    assert sorted(export_processes(server).values()) == sorted(pids)
 
 
 def test_native_llm_request_span_suppressed(server, receiver):

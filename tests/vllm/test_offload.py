@@ -66,11 +66,10 @@ def request_tree(tracer) -> trace.Span:
     context = trace.set_span_in_context(root)
     for i, name in enumerate(semconv.PHASE_SPANS):
         attributes = {semconv.VLLM_REQUEST_ID: "cmpl-1"} if i else None
-        if isinstance(root, offload.DeferredSpan):
-            child = root.start_child(name, T0 + 10 * i, attributes)
+        if isinstance(root, offload.DeferredSpan):  # as RequestTelemetry makes them
+            root.add_child(name, T0 + 10 * i, T0 + 10 * i + 5, attributes)
         else:
-            child = tracer.start_span(name, context=context, start_time=T0 + 10 * i, attributes=attributes)
-        child.end(end_time=T0 + 10 * i + 5)
+            tracer.start_span(name, context=context, start_time=T0 + 10 * i, attributes=attributes).end(T0 + 10 * i + 5)
     root.set_attributes({
         semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 4,
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: [Reason.LENGTH, "stop"],
@@ -229,8 +228,10 @@ def test_a_stalled_export_process_costs_drops_not_waits(export_env):
                 link.send(big.message())
                 sends += 1
             elapsed = time.monotonic() - started
+            assert link.backlog() > 100_000
         finally:
             os.kill(link.process.pid, signal.SIGCONT)
+        receiver.wait_for(lambda r: link.backlog() == 0)
         assert drops == [semconv.EXPORT_DROP_QUEUE_FULL]
         assert link.dropped == 1 and link.sent == sends  # the first send plus those that fit
         assert elapsed < 10  # (a blocking send would never return)
