@@ -23,6 +23,8 @@ MODEL = semconv.prometheus_label(semconv.GEN_AI_REQUEST_MODEL)
 TENANT = semconv.prometheus_label(semconv.TENANT_ID)
 TOKEN_TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 OUTCOME = semconv.prometheus_label(semconv.REQUEST_OUTCOME)
+EXPORT_DROPPED = semconv.prometheus_metric(semconv.EXPORT_DROPPED)
+ERROR_TYPE = semconv.prometheus_label(semconv.ERROR_TYPE)
 
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
@@ -182,6 +184,12 @@ def alerts(p: Params = Params()) -> list[Alert]:
               f"(under {p.prefix_cache_hit_floor:.0%} for 15 min with over {p.prefix_cache_min_input_rate:g} "
               f"input tokens/s)",
               "Few prompt tokens come from vLLM's prefix cache: shared prefixes are recomputed, TTFT and cost rise."),
+        Alert("LLMTelemetryDropped",
+              f"sum by (instance, {ERROR_TYPE}) (increase({EXPORT_DROPPED}[5m])) > 0", "5m", "warning",
+              f"{{{{ $labels.instance }}}} dropped the telemetry of {{{{ $value | humanize }}}} requests in the last "
+              f"5 min ({{{{ $labels.{ERROR_TYPE} }}}})",
+              "A vLLM API server could not hand requests' spans, request metrics and OTLP usage events to its "
+              "export process (stalled or restarting); the usage spool is not affected."),
     ]
 
 

@@ -101,6 +101,8 @@ class _AccessLogQueryFilter(logging.Filter):
 def build_app_wrapper(tel):
     def wrapper(wrapped, instance, args, kwargs):
         app = wrapped(*args, **kwargs)
+        if tel.channel is not None:  # this process serves: its export process starts now, not on a request
+            tel.channel.start()
         try:
             from otel_llm.vllm import routes
 

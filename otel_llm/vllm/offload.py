@@ -32,6 +32,7 @@ import sys
 import termios
 import threading
 import time
+import weakref
 from typing import Any
 
 from opentelemetry import trace
@@ -272,7 +273,8 @@ class ExportChannel:
         self._closed = False
         self.sent = 0
         self.dropped = 0
-        os.register_at_fork(after_in_child=self._after_fork)
+        weak = weakref.WeakMethod(self._after_fork)  # a closed channel is not kept alive for forks
+        os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
 
     def _after_fork(self) -> None:
         # the parent's socket and process are the parent's; this process starts its own if it sends
@@ -283,7 +285,7 @@ class ExportChannel:
             except OSError:
                 pass
         self._sock, self._process, self._owner = None, None, os.getpid()
-        self._retry_at, self._closed = 0.0, False
+        self._retry_at = 0.0
 
     @property
     def process(self) -> subprocess.Popen | None:
@@ -300,8 +302,15 @@ class ExportChannel:
             return 0
 
     def start(self) -> bool:
+        """Start the export process now (else the first request does). Never raises."""
         with self._lock:
-            return self._ensure_started()
+            try:
+                return self._ensure_started()
+            except Exception as exc:  # noqa: BLE001 - requests retry after the backoff
+                self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry "
+                                    "is dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
+                self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
+                return False
 
     def send(self, message: tuple) -> bool:
         """Hand one message over, never blocking. False when it was dropped (and counted)."""
@@ -310,7 +319,12 @@ class ExportChannel:
         except ValueError:  # a value marshal does not take: the attributes, made plain
             data = marshal.dumps(_plain(message))
         with self._lock:
-            if self._sock is None and not self._ensure_started():
+            try:
+                started = self._sock is not None or self._ensure_started()
+            except OSError as exc:
+                self._lost(exc)
+                started = False
+            if not started:
                 return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
             try:
                 self._send_frames(data)
@@ -347,10 +361,8 @@ class ExportChannel:
         code = self._process.poll() if self._process is not None else None
         self._warn("lost", "otel-llm: the telemetry export process is gone (%s, exit code %s); it is restarted, "
                            "telemetry in between is dropped and counted in %s", exc, code, semconv.EXPORT_DROPPED)
-        try:
+        if self._sock is not None:
             self._sock.close()
-        except OSError:
-            pass
         self._sock = None
         lived = time.monotonic() - self._started_at
         self._backoff = RESTART_BACKOFF_S[0] if lived > 60 else min(self._backoff * 2, RESTART_BACKOFF_S[1])
@@ -384,7 +396,12 @@ class ExportChannel:
             return False
         finally:
             child.close()
-        parent.sendall(bytes((WHOLE,)) + marshal.dumps((CONFIG, {**self._config, "frame": self._frame})))
+        try:
+            parent.sendall(bytes((WHOLE,)) + marshal.dumps((CONFIG, {**self._config, "frame": self._frame})))
+        except OSError:
+            parent.close()
+            self._started_at = time.monotonic()
+            raise
         parent.setblocking(False)
         self._sock, self._started_at = parent, time.monotonic()
         return True

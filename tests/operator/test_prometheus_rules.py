@@ -23,7 +23,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None,
 MODEL, TENANT, SCENE = rules.MODEL, rules.TENANT, semconv.prometheus_label(semconv.TENANT_SCENE)
 OPERATION = semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME)
 VLLM = {"instance": "vllm-0:8000", "job": "vllm", semconv.VLLM_LABEL_MODEL: "llama", "engine": "0"}
-N_RECORDING, N_ALERTING = 13, 8
+N_RECORDING, N_ALERTING = 13, 9
 
 
 def test_names_are_the_exporters():
@@ -282,12 +282,31 @@ def prefix_cache_test():
             ]}
 
 
+def telemetry_dropped_test():
+    # vllm-0 drops 3 requests' telemetry a minute from minute 10 (its export process stalled); vllm-1 none
+    def dropped(instance, error_type, values):
+        return series(rules.EXPORT_DROPPED, {"instance": instance, "job": "vllm", rules.ERROR_TYPE: error_type},
+                      values)
+
+    return {"interval": "1m",
+            "input_series": [dropped("vllm-0:8000", semconv.EXPORT_DROP_QUEUE_FULL, "0x10 3+3x20"),
+                             dropped("vllm-1:8000", semconv.EXPORT_DROP_EXPORTER_DOWN, "0x30")],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "LLMTelemetryDropped", "exp_alerts": []},
+                {"eval_time": "13m", "alertname": "LLMTelemetryDropped", "exp_alerts": []},  # pending
+                {"eval_time": "20m", "alertname": "LLMTelemetryDropped", "exp_alerts": [
+                    fired({"instance": "vllm-0:8000", rules.ERROR_TYPE: semconv.EXPORT_DROP_QUEUE_FULL},
+                          "vllm-0:8000 dropped the telemetry of 15 requests in the last 5 min (queue_full)",
+                          "warning")]},
+            ]}
+
+
 @needs_promtool
 def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
     shutil.copy(RULES_FILE, tmp_path / "rules.yml")
     # the spike test spans 8 days: evaluated every 5 min (every minute would take promtool seconds)
     files = {"tests.yml": ("1m", [ttft_test(), vllm_gauges_test(), error_rate_test(10), error_rate_test(4),
-                                  near_max_len_test(), prefix_cache_test()]),
+                                  near_max_len_test(), prefix_cache_test(), telemetry_dropped_test()]),
              "tests-days.yml": ("5m", [token_spike_test()])}
     every = [t for _, tests in files.values() for test in tests for t in test["alert_rule_test"]]
     assert {t["alertname"] for t in every if t["exp_alerts"]} == set(rules.ALERTS)  # each fires
