@@ -337,11 +337,10 @@ def test_malformed_bodies_are_4xx_with_an_error_span(bodies, receiver, name, pat
         assert genai.attributes[semconv.GEN_AI_RESPONSE_ID] == response.json()["id"]
         return
 
-    def complete(rx):
+    def complete(rx):  # (the HTTP span and the GenAI span leave the server by different processes)
         spans = rx.traces().get(trace_id, [])
-        return spans if any(s.kind == "SERVER" for s in spans) else None
+        return spans if any(s.kind == "SERVER" for s in spans) and genai_spans(spans) else None
 
-    # the GenAI span ends before its HTTP span: once that is in, a GenAI span would be too
     spans = receiver.wait_for(complete, timeout=60)
     (http,) = [s for s in spans if s.kind == "SERVER"]
     assert http.parent_span_id == span_id
@@ -379,7 +378,11 @@ def secret_requests(server, receiver):
 
     def complete(rx):
         traces = rx.traces()
-        return all(any(s.kind == "SERVER" for s in traces.get(t, [])) for t, _ in sent.values())
+        # and the last one's GenAI span: the export process sends in order, so a GenAI span of the
+        # earlier (rejected) ones would be in by then
+        last, _ = sent["right key, cookie, custom header, key in the query"]
+        return all(any(s.kind == "SERVER" for s in traces.get(t, [])) for t, _ in sent.values()) and \
+            genai_spans(traces.get(last, []))
 
     receiver.wait_for(complete, timeout=60)
     return sent
@@ -396,7 +399,7 @@ def test_api_key_is_enforced(secret_requests, receiver):
         (http,) = [s for s in spans if s.kind == "SERVER"]
         assert http.attributes.get("http.response.status_code", http.attributes.get("http.status_code")) == status
         # vLLM's authentication middleware answers before any route: no GenAI span for a 401 (it
-        # would have ended, and been exported, before the HTTP span)
+        # would have been exported before the last request's, which is in)
         assert len(genai_spans(spans)) == (1 if status == 200 else 0), case
 
 
