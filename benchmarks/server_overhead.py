@@ -519,6 +519,77 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     print_ledger_micro(micro, bare_us, bare_cpu_source)
 
 
+# --- the HTTP server span --------------------------------------------------------------------
+
+def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
+    """What the HTTP server span (opentelemetry-instrumentation-fastapi, as otel_llm/vllm/http.py
+    puts it on vLLM's app: no send/receive spans, query redaction) costs per request, in process:
+    the same FastAPI app bare and instrumented, driven through httpx's ASGI transport (the client's
+    cost is in both), the SDK set up as opentelemetry-instrument sets it up, spans exported over
+    OTLP. A minimal app, not vLLM's (which needs an engine): the middleware's cost does not depend
+    on the route."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm.http import instrument_app
+
+    receiver, endpoint = start_receiver_process()
+    tracer_provider, meter_provider = configure_sdk(endpoint)
+
+    def make_app():
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(body: dict):
+            if body.get("stream"):
+                async def sse():
+                    for i in range(chunks):
+                        yield f"data: {{\"i\": {i}}}\n\n"
+                    yield "data: [DONE]\n\n"
+                return StreamingResponse(sse(), media_type="text/event-stream")
+            return {"id": "chatcmpl-1", "choices": [{"message": {"content": "hi"}}]}
+
+        return app
+
+    apps = {"bare": make_app(), "fastapi span": make_app()}
+    instrument_app(apps["fastapi span"], Settings())
+
+    async def load(app, stream: bool) -> float:
+        import httpx
+
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as client:
+            started = time.process_time()
+            for _ in range(requests):
+                r = await client.post("/v1/chat/completions?probe=1", json=body)
+                r.raise_for_status()
+            tracer_provider.force_flush()
+            return (time.process_time() - started) / requests
+
+    samples: dict = {}
+    try:
+        for r in range(-1, rounds):
+            for name in (apps if r % 2 == 0 else reversed(list(apps))):
+                for stream in (False, True):
+                    cost = asyncio.run(load(apps[name], stream))
+                    if r >= 0:
+                        samples.setdefault((name, stream), []).append(cost)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+        receiver.terminate()
+    print(f"\nHTTP server span (FastAPI instrumentation as on vLLM's app), in process, {requests} requests x "
+          f"{rounds} alternated runs; medians")
+    for stream in (False, True):
+        pairs = [i - b for i, b in zip(samples[("fastapi span", stream)], samples[("bare", stream)])]
+        bare = statistics.median(samples[("bare", stream)])
+        added = statistics.median(pairs)
+        print(f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us, "
+              f"with the span {added * 1e6:+7.1f} us per request = {added / (LAST_BARE_CPU_MS / 1e3) * 100:.2f}% of "
+              f"the bare API server's {LAST_BARE_CPU_MS} ms")
+
+
 def sample_usage_fields() -> dict:
     """A usage record's fields as RequestTelemetry._write_usage builds them for a chat request."""
     request_id = "chatcmpl-7f3c2a9e4b1d4c8e9a6f0b2d5e8c1a47"
@@ -670,7 +741,7 @@ def stream_wrapper_cost(chunks: int = 20000) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "all"), default="all",
+    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "all"), default="all",
                         help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
                              "micro-measurements (seconds, no vLLM)")
     parser.add_argument("--requests", type=int, default=128)
@@ -695,6 +766,9 @@ def main() -> int:
         print("Usage ledger, in process:")
         print_ledger_micro(micro, bare_cpu * 1e6, bare_source)
         return 0
+    if part == "fastapi":
+        part_fastapi(max(args.rounds, 4))
+        return 0
     build(DEFAULT_MODEL_DIR)
     if part in ("e2e", "all"):
         summary = part_e2e(args.requests, args.rounds, args.concurrency, args.max_tokens)
@@ -703,6 +777,8 @@ def main() -> int:
     if part in ("inprocess", "all"):
         part_inprocess(16, args.max_tokens, max(args.rounds, args.inprocess_rounds), bare_cpu, bare_source,
                        args.pace_ms / 1e3)
+    if part == "all":  # (its own SDK set-up: in a separate process)
+        subprocess.run([sys.executable, __file__, "--part", "fastapi", "--rounds", str(args.rounds)], check=False)
     return 0
 
 
