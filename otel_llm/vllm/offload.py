@@ -240,6 +240,8 @@ def plan(settings, tracer_provider, explicit_providers: bool) -> dict[str, Any] 
         return None
     if type(tracer_provider).__module__ != "opentelemetry.sdk.trace" or not hasattr(tracer_provider, "sampler"):
         return None
+    if getattr(tracer_provider, "_disabled", False):  # OTEL_SDK_DISABLED: the SDK's tracers make no spans
+        return None
     from opentelemetry import _logs
     from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
     from opentelemetry.sdk.metrics.export import MetricReader
