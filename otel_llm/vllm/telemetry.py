@@ -61,6 +61,9 @@ class Telemetry:
         # the export process's socket (otel_llm/vllm/offload.py), or None: the SDK exports in process
         self.channel = channel
         self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
+        if channel is not None:  # its series exist at 0 from the start: an alert's increase() sees the first drop
+            for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
+                self._export_dropped.add(0, {semconv.ERROR_TYPE: reason})
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
 
