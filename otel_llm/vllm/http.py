@@ -101,8 +101,10 @@ class _AccessLogQueryFilter(logging.Filter):
 def build_app_wrapper(tel):
     def wrapper(wrapped, instance, args, kwargs):
         app = wrapped(*args, **kwargs)
-        if tel.channel is not None:  # this process serves: its export process starts now, not on a request
-            tel.channel.start()
+        try:  # this process serves: its export process starts now, not on a request
+            tel.start_export_process()
+        except Exception:  # noqa: BLE001 - the first request starts it then
+            _log.warning("otel-llm: could not start the telemetry export process", exc_info=True)
         try:
             from otel_llm.vllm import routes
 

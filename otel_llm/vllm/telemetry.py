@@ -61,9 +61,6 @@ class Telemetry:
         # the export process's socket (otel_llm/vllm/offload.py), or None: the SDK exports in process
         self.channel = channel
         self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
-        if channel is not None:  # its series exist at 0 from the start: an alert's increase() sees the first drop
-            for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
-                self._export_dropped.add(0, {semconv.ERROR_TYPE: reason})
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
 
@@ -80,6 +77,16 @@ class Telemetry:
             outbox = span.outbox
             if outbox.spans or outbox.measurement is not None or outbox.usage_event is not None:
                 self.channel.send(outbox.message())
+
+    def start_export_process(self) -> None:
+        """In a process that serves (vLLM built its app): start the export process now, and make the
+        drop counter's series exist at 0, so an alert's increase() sees the first drop. (Not at
+        instrument time: vLLM's engine core, spawned and instrumented too, serves nothing.)"""
+        if self.channel is None:
+            return
+        self.channel.start()
+        for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
+            self._export_dropped.add(0, {semconv.ERROR_TYPE: reason})
 
     def count_export_drop(self, reason: str) -> None:
         self._export_dropped.add(1, {semconv.ERROR_TYPE: reason})
