@@ -257,7 +257,9 @@ def app_trace(receiver, response_id):
             mine = [s for s in spans if service(s) == APP and s.kind == "CLIENT"
                     and s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id]
             # every process's spans: each exports on its own schedule, later on a busy machine
+            # (vLLM's HTTP span and its GenAI span leave the server by different processes)
             if mine and genai_spans([s for s in spans if service(s) == VLLM]) \
+                    and any(service(s) == VLLM and s.kind == "SERVER" for s in spans) \
                     and any(service(s) == GATEWAY and s.kind == "SERVER" for s in spans) \
                     and len([s for s in spans if s.name in semconv.PHASE_SPANS]) == 3:
                 return spans
