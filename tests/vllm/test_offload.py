@@ -211,13 +211,19 @@ def _one(name: str) -> offload.Outbox:
     return span.outbox
 
 
+def exporting_channel(receiver, first: str) -> tuple[offload.ExportChannel, list]:
+    """A channel whose export process has exported a first span (named `first`), and its drops."""
+    drops = []
+    link = channel(drops=drops)
+    assert link.send(_one(first).message())
+    receiver.wait_for(lambda r: _spans_named(r, first))
+    return link, drops
+
+
 def test_a_stalled_export_process_costs_drops_not_waits(export_env):
     with Receiver(grpc=False) as receiver:
         export_env(receiver.endpoint)
-        drops = []
-        link = channel(drops=drops)
-        assert link.send(_one("first").message())
-        receiver.wait_for(lambda r: _spans_named(r, "first"))
+        link, drops = exporting_channel(receiver, "first")
         os.kill(link.process.pid, signal.SIGSTOP)
         try:
             big = _one("filler")
@@ -244,10 +250,7 @@ def test_a_dead_export_process_is_restarted(export_env, monkeypatch):
     monkeypatch.setattr(offload, "RESTART_BACKOFF_S", (0.3, 0.3))
     with Receiver(grpc=False) as receiver:
         export_env(receiver.endpoint)
-        drops = []
-        link = channel(drops=drops)
-        assert link.send(_one("before").message())
-        receiver.wait_for(lambda r: _spans_named(r, "before"))
+        link, drops = exporting_channel(receiver, "before")
         first = link.process
         first.kill()
         first.wait()
