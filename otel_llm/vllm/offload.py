@@ -366,9 +366,10 @@ class ExportChannel:
         if self._sock is not None:
             self._sock.close()
         self._sock = None
-        lived = time.monotonic() - self._started_at
-        self._backoff = RESTART_BACKOFF_S[0] if lived > 60 else min(self._backoff * 2, RESTART_BACKOFF_S[1])
+        if time.monotonic() - self._started_at > 60:  # it lived a minute: back to the shortest wait
+            self._backoff = RESTART_BACKOFF_S[0]
         self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, RESTART_BACKOFF_S[1])
 
     def _ensure_started(self) -> bool:
         if self._owner != os.getpid():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -147,6 +149,9 @@ def test_a_killed_export_process_is_counted_and_restarted(servers, receiver):
     server = servers["export"]
     (child,) = export_processes(server)
     os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not _exited(child) and time.monotonic() < deadline:  # its socket is closed once it exited
+        time.sleep(0.01)
     lost, _ = chat(server, "killed", stream=False)  # served; its telemetry finds no export process
     api_pid = export_processes(server).get(child) or next(iter(export_processes(server).values()), None)
 
@@ -172,3 +177,10 @@ def test_a_killed_export_process_is_counted_and_restarted(servers, receiver):
     assert not genai_spans(receiver.traces().get(lost.trace_id, []))
     log = server.log_path.read_text(errors="replace")
     assert log.count("the telemetry export process is gone") == 1
+
+
+def _exited(pid: int) -> bool:
+    try:  # a zombie has closed its files; its parent, the API server, reaps it later
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
