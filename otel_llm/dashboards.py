@@ -116,8 +116,14 @@ def overview() -> dict:
         panel("Request duration (e2e)", quantiles(DURATION, OURS), "s", w=8),
         panel("Preemptions/s", [target(
             f"sum by ({VLLM_MODEL}) (rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}]))",
-                                       f"{{{{{VLLM_MODEL}}}}}")], "short", w=24,
+                                       f"{{{{{VLLM_MODEL}}}}}")], "short",
               description="Requests the scheduler preempted (KV cache too small)"),
+        panel("Telemetry dropped/s", [target(
+            f"sum by (instance, {rules.ERROR_TYPE}) (rate({rules.EXPORT_DROPPED}[{RI}]))",
+            f"{{{{instance}}}} {{{{{rules.ERROR_TYPE}}}}}")], "reqps",
+              description="Requests whose spans, metrics and usage event the API server could not hand to its "
+                          "export process (queue_full: it does not keep up; exporter_down: it is restarting). "
+                          "Billing's usage spool is not affected. Alert: LLMTelemetryDropped"),
     ])
 
 

@@ -165,6 +165,8 @@ def test_panels_show_the_traffic(prometheus, traffic):
     # the 404 is counted under the model name the client sent, not under tiny-llama
     assert panel_values(prometheus, "Error rate") == [0]
     assert panel_values(prometheus, "Error rate", model=".*")[0] > 0
+    # both causes are shown, at 0: the export process kept up with the traffic
+    assert panel_values(prometheus, "Telemetry dropped/s") == [0, 0]
 
 
 def test_every_rule_parses_and_returns_data(prometheus, traffic):
