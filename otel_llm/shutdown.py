@@ -342,3 +342,9 @@ def join_shutdown(close: Callable[[float], Any]) -> bool:
         return False
     _installed.participants.append(close)
     return True
+
+
+def leave_shutdown(close: Callable[[float], Any]) -> None:
+    """Undo join_shutdown (uninstrument closed it already)."""
+    if _installed is not None and close in _installed.participants:
+        _installed.participants.remove(close)

@@ -69,8 +69,10 @@ class VLLMInstrumentor(BaseInstrumentor):
         patcher, VLLMInstrumentor._patcher = VLLMInstrumentor._patcher, None
         if patcher is not None:
             patcher.uninstall()
-            if patcher.telemetry.channel is not None:
-                patcher.telemetry.channel.close()
+            channel = patcher.telemetry.channel
+            if channel is not None:
+                channel.close()
+                shutdown.leave_shutdown(channel.close)
 
 
 def _warn_untraced_frontends(argv, environ) -> None:

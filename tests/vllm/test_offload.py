@@ -24,7 +24,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.status import Status, StatusCode
 
 from devkit.otlp_receiver import Receiver
-from otel_llm import __version__, semconv
+from otel_llm import __version__, semconv, shutdown
 from otel_llm.vllm import offload
 
 T0 = 1_700_000_000_000_000_000
@@ -329,3 +329,20 @@ def test_the_export_process_is_not_instrumented_itself():
     env = offload.child_environment({"PYTHONPATH": f"/x/{auto}:/app", "OTEL_SERVICE_NAME": "vllm"})
     assert env == {"PYTHONPATH": "/app", "OTEL_SERVICE_NAME": "vllm"}
 
+
+
+def test_the_export_process_joins_and_leaves_the_bounded_shutdown(monkeypatch):
+    bounded = shutdown.BoundedShutdown(2.0)
+    monkeypatch.setattr(shutdown, "_installed", bounded)
+    given = []
+
+    def close(seconds_left):  # what ExportChannel.close returns: what the export process lost
+        given.append(seconds_left)
+        return {"spans": 2, "log_records": 1, "metric_points": 3, "complete": False}
+
+    assert shutdown.join_shutdown(close)
+    report = bounded.run(warn=False)
+    assert (report["spans"], report["log_records"], report["metric_points"], report["complete"]) == (2, 1, 3, False)
+    assert len(given) == 1 and 0 <= given[0] <= 2.0  # the time left to the bound, never more
+    shutdown.leave_shutdown(close)
+    assert bounded.participants == []
