@@ -527,15 +527,26 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     the same FastAPI app bare and instrumented, driven through httpx's ASGI transport (the client's
     cost is in both), the SDK set up as opentelemetry-instrument sets it up, spans exported over
     OTLP. A minimal app, not vLLM's (which needs an engine): the middleware's cost does not depend
-    on the route."""
+    on the route. Two instrumented variants: the span made and exported by the SDK in process, and
+    (as with the export process) a deferred span handed to the export process; the HTTP metrics
+    are recorded in process in both."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
+    from otel_llm import __version__
     from otel_llm.config import Settings
+    from otel_llm.vllm import offload
     from otel_llm.vllm.http import instrument_app
 
     receiver, endpoint = start_receiver_process()
     tracer_provider, meter_provider = configure_sdk(endpoint)
+    drops: list[str] = []
+    channel = offload.ExportChannel({**offload.plan(Settings.from_env(), tracer_provider, False), "version": __version__},
+                                    on_drop=drops.append, shutdown_timeout_s=10)
+    channel.start()
+    child_cpu0 = quiet_cpu_seconds(channel.process.pid, min_threads=2)
+    deferred = offload.DeferredTracerProvider(offload.DeferredTracer(tracer_provider),
+                                              lambda span: offload.hand_over(span, channel))
 
     def make_app():
         app = FastAPI()
@@ -552,8 +563,9 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
 
         return app
 
-    apps = {"bare": make_app(), "fastapi span": make_app()}
+    apps = {"bare": make_app(), "fastapi span": make_app(), "fastapi span, export process": make_app()}
     instrument_app(apps["fastapi span"], Settings())
+    instrument_app(apps["fastapi span, export process"], Settings(), deferred)
 
     async def load(app, stream: bool) -> float:
         import httpx
@@ -565,7 +577,9 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
                 r = await client.post("/v1/chat/completions?probe=1", json=body)
                 r.raise_for_status()
             tracer_provider.force_flush()
-            return (time.process_time() - started) / requests
+            cost = (time.process_time() - started) / requests
+            wait_for_backlog(channel, 0.0)
+            return cost
 
     samples: dict = {}
     try:
@@ -575,19 +589,25 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
                     cost = asyncio.run(load(apps[name], stream))
                     if r >= 0:
                         samples.setdefault((name, stream), []).append(cost)
+        child_cpu = quiet_cpu_seconds(channel.process.pid) - child_cpu0
     finally:
+        channel.close()
         tracer_provider.shutdown()
         meter_provider.shutdown()
         receiver.terminate()
-    print(f"\nHTTP server span (FastAPI instrumentation as on vLLM's app), in process, {requests} requests x "
-          f"{rounds} alternated runs; medians")
+    exported = (rounds + 1) * 2 * requests
+    print(f"\nHTTP server span (FastAPI instrumentation as on vLLM's app), {requests} requests x "
+          f"{rounds} alternated runs; medians of the API server's added CPU per request, and its share of "
+          f"the bare API server's {LAST_BARE_CPU_MS} ms")
     for stream in (False, True):
-        pairs = [i - b for i, b in zip(samples[("fastapi span", stream)], samples[("bare", stream)])]
         bare = statistics.median(samples[("bare", stream)])
-        added = statistics.median(pairs)
-        print(f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us, "
-              f"with the span {added * 1e6:+7.1f} us per request = {added / (LAST_BARE_CPU_MS / 1e3) * 100:.2f}% of "
-              f"the bare API server's {LAST_BARE_CPU_MS} ms")
+        line = f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us"
+        for variant, label in (("fastapi span", "SDK in process"), ("fastapi span, export process", "export process")):
+            added = statistics.median([i - b for i, b in zip(samples[(variant, stream)], samples[("bare", stream)])])
+            line += f"; {label} {added * 1e6:+7.1f} us = {added / (LAST_BARE_CPU_MS / 1e3) * 100:.2f}%"
+        print(line)
+    print(f"  export process: {child_cpu / exported * 1e6:.1f} us CPU per HTTP span; {channel.sent} messages sent, "
+          f"{len(drops)} dropped")
 
 
 def sample_usage_fields() -> dict:

@@ -326,8 +326,9 @@ USAGE_RECORDS_DROPPED = _metric(
     "Usage (billing) records that could not be written, by error.type.", USAGE)
 EXPORT_DROPPED = _metric(
     "otel_llm.export.dropped", COUNTER, UNIT_REQUEST,
-    "Requests whose telemetry (spans, request metrics, usage event) the API server could not hand to its "
-    "export process, by error.type (usage spool records are written in the API server, not dropped).", VLLM)
+    "Requests whose telemetry (HTTP and GenAI spans, request metrics, usage event) the API server could not "
+    "hand to its export process, by error.type (usage spool records are written in the API server, not dropped).",
+    VLLM)
 REDACTIONS = _metric(
     "otel_llm.redactions", COUNTER, UNIT_REDACTION,
     "Replacements made in captured prompt and completion content, by rule.", _BOTH)

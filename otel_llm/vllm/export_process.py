@@ -26,7 +26,7 @@ import time
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
@@ -83,6 +83,7 @@ class Exporter:
 
         self.resource = Resource(settings["resource"], settings.get("schema_url"))
         self.scope = InstrumentationScope(SCOPE, settings["version"])
+        self._scopes: dict[tuple, InstrumentationScope] = {}  # other instrumentations' (FastAPI's)
         span_names = _get_exporter_names("traces") if settings["traces"] else []
         metric_names = _get_exporter_names("metrics") if settings["metrics"] else []
         log_names = _get_exporter_names("logs") if settings["usage_events"] else []
@@ -113,10 +114,15 @@ class Exporter:
                 self.logger_provider.add_log_record_processor(shutdown.log_record_processor_factory(exporter()))
             self.usage_logger = self.logger_provider.get_logger(semconv.USAGE_EVENT, settings["version"])
 
-    def handle(self, payload) -> None:
-        spans, measurement, usage_event, exemplar = payload
+    def handle(self, parts) -> None:
+        """One message: one request's parts (an HTTP server span, the GenAI requests in it)."""
+        for part in parts:
+            self.handle_part(*part)
+
+    def handle_part(self, spans, measurement, usage_event, exemplar, scope) -> None:
+        scope = self.scope if scope is None else self._scope(scope)
         for span in spans:
-            readable = self.readable_span(span)
+            readable = self.readable_span(span, scope)
             for processor in self._processors:
                 processor.on_end(readable)
         if exemplar is not None and (measurement is not None or usage_event is not None):
@@ -132,9 +138,16 @@ class Exporter:
             self.usage_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
                                    event_name=semconv.USAGE_EVENT, attributes=fields)
 
-    def readable_span(self, span: tuple) -> ReadableSpan:
+    def _scope(self, scope: tuple) -> InstrumentationScope:
+        found = self._scopes.get(scope[:3])
+        if found is None:
+            name, version, schema_url, attributes = scope
+            found = self._scopes[scope[:3]] = InstrumentationScope(name, version, schema_url, attributes)
+        return found
+
+    def readable_span(self, span: tuple, scope: InstrumentationScope | None = None) -> ReadableSpan:
         (name, trace_id, span_id, flags, state, parent_id, parent_remote, parent_flags, kind, start, end,
-         attributes, status, links) = span
+         attributes, status, links, events) = span
         trace_state = TraceState.from_header([state]) if state else TraceState()
         context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
                               trace_state=trace_state)
@@ -146,13 +159,17 @@ class Exporter:
                              BoundedAttributes(limits.max_link_attributes, l_attrs, max_value_len=
                                                limits.max_attribute_length))
                         for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links]
+        event_objects = [Event(e_name, BoundedAttributes(limits.max_event_attributes, e_attrs, immutable=True,
+                                                         max_value_len=limits.max_attribute_length), e_time)
+                         for e_name, e_attrs, e_time in events]
         return ReadableSpan(
             name=name, context=context, parent=parent, resource=self.resource,
             attributes=BoundedAttributes(limits.max_span_attributes, attributes, immutable=False,
                                          max_value_len=limits.max_span_attribute_length),
             links=BoundedList.from_seq(limits.max_links, link_objects), kind=SpanKind(kind),
+            events=BoundedList.from_seq(limits.max_events, event_objects),
             status=Status(StatusCode(status[0]), status[1]) if status is not None else Status(StatusCode.UNSET),
-            start_time=start, end_time=end, instrumentation_scope=self.scope)
+            start_time=start, end_time=end, instrumentation_scope=scope or self.scope)
 
     def shutdown(self, timeout_s: float | None = None, warn: bool = True) -> dict:
         """Flush within `timeout_s` (default OTEL_LLM_SHUTDOWN_TIMEOUT); what was not exported."""

@@ -27,7 +27,9 @@ def fastapi_disabled() -> bool:
     return "fastapi" in names or "*" in names
 
 
-def instrument_app(app, settings: Settings) -> bool:
+def instrument_app(app, settings: Settings, tracer_provider=None) -> bool:
+    """tracer_provider: where the HTTP server spans go (the export process's, Telemetry.http_tracer_provider);
+    None: the global one."""
     try:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
     except ImportError:
@@ -41,6 +43,7 @@ def instrument_app(app, settings: Settings) -> bool:
         app,
         excluded_urls=settings.http_excluded_urls,
         exclude_spans=["receive", "send"],
+        tracer_provider=tracer_provider,
         server_request_hook=redact_query_hook if redact else None,
     )
     if redact:
@@ -115,7 +118,7 @@ def build_app_wrapper(tel):
         if fastapi_disabled():
             return app
         try:
-            instrument_app(app, tel.settings)
+            instrument_app(app, tel.settings, tel.http_tracer_provider())
         except Exception:
             _log.warning("otel-llm: could not instrument vLLM's FastAPI app", exc_info=True)
         return app

@@ -33,11 +33,15 @@ import termios
 import threading
 import time
 import weakref
+from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.trace import Span as _SDKSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv
 from otel_llm.warn import WarnOnce
@@ -56,18 +60,28 @@ _AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "au
 
 
 class Outbox:
-    """What one request exports: finished spans, its metric Measurement, its usage event."""
+    """What one request exports: finished spans, its metric Measurement, its usage event; and what
+    the requests nested in it handed over to go with it (`adopted`: the GenAI telemetry of the
+    requests under an HTTP server span), so that one message carries one HTTP request."""
 
-    __slots__ = ("spans", "measurement", "usage_event", "exemplar")
+    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted")
 
-    def __init__(self):
+    def __init__(self, scope: tuple | None = None):
         self.spans: list[tuple] = []
         self.measurement: tuple | None = None
         self.usage_event: tuple | None = None
         self.exemplar: tuple | None = None  # (trace_id, span_id, flags) of the request's span
+        self.scope = scope  # (name, version, schema_url, attributes) of another instrumentation; None: ours
+        self.adopted: list[tuple] = []
+
+    def empty(self) -> bool:
+        return not self.spans and self.measurement is None and self.usage_event is None and not self.adopted
+
+    def parts(self) -> list[tuple]:
+        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope), *self.adopted]
 
     def message(self) -> tuple:
-        return REQUEST, (self.spans, self.measurement, self.usage_event, self.exemplar)
+        return REQUEST, self.parts()
 
 
 class DeferredSpan(trace.Span):
@@ -75,17 +89,16 @@ class DeferredSpan(trace.Span):
     export process. Attribute order and overwrite rules follow the SDK's (BoundedAttributes)."""
 
     __slots__ = ("_name", "_context", "_parent", "_kind", "_attributes", "_links", "_start", "_status",
-                 "_sampled", "outbox", "_ended", "_tracer")
+                 "_sampled", "outbox", "_ended", "_tracer", "_events", "holder")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-                 attributes, links, start_ns: int, sampled: bool, outbox: Outbox, tracer: DeferredTracer):
+                 attributes, links, start_ns: int, sampled: bool, outbox: Outbox, tracer: DeferredTracer,
+                 holder: DeferredSpan | None = None):
         self._name = name
         self._context = context
         self._parent = parent
         self._kind = kind
-        self._attributes: dict[str, Any] = {}
-        if attributes:
-            self.set_attributes(attributes)
+        self._attributes: dict[str, Any] = dict(attributes) if attributes else {}
         self._links = links or ()
         self._start = start_ns
         self._status: tuple | None = None
@@ -93,6 +106,9 @@ class DeferredSpan(trace.Span):
         self.outbox = outbox
         self._ended = False
         self._tracer = tracer
+        self._events: list[tuple] = []
+        # the open span (of another instrumentation: the HTTP server span) this one's telemetry goes with
+        self.holder = holder
 
     def add_child(self, name: str, start_ns: int, end_ns: int, attributes=None) -> None:
         """A finished child span (a phase span) exported with this request: what
@@ -108,7 +124,7 @@ class DeferredSpan(trace.Span):
             name, ctx.trace_id, tracer.id_generator.generate_span_id(),
             TraceFlags.SAMPLED | (ctx.trace_flags & TraceFlags.RANDOM_TRACE_ID), self._trace_state_header(),
             ctx.span_id, False, int(ctx.trace_flags), _INTERNAL, start_ns, end_ns,
-            dict(attributes) if attributes else {}, None, []))
+            dict(attributes) if attributes else {}, None, [], []))
 
     def _trace_state_header(self) -> str:
         state = self._context.trace_state
@@ -123,16 +139,33 @@ class DeferredSpan(trace.Span):
     def get_span_context(self) -> SpanContext:
         return self._context
 
+    # read by other instrumentations' hooks, as on the SDK's span (our query redaction reads attributes)
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def kind(self) -> SpanKind:
+        return self._kind
+
+    @property
+    def attributes(self):
+        return MappingProxyType(self._attributes)
+
     def is_recording(self) -> bool:
         return self._sampled and not self._ended
 
     def set_attribute(self, key: str, value) -> None:
+        if self._ended:
+            return
         attrs = self._attributes
         if key in attrs:
             del attrs[key]  # the SDK moves an overwritten attribute to the end
         attrs[key] = value
 
     def set_attributes(self, attributes) -> None:
+        if self._ended:
+            return
         if self._attributes.keys().isdisjoint(attributes):
             self._attributes.update(attributes)
             return
@@ -140,32 +173,46 @@ class DeferredSpan(trace.Span):
             self.set_attribute(key, value)
 
     def set_status(self, status, description: str | None = None) -> None:
-        code = getattr(status, "status_code", status)
-        self._status = (code.value, getattr(status, "description", None) or description)
+        # the SDK's rules: OK is final, UNSET is ignored, a Status object's description wins
+        if self._ended or (self._status is not None and self._status[0] == StatusCode.OK.value):
+            return
+        if isinstance(status, Status):
+            code, description = status.status_code, status.description
+        else:
+            code = status
+            description = description if code is StatusCode.ERROR else None
+        if code is StatusCode.UNSET:
+            return
+        self._status = (code.value, description)
 
     def update_name(self, name: str) -> None:
-        self._name = name
+        if not self._ended:
+            self._name = name
 
     def add_event(self, name, attributes=None, timestamp=None) -> None:
-        pass  # our spans carry no events
+        if not self._ended:
+            self._events.append((name, dict(attributes) if attributes else {},
+                                 timestamp if timestamp is not None else time.time_ns()))
 
     def record_exception(self, exception, attributes=None, timestamp=None, escaped=False) -> None:
-        pass
+        if not self._ended:  # the SDK's own event: its attributes (type, message, stacktrace, escaped)
+            _SDKSpan.record_exception(self, exception, attributes, timestamp, escaped)
 
     def end(self, end_time: int | None = None) -> None:
         if self._ended:
             return
         self._ended = True
-        if not self._sampled:
-            return
-        ctx, parent = self._context, self._parent
-        self.outbox.spans.append((
-            self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
-            parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
-            int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
-            end_time or time.time_ns(), self._attributes, self._status,
-            [_link(link) for link in self._links],
-        ))
+        if self._sampled:
+            ctx, parent = self._context, self._parent
+            self.outbox.spans.append((
+                self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
+                parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
+                int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
+                end_time or time.time_ns(), self._attributes, self._status,
+                [_link(link) for link in self._links], self._events,
+            ))
+        if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
+            self._tracer.hand_over(self)
 
 
 def _link(link) -> tuple:
@@ -176,9 +223,14 @@ def _link(link) -> tuple:
 
 class DeferredTracer:
     """`start_span` as the SDK's Tracer does it (the user's sampler and id generator), making a
-    DeferredSpan with an Outbox of its own (a request's phase spans: DeferredSpan.start_child)."""
+    DeferredSpan with an Outbox of its own (a request's phase spans: DeferredSpan.start_child).
+    `scope` and `hand_over`: the tracer of another instrumentation (DeferredTracerProvider), whose
+    spans hand themselves over when they end."""
 
-    def __init__(self, provider):
+    def __init__(self, provider, scope: tuple | None = None, hand_over=None):
+        """provider: the SDK's TracerProvider, or another DeferredTracer (its sampler and id generator)."""
+        self.scope = scope
+        self.hand_over = hand_over
         self.sampler = provider.sampler
         self.id_generator = provider.id_generator
         # the SDK's ParentBased samples every child of a sampled local span (its default)
@@ -203,14 +255,55 @@ class DeferredTracer:
             flags |= TraceFlags.RANDOM_TRACE_ID
         span_context = SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
                                    trace_flags=TraceFlags(flags), trace_state=result.trace_state)
-        outbox = _outbox if _outbox is not None else Outbox()
+        outbox = _outbox if _outbox is not None else Outbox(self.scope)
         # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
         sampled = result.decision.is_sampled()
+        # an open, recording span of another instrumentation (the HTTP server span) takes this
+        # one's telemetry along when it ends (an unsampled one may never be ended)
+        holder = parent_span if isinstance(parent_span, DeferredSpan) and parent_span._tracer.hand_over is not None \
+            and parent_span.is_recording() else None
         span = DeferredSpan(name, span_context, parent, kind, result.attributes if sampled else None, links,
-                            start_time or time.time_ns(), sampled, outbox, self)
+                            start_time or time.time_ns(), sampled, outbox, self, holder)
         if outbox.exemplar is None:
             outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
         return span
+
+    @contextmanager
+    def start_as_current_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
+                              links=None, start_time: int | None = None, record_exception: bool = True,
+                              set_status_on_exception: bool = True, end_on_exit: bool = True):
+        span = self.start_span(name, context, kind, attributes, links, start_time)
+        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                            set_status_on_exception=set_status_on_exception) as current:
+            yield current
+
+
+class DeferredTracerProvider:
+    """The tracer provider handed to another instrumentation (FastAPI's, for the HTTP server span):
+    its spans are DeferredSpans with their own scope, exported by the export process."""
+
+    def __init__(self, tracer: DeferredTracer, hand_over):
+        self._tracer = tracer  # whose sampler and id generator (the user's) its tracers use
+        self._hand_over = hand_over
+
+    def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
+                   schema_url: str | None = None, attributes=None) -> DeferredTracer:
+        scope = (instrumenting_module_name, instrumenting_library_version, schema_url,
+                 dict(attributes) if attributes else None)
+        return DeferredTracer(self._tracer, scope, self._hand_over)
+
+
+def hand_over(span: DeferredSpan, channel: ExportChannel) -> None:
+    """A finished span's telemetry: along with its holder when that is still open, else to the
+    export process now."""
+    outbox = span.outbox
+    if outbox.empty():
+        return
+    holder = span.holder
+    if holder is not None and not holder._ended:
+        holder.outbox.adopted.extend(outbox.parts())
+    else:
+        channel.send(outbox.message())
 
 
 def outbox_of(context) -> Outbox | None:
@@ -459,12 +552,20 @@ def _plain(message: tuple) -> tuple:
     type, which marshal takes."""
     from opentelemetry.attributes import BoundedAttributes
 
-    kind, (spans, measurement, usage_event, exemplar) = message
-    spans = [(*s[:11], dict(BoundedAttributes(attributes=s[11])), *s[12:13],
-              [(*link[:5], dict(BoundedAttributes(attributes=link[5]))) for link in s[13]]) for s in spans]
-    if usage_event is not None:
-        usage_event = (dict(BoundedAttributes(attributes=usage_event[0])), *usage_event[1:])
-    return _base_types((kind, (spans, measurement, usage_event, exemplar)))
+    def clean(attributes) -> dict:
+        return dict(BoundedAttributes(attributes=attributes))
+
+    kind, parts = message
+    plain = []
+    for spans, measurement, usage_event, exemplar, scope in parts:
+        spans = [(*s[:11], clean(s[11]), s[12], [(*link[:5], clean(link[5])) for link in s[13]],
+                  [(name, clean(attrs), ts) for name, attrs, ts in s[14]]) for s in spans]
+        if usage_event is not None:
+            usage_event = (clean(usage_event[0]), *usage_event[1:])
+        if scope is not None and scope[3]:
+            scope = (*scope[:3], clean(scope[3]))
+        plain.append((spans, measurement, usage_event, exemplar, scope))
+    return _base_types((kind, plain))
 
 
 def _base_types(value):

@@ -16,7 +16,7 @@ from otel_llm import content, semconv
 from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
-from otel_llm.vllm.offload import DeferredSpan, ExportChannel
+from otel_llm.vllm.offload import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 
 
@@ -72,11 +72,18 @@ class Telemetry:
             span.outbox.measurement = tuple(measurement)
 
     def finish(self, span) -> None:
-        """The request is done: hand what it exports to the export process (when there is one)."""
+        """The request is done: hand what it exports to the export process (when there is one),
+        along with its HTTP server span's when that is still open."""
         if self.channel is not None and isinstance(span, DeferredSpan):
-            outbox = span.outbox
-            if outbox.spans or outbox.measurement is not None or outbox.usage_event is not None:
-                self.channel.send(outbox.message())
+            hand_over(span, self.channel)
+
+    def http_tracer_provider(self) -> DeferredTracerProvider | None:
+        """With the export process: the tracer provider for the HTTP server span, whose spans it
+        exports (an HTTP request's span and its GenAI telemetry in one message). None: the global one."""
+        if self.channel is None or not isinstance(self.tracer, DeferredTracer):
+            return None
+        channel = self.channel
+        return DeferredTracerProvider(self.tracer, lambda span: hand_over(span, channel))
 
     def start_export_process(self) -> None:
         """In a process that serves (vLLM built its app): start the export process now, and make the

@@ -57,16 +57,25 @@ def chat(server, tenant: str, stream: bool) -> tuple[Traceparent, httpx.Response
     return tp, response
 
 
-def shape(spans) -> list[tuple]:
-    """A trace as (name, kind, parent's name, scope, our attributes without volatile values), sorted."""
+def shape(spans, port: int) -> list[tuple]:
+    """A trace as (name, kind, parent's name, scope, status, events, attributes without volatile
+    values), sorted. The HTTP span's attributes hold the server's port (made `PORT`) and the
+    client's (its type only)."""
     by_id = {s.span_id: s for s in spans}
     out = []
     for s in spans:
         parent = by_id.get(s.parent_span_id)
-        # (the HTTP span's attributes hold ports: only our spans' attributes are compared)
-        attrs = {k: (v if k not in VOLATILE else type(v).__name__) for k, v in s.attributes.items()
-                 if s.scope == "otel_llm.vllm"}
-        out.append((s.name, s.kind, parent.name if parent else None, s.scope, sorted(attrs.items())))
+        attrs = {}
+        for k, v in s.attributes.items():
+            if k in VOLATILE or k.endswith(("peer.port", "client.port")):
+                v = type(v).__name__
+            elif isinstance(v, str):
+                v = v.replace(str(port), "PORT")
+            elif v == port:
+                v = "PORT"
+            attrs[k] = v
+        out.append((s.name, s.kind, parent.name if parent else None, s.scope, s.status, s.events,
+                    sorted(attrs.items())))
     return sorted(out, key=repr)
 
 
@@ -96,8 +105,8 @@ def test_the_export_process_exports_what_the_sdk_exported_in_process(servers, re
     tenants = {name: f"same-{name}-{stream}" for name in servers}
 
     def same_tenant(trace, name):  # the tenants differ by design; the rest must not
-        return [(n, k, p, sc, [(a, "T" if v == tenants[name] else v) for a, v in attrs])
-                for n, k, p, sc, attrs in shape(trace)]
+        return [(*head, [(a, "T" if v == tenants[name] else v) for a, v in attrs])
+                for *head, attrs in shape(trace, servers[name].port)]
 
     assert same_tenant(traces["export"], "export") == same_tenant(traces["inprocess"], "inprocess")
     for name, spans in traces.items():

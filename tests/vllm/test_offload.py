@@ -140,6 +140,70 @@ def test_exported_spans_equal_the_sdks(export_env):
         assert {s.parent_span_id for s in got[1:]} == {root.span_id}
 
 
+FASTAPI_SCOPE = ("opentelemetry.instrumentation.fastapi", "0.66b2", "https://opentelemetry.io/schemas/1.11.0")
+
+
+def http_request(http_tracer, tracer, hand_over=None) -> tuple:
+    """What the FastAPI instrumentation's middleware and RequestTelemetry do to one HTTP request
+    that fails: the server span (another scope, status rules, an exception event) and the GenAI
+    span made under it."""
+    parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    server = http_tracer.start_span("POST /v1/chat/completions", context=parent, kind=SpanKind.SERVER, start_time=T0,
+                                    attributes={"http.request.method": "POST", "url.path": "/v1/chat/completions"})
+    assert server.kind is SpanKind.SERVER  # read by the middleware; the redaction hook reads attributes:
+    assert server.attributes.get("url.path") == ("/v1/chat/completions" if server.is_recording() else None)
+    with trace.use_span(server, end_on_exit=False):
+        genai = tracer.start_span("chat tiny", start_time=T0 + 1, attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
+        genai.end(T0 + 50)
+        if hand_over is not None:
+            hand_over(genai)  # RequestTelemetry's Telemetry.finish
+    server.set_status(Status(StatusCode.UNSET))  # ignored, as by the SDK
+    server.record_exception(ValueError("engine gone"), attributes={"otel_llm.test": 1})
+    server.add_event("retry", {"attempt": 2})
+    server.set_status(Status(StatusCode.ERROR, "ValueError: engine gone"))
+    server.set_status(StatusCode.OK, "ignored for OK")
+    server.set_status(StatusCode.ERROR, "not after OK")
+    server.set_attribute("http.response.status_code", 500)
+    server.end(T0 + 60)
+    return server, genai
+
+
+def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(export_env):
+    with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
+        export_env(sdk_receiver.endpoint)
+        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence())
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        http_request(provider.get_tracer(*FASTAPI_SCOPE), provider.get_tracer("otel_llm.vllm", __version__))
+        provider.shutdown()
+
+        export_env(our_receiver.endpoint)
+        link = channel()
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        http_tracers = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link))
+        server, genai = http_request(http_tracers.get_tracer(*FASTAPI_SCOPE), tracer,
+                                     lambda span: offload.hand_over(span, link))
+        assert genai.holder is server
+        assert link.sent == 1  # the GenAI span went along with the HTTP span
+        link.close()
+
+        expected = sorted(sdk_receiver.spans, key=lambda s: s.span_id)
+        got = sorted(our_receiver.spans, key=lambda s: s.span_id)
+        assert got == expected
+        http, chat = got
+        assert (http.scope, chat.scope) == (FASTAPI_SCOPE[0], "otel_llm.vllm")
+        assert (http.status, http.status_message) == ("OK", "")
+        assert [e["name"] for e in http.events] == ["exception", "retry"]
+        assert http.events[0]["attributes"]["exception.type"] == "ValueError"
+        assert chat.parent_span_id == http.span_id
+
+
+def test_an_unsampled_http_span_takes_nothing_along():
+    tracer = offload.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
+    http_tracers = offload.DeferredTracerProvider(tracer, lambda span: None)
+    server, genai = http_request(http_tracers.get_tracer(*FASTAPI_SCOPE), tracer)
+    assert not server.is_recording() and genai.holder is None  # (the middleware never ends an unsampled span)
+
+
 def test_a_span_started_under_another_requests_span_is_exported_on_its_own():
     tracer = offload.DeferredTracer(TracerProvider())
     outer = tracer.start_span("chat outer")
