@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from otel_llm.config import Settings, disabled_instrumentations
+from otel_llm.vllm import offload
 from otel_llm.warn import failed
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -39,18 +40,34 @@ def instrument_app(app, settings: Settings, tracer_provider=None) -> bool:
         FastAPIInstrumentor.uninstrument_app(app)
         app.middleware_stack = None  # rebuilt lazily, with our instrumentation, on the first request
     redact = settings.http_redact_query
+    hook = redact_query_hook if redact else None
+    if tracer_provider is not None:
+        hook = _websockets_hold_nothing(hook)
     FastAPIInstrumentor.instrument_app(
         app,
         excluded_urls=settings.http_excluded_urls,
         exclude_spans=["receive", "send"],
         tracer_provider=tracer_provider,
-        server_request_hook=redact_query_hook if redact else None,
+        server_request_hook=hook,
     )
     if redact:
         access_log = logging.getLogger("uvicorn.access")
         if not any(isinstance(f, _AccessLogQueryFilter) for f in access_log.filters):
             access_log.addFilter(_AccessLogQueryFilter())
     return True
+
+
+def _websockets_hold_nothing(then):
+    """A websocket's span lives as long as the connection: the requests made in it send their
+    telemetry on their own instead of with that span (otel_llm/vllm/offload.py `hand_over`)."""
+
+    def hook(span, scope) -> None:
+        if scope.get("type") != "http":
+            offload.hold_nothing(span)
+        if then is not None:
+            then(span, scope)
+
+    return hook
 
 
 REDACTED = "REDACTED"

@@ -89,7 +89,7 @@ class DeferredSpan(trace.Span):
     export process. Attribute order and overwrite rules follow the SDK's (BoundedAttributes)."""
 
     __slots__ = ("_name", "_context", "_parent", "_kind", "_attributes", "_links", "_start", "_status",
-                 "_sampled", "outbox", "_ended", "_tracer", "_events", "holder")
+                 "_sampled", "outbox", "_ended", "_tracer", "_events", "holder", "holds")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
                  attributes, links, start_ns: int, sampled: bool, outbox: Outbox, tracer: DeferredTracer,
@@ -109,6 +109,7 @@ class DeferredSpan(trace.Span):
         self._events: list[tuple] = []
         # the open span (of another instrumentation: the HTTP server span) this one's telemetry goes with
         self.holder = holder
+        self.holds = True  # False: nothing goes with this span (a websocket's: hold_nothing)
 
     def add_child(self, name: str, start_ns: int, end_ns: int, attributes=None) -> None:
         """A finished child span (a phase span) exported with this request: what
@@ -293,6 +294,12 @@ class DeferredTracerProvider:
         return DeferredTracer(self._tracer, scope, self._hand_over)
 
 
+def hold_nothing(span) -> None:
+    """Telemetry of requests under `span` is sent on its own (a long-lived span: a websocket's)."""
+    if isinstance(span, DeferredSpan):
+        span.holds = False
+
+
 def hand_over(span: DeferredSpan, channel: ExportChannel) -> None:
     """A finished span's telemetry: along with its holder when that is still open, else to the
     export process now."""
@@ -300,7 +307,7 @@ def hand_over(span: DeferredSpan, channel: ExportChannel) -> None:
     if outbox.empty():
         return
     holder = span.holder
-    if holder is not None and not holder._ended:
+    if holder is not None and holder.holds and not holder._ended:
         holder.outbox.adopted.extend(outbox.parts())
     else:
         channel.send(outbox.message())

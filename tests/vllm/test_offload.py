@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from fastapi import FastAPI, WebSocket  # (module level: the route's annotation is resolved in these globals)
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -195,6 +196,57 @@ def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(exp
         assert [e["name"] for e in http.events] == ["exception", "retry"]
         assert http.events[0]["attributes"]["exception.type"] == "ValueError"
         assert chat.parent_span_id == http.span_id
+
+
+def test_a_websocket_span_takes_nothing_along(export_env):
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        link = channel()
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
+        http_tracer = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)).get_tracer(
+            *FASTAPI_SCOPE)
+        socket_span = http_tracer.start_span("/v1/realtime websocket", kind=SpanKind.SERVER)
+        offload.hold_nothing(socket_span)  # (http.py's server request hook, for a websocket scope)
+        with trace.use_span(socket_span, end_on_exit=False):
+            genai = tracer.start_span("transcription tiny")
+            genai.end()
+            offload.hand_over(genai, link)
+        assert link.sent == 1  # at once, not when the connection closes
+        receiver.wait_for(lambda r: _spans_named(r, "transcription tiny"))
+        socket_span.end()
+        assert link.sent == 2
+        link.close()
+
+
+def test_vllms_app_marks_websocket_spans_as_holding_nothing():
+    from starlette.testclient import TestClient
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm.http import instrument_app
+
+    seen = {}
+    app = FastAPI()
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket):
+        await ws.accept()
+        seen["websocket"] = trace.get_current_span()
+        await ws.close()
+
+    @app.get("/v1/models")
+    async def models():
+        seen["http"] = trace.get_current_span()
+        return {}
+
+    tracer = offload.DeferredTracer(TracerProvider())
+    instrument_app(app, Settings(), offload.DeferredTracerProvider(tracer, lambda span: None))
+    with TestClient(app) as client:
+        with client.websocket_connect("/v1/realtime"):
+            pass
+        client.get("/v1/models?api_key=secret")
+    assert not seen["websocket"].holds and seen["http"].holds
+    # the query redaction hook still runs, on the deferred span
+    assert seen["http"].attributes["http.url"] == "http://testserver/v1/models?api_key=REDACTED"
 
 
 def test_an_unsampled_http_span_takes_nothing_along():
