@@ -409,10 +409,13 @@ class ExportChannel:
             try:
                 return self._ensure_started()
             except Exception as exc:  # noqa: BLE001 - requests retry after the backoff
-                self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry "
-                                    "is dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
-                self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
-                return False
+                return self._start_failed(exc)
+
+    def _start_failed(self, exc) -> bool:
+        self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry is "
+                            "dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
+        self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
+        return False
 
     def send(self, message: tuple) -> bool:
         """Hand one message over, never blocking. False when it was dropped (and counted)."""
@@ -493,10 +496,7 @@ class ExportChannel:
                 close_fds=True)
         except OSError as exc:
             parent.close()
-            self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry is "
-                                "dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
-            self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
-            return False
+            return self._start_failed(exc)
         finally:
             child.close()
         try:
