@@ -8,6 +8,7 @@ the real collector decides. `check_all(cfg)` lists every problem of one config."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -717,8 +718,16 @@ def go_expand(template: str, m: re.Match) -> str:
 
 
 def go_replace_all(regex: str, template: str, text: str) -> str:
-    """ReplaceAllString, for patterns re2_problems accepts (no empty matches)."""
-    return re.compile(regex, re.ASCII).sub(lambda m: go_expand(template, m), text)
+    """ReplaceAllString, for patterns re2_problems accepts (no empty matches): run by RE2 itself
+    (google-re2, the engine Go's regexp follows), leftmost-first like Go."""
+    return _re2_compiled(regex).sub(lambda m: go_expand(template, m), text)
+
+
+@functools.lru_cache(maxsize=256)
+def _re2_compiled(regex: str):
+    import re2
+
+    return re2.compile(regex)
 
 
 def template_groups(template: str) -> set[str]:
@@ -748,6 +757,7 @@ def parse_condition(condition: str) -> tuple[str, str | None]:
     return ottl_string(m["key"]), None if m["value"] == "nil" else ottl_string(m["value"])
 
 
+@functools.lru_cache(maxsize=1024)  # (a pure function of the text; the secret statement is long)
 def parse_statement(statement: str) -> tuple:
     """("delete", key) or ("replace", key, regex, replacement) of a statement in the checked subset."""
     text = confmap_unescape(statement)

@@ -4,13 +4,15 @@ collector/test_collector_config.py (the collector's second redaction gives the s
 
 from otel_llm import semconv
 
+SECRET = semconv.REDACTION_RULE_SECRET + "."  # secrets are counted by format: secret.<row of secret_rules.py>
+
 # (rule, text containing exactly one match, the match)
 POSITIVE = [
-    (semconv.REDACTION_RULE_SECRET, "curl -H 'Authorization: Bearer abc.DEF_123-xyz' url", "abc.DEF_123-xyz"),
-    (semconv.REDACTION_RULE_SECRET, "key sk-proj-Abcdefghijklmnop1234 here", "sk-proj-Abcdefghijklmnop1234"),
-    (semconv.REDACTION_RULE_SECRET, "aws AKIAIOSFODNN7EXAMPLE.", "AKIAIOSFODNN7EXAMPLE"),
-    (semconv.REDACTION_RULE_SECRET, "token ghp_" + "a1" * 18 + " ok", "ghp_" + "a1" * 18),
-    (semconv.REDACTION_RULE_SECRET,
+    (SECRET + "authorization_header", "curl -H 'Authorization: Bearer abc.DEF_123-xyz' url", "abc.DEF_123-xyz"),
+    (SECRET + "openai_api_key", "key sk-proj-Abcdefghijklmnop1234 here", "sk-proj-Abcdefghijklmnop1234"),
+    (SECRET + "aws_access_key_id", "aws AKIAIOSFODNN7EXAMPLE.", "AKIAIOSFODNN7EXAMPLE"),
+    (SECRET + "github_token", "token ghp_" + "a1" * 18 + " ok", "ghp_" + "a1" * 18),
+    (SECRET + "jwt",
      "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
      "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
     (semconv.REDACTION_RULE_EMAIL, "write to jane.doe+billing@example.co.uk today", "jane.doe+billing@example.co.uk"),

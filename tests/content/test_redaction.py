@@ -109,3 +109,8 @@ def test_content_caps_from_the_environment(caplog):
 ])
 def test_rules_hold_next_to_other_scripts_and_punctuation(text, redacted):
     assert redaction.Redactor().redact(text) == redacted
+
+
+def test_a_name_after_a_name_is_not_the_value():
+    # `TOKEN=API_KEY: 'value'`: API_KEY: is the next name; the value after it is the secret
+    assert redaction.Redactor().redact("export TOKEN=API_KEY: 'q8Zr3kLm9Pw2Xv7N'") == "export TOKEN=API_KEY: '<SECRET>'"
