@@ -1,7 +1,10 @@
 """A small in-process OTLP/HTTP (protobuf) receiver: the demo's and the tests' collector.
 
 It accepts /v1/traces, /v1/metrics and /v1/logs, decodes them with the official protobuf bindings and
-keeps plain Python records. Not a production collector: use otelcol-contrib for that.
+keeps plain Python records, and every request body as received (`bodies`: the bytes sent, after
+the HTTP content encoding; over gRPC, the request as the server library parsed and re-serialised it),
+for tests that search everything exported for what must not be there. Not a production collector:
+use otelcol-contrib for that.
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ class Receiver:
         self.spans: list[Span] = []
         self.metric_batches: list[list[MetricPoint]] = []
         self.logs: list[LogRecord] = []
+        # (signal: traces | metrics | logs, the request's body as received), in arrival order
+        self.bodies: list[tuple[str, bytes]] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -117,11 +122,13 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                if self.path.endswith("/v1/traces"):
+                signal = self.path.rstrip("/").rpartition("/")[2]
+                receiver._keep(signal, body)
+                if signal == "traces":
                     receiver._traces(body)
-                elif self.path.endswith("/v1/metrics"):
+                elif signal == "metrics":
                     receiver._metrics(body)
-                elif self.path.endswith("/v1/logs"):
+                elif signal == "logs":
                     receiver._logs(body)
                 self.answer_ok()
 
@@ -143,12 +150,12 @@ class Receiver:
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request, context):  # noqa: N802
-                receiver._traces(request.SerializeToString())
+                receiver._traces(receiver._keep("traces", request.SerializeToString()))
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request, context):  # noqa: N802
-                receiver._metrics(request.SerializeToString())
+                receiver._metrics(receiver._keep("metrics", request.SerializeToString()))
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -176,6 +183,11 @@ class Receiver:
         self._server.server_close()
         if self._grpc_server is not None:
             self._grpc_server.stop(grace=None)
+
+    def _keep(self, signal: str, body: bytes) -> bytes:
+        with self._lock:
+            self.bodies.append((signal, body))
+        return body
 
     def _traces(self, body: bytes) -> None:
         request = ExportTraceServiceRequest.FromString(body)

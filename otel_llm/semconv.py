@@ -266,9 +266,15 @@ DROP_ERROR = "error"  # building the record failed
 EXPORT_DROP_QUEUE_FULL = "queue_full"  # the export process does not keep up
 EXPORT_DROP_EXPORTER_DOWN = "exporter_down"  # the export process is gone (restarting) or cannot start
 
+# --- Failures of otel-llm's own code, caught where they happened (otel_llm/warn.py) --------------
+# where: the guard's `what` (a fixed set, named in our code: "DeferredSpan.end", "starting the chat span", ...)
+FAILURE_POINT = _attribute("otel_llm.failure.point", STRING, METRIC)
+
 # --- Content redaction (otel_llm/redaction.py) ---------------------------------------------
 REDACTION_RULE = _attribute("otel_llm.redaction.rule", STRING, METRIC)
-REDACTION_RULE_SECRET = "secret"  # API keys, bearer tokens, JWTs
+REDACTION_RULE_SECRET = "secret"  # API keys, tokens, private keys, credentials: the family below
+# A secret is counted by its format: REDACTION_RULE_SECRET + "." + a row name of otel_llm/secret_rules.py's
+# table (secret.openai_api_key, secret.github_token, secret.password_assignment, ...): redaction.secret_rule_name.
 REDACTION_RULE_EMAIL = "email"
 REDACTION_RULE_PAYMENT_CARD = "payment_card"  # Luhn-checked
 REDACTION_RULE_PRC_ID = "prc_resident_id"  # check digit verified
@@ -295,6 +301,7 @@ UNIT_TOKEN = "{token}"
 UNIT_REQUEST = "{request}"
 UNIT_RECORD = "{record}"
 UNIT_REDACTION = "{redaction}"
+UNIT_FAILURE = "{failure}"
 
 # Bucket boundaries from the semconv metric definitions
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -328,6 +335,11 @@ EXPORT_DROPPED = _metric(
     "otel_llm.export.dropped", COUNTER, UNIT_REQUEST,
     "Requests whose telemetry (HTTP and GenAI spans, request metrics, usage event) the API server could not "
     "hand to its export process, by error.type (usage spool records are written in the API server, not dropped).",
+    VLLM)
+INSTRUMENTATION_FAILURES = _metric(
+    "otel_llm.instrumentation.failures", OBSERVABLE_COUNTER, UNIT_FAILURE,
+    "Failures of otel-llm's own code in this process, each caught where it happened (the request was served, "
+    "some of its telemetry lost; the first of each point is logged with its traceback), by otel_llm.failure.point.",
     VLLM)
 REDACTIONS = _metric(
     "otel_llm.redactions", COUNTER, UNIT_REDACTION,

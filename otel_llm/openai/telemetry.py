@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from array import array
 from time import perf_counter
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from otel_llm import content, histogram_batch, semconv
+from otel_llm import content, histogram_batch, redaction, semconv
 from otel_llm.config import ClientSettings
 
 _log = logging.getLogger("otel_llm.openai")
@@ -49,6 +50,38 @@ def server_of(instance) -> tuple[str | None, int | None]:
         return url.host or None, port
     except Exception:
         return None, None
+
+
+# An error's text (exception message, stacktrace, status description) is redacted before it is set:
+# a provider's error can echo the key it was sent, the model name it was asked for or the prompt.
+# The redactor reads at most this many characters of it (its time is bounded by its input's length).
+MAX_ERROR_TEXT = 16_384
+# exception stacktraces: the end (where the exception and its message are) is kept
+MAX_STACKTRACE = 65_536
+
+
+def redacted_error(text: str, limit: int = MAX_ERROR_TEXT, keep_end: bool = False) -> str:
+    """`text` with whatever the process's redactor (redaction.default()) matches replaced, from at
+    most `limit` characters of it (its start, or its end with keep_end). A cut drops the partial word
+    at the cut first: part of a key that no rule would recognise any more must not remain."""
+    if len(text) > limit:
+        if keep_end:
+            text = text[-limit:]
+            cut = min((i for i in (text.find(c) for c in " \n") if i >= 0), default=len(text))
+            text = "…" + text[cut:]
+        else:
+            text = text[:limit]
+            cut = max(text.rfind(" "), text.rfind("\n"))
+            text = (text[:cut] if cut > 0 else "") + "…"
+    return redaction.default().redact(text)
+
+
+def exception_attributes(exc: BaseException) -> dict[str, str]:
+    """exception.message and exception.stacktrace for span.record_exception(exc, attributes=...),
+    which take the SDK's own values' place: redacted (redacted_error)."""
+    stacktrace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception.message": redacted_error(str(exc)),
+            "exception.stacktrace": redacted_error(stacktrace, MAX_STACKTRACE, keep_end=True)}
 
 
 def error_type(exc: BaseException) -> str:
@@ -241,6 +274,19 @@ class Invocation:
     def fail(self, exc: BaseException) -> None:
         self._end(error_type(exc), str(exc) or type(exc).__name__, exc)
 
+    def _redact_request_model(self, span, attrs: dict) -> None:
+        """A failed call's model name is whatever the caller passed (a key pasted in the wrong place
+        is one): redacted on the span (name and attribute) and the metrics. A call that succeeded
+        named a model the provider serves."""
+        model = self.request_model
+        if not model:
+            return
+        safe = redaction.default().redact(model)
+        if safe != model:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = safe
+            self.late[semconv.GEN_AI_REQUEST_MODEL] = safe
+            span.update_name(semconv.genai_span_name(self.operation, safe))
+
     # --- the one place a span ends ------------------------------------------------------------
     def _end(self, error: str | None = None, description: str | None = None, exc: BaseException | None = None):
         with self.lock:
@@ -271,13 +317,15 @@ class Invocation:
         if self.input_messages is not None:
             self.tel.capture.set_attributes(out, self.input_messages, self.output_parts, reasons)
         if error is not None:
+            # the error path only: what an error carries is redacted (redacted_error)
+            self._redact_request_model(span, attrs)
             attrs[semconv.ERROR_TYPE] = error
             out[semconv.ERROR_TYPE] = error
         span.set_attributes(out)
         if error is not None:
-            span.set_status(Status(StatusCode.ERROR, description))
+            span.set_status(Status(StatusCode.ERROR, redacted_error(description) if description else None))
             if exc is not None:
-                span.record_exception(exc)
+                span.record_exception(exc, attributes=exception_attributes(exc))
         span.end()
         tel = self.tel
         tel.duration.record(end - self.start, attrs)
@@ -355,9 +403,11 @@ def request_attributes(operation: str, kwargs: dict) -> dict[str, Any]:
         attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = n
     stop = get("stop")
     if isinstance(stop, str):
-        attrs[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
-    elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-        attrs[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = list(stop)
+        stop = [stop]
+    if isinstance(stop, (list, tuple)) and stop and all(isinstance(s, str) for s in stop):
+        # the caller's text, exported whether or not content is captured: redacted (only calls
+        # that pass stop sequences pay for it)
+        attrs[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = [redaction.default().redact(s) for s in stop]
     extra = get("extra_body")
     if isinstance(extra, dict) and _number(extra.get("top_k")):  # vLLM's sampling extension
         attrs[semconv.GEN_AI_REQUEST_TOP_K] = float(extra["top_k"])

@@ -24,6 +24,7 @@ from otel_llm.vllm.wrappers import (
     llm_engine_add_request,
     llm_keeps_stats,
     native_tracing_off,
+    redacting_loggers,
     validation_rejection,
     vllm_error_rejection,
 )
@@ -77,6 +78,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("vLLM error handler", ("vllm.entrypoints.serve.exception_handling.register",),
          "vllm_error_handler", vllm_error_rejection,
          "error span for requests a request model's validator rejects with a VLLMError", required=False),
+    Hook("vLLM loggers", ("vllm.logger",), "init_logger", redacting_loggers,
+         "vLLM's warnings and errors (a 404 echoes the model name) redacted", required=False),
 )
 
 

@@ -18,7 +18,7 @@ import logging
 
 from otel_llm.config import Settings, disabled_instrumentations
 from otel_llm.vllm import offload
-from otel_llm.warn import failed
+from otel_llm.warn import entry
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -40,9 +40,11 @@ def instrument_app(app, settings: Settings, tracer_provider=None) -> bool:
         FastAPIInstrumentor.uninstrument_app(app)
         app.middleware_stack = None  # rebuilt lazily, with our instrumentation, on the first request
     redact = settings.http_redact_query
-    hook = redact_query_hook if redact else None
+    # (module-level functions, each guarded: otel_llm/warn.py `entry`)
     if tracer_provider is not None:
-        hook = _websockets_hold_nothing(hook)
+        hook = redacting_hold_nothing_hook if redact else hold_nothing_hook
+    else:
+        hook = redact_query_hook if redact else None
     FastAPIInstrumentor.instrument_app(
         app,
         excluded_urls=settings.http_excluded_urls,
@@ -57,17 +59,20 @@ def instrument_app(app, settings: Settings, tracer_provider=None) -> bool:
     return True
 
 
-def _websockets_hold_nothing(then):
-    """A websocket's span lives as long as the connection: the requests made in it send their
-    telemetry on their own instead of with that span (otel_llm/vllm/offload.py `hand_over`)."""
+@entry("hold_nothing_hook")
+def hold_nothing_hook(span, scope) -> None:
+    """FastAPI server_request_hook with the export process: a websocket's span lives as long as the
+    connection, so the requests made in it send their telemetry on their own instead of with that
+    span (otel_llm/vllm/offload.py `hand_over`)."""
+    if scope.get("type") != "http":
+        offload.hold_nothing(span)
 
-    def hook(span, scope) -> None:
-        if scope.get("type") != "http":
-            offload.hold_nothing(span)
-        if then is not None:
-            then(span, scope)
 
-    return hook
+@entry("redacting_hold_nothing_hook")
+def redacting_hold_nothing_hook(span, scope) -> None:
+    """Both server request hooks (with the export process, queries redacted)."""
+    hold_nothing_hook(span, scope)
+    redact_query_hook(span, scope)
 
 
 REDACTED = "REDACTED"
@@ -86,35 +91,32 @@ def redact_query(query: str) -> str:
     return "&".join(parts)
 
 
+@entry(*_REDACTION_FAILED)
 def redact_query_hook(span, scope) -> None:
     """FastAPI server_request_hook: runs after the instrumentation set the span's URL attributes."""
-    try:
-        if not scope.get("query_string") or not span.is_recording():
-            return
-        attributes = getattr(span, "attributes", None) or {}
-        for key in _URL_ATTRIBUTES:
-            value = attributes.get(key)
-            if isinstance(value, str) and "?" in value:
-                base, _, query = value.partition("?")
-                span.set_attribute(key, f"{base}?{redact_query(query)}")
-        if isinstance(attributes.get("url.query"), str):
-            span.set_attribute("url.query", redact_query(attributes["url.query"]))
-    except Exception:
-        failed(*_REDACTION_FAILED)
+    if not scope.get("query_string") or not span.is_recording():
+        return
+    attributes = getattr(span, "attributes", None) or {}
+    for key in _URL_ATTRIBUTES:
+        value = attributes.get(key)
+        if isinstance(value, str) and "?" in value:
+            base, _, query = value.partition("?")
+            span.set_attribute(key, f"{base}?{redact_query(query)}")
+    if isinstance(attributes.get("url.query"), str):
+        span.set_attribute("url.query", redact_query(attributes["url.query"]))
 
 
 class _AccessLogQueryFilter(logging.Filter):
     """uvicorn's access log line `%s - "%s %s HTTP/%s" %d`: the third argument is the path and query."""
 
+    # runs inside uvicorn's send(): never fail a response over a log line; on a failure the line is
+    # dropped (False), as it may hold a key, rather than logged unredacted
+    @entry(*_REDACTION_FAILED, fallback=False)
     def filter(self, record):
-        try:
-            args = record.args
-            if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
-                base, _, query = args[2].partition("?")
-                record.args = (*args[:2], f"{base}?{redact_query(query)}", *args[3:])
-        except Exception:  # runs inside uvicorn's send(): never fail a response over a log line
-            failed(*_REDACTION_FAILED)
-            return False  # the line may hold a key: drop it rather than log it unredacted
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            base, _, query = args[2].partition("?")
+            record.args = (*args[:2], f"{base}?{redact_query(query)}", *args[3:])
         return True
 
 

@@ -44,7 +44,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv
-from otel_llm.warn import WarnOnce
+from otel_llm.warn import WarnOnce, entry, failed, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -137,83 +137,139 @@ class DeferredSpan(trace.Span):
         return self._tracer.start_span(name, trace.set_span_in_context(self), SpanKind.INTERNAL, attributes,
                                        start_time=start_time, _outbox=self.outbox)
 
+    # Called by other instrumentations (the FastAPI middleware, dozens of times per request) and by
+    # ours: each guards itself (otel_llm/warn.py `inline_entry`: no wrapper call on this hot path) and
+    # answers, on a failure of ours, what a span that records nothing answers.
+    @inline_entry("DeferredSpan.get_span_context")
     def get_span_context(self) -> SpanContext:
-        return self._context
+        try:
+            return self._context
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.get_span_context")
+            return trace.INVALID_SPAN_CONTEXT
 
     # read by other instrumentations' hooks, as on the SDK's span (our query redaction reads attributes)
     @property
+    @inline_entry("DeferredSpan.name")
     def name(self) -> str:
-        return self._name
+        try:
+            return self._name
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.name")
+            return ""
 
     @property
+    @inline_entry("DeferredSpan.kind")
     def kind(self) -> SpanKind:
-        return self._kind
+        try:
+            return self._kind
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.kind")
+            return SpanKind.INTERNAL
 
     @property
+    @inline_entry("DeferredSpan.attributes")
     def attributes(self):
-        return MappingProxyType(self._attributes)
+        try:
+            return MappingProxyType(self._attributes)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.attributes")
+            return MappingProxyType({})
 
+    @inline_entry("DeferredSpan.is_recording")
     def is_recording(self) -> bool:
-        return self._sampled and not self._ended
+        try:
+            return self._sampled and not self._ended
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.is_recording")
+            return False
 
+    @inline_entry("DeferredSpan.set_attribute")
     def set_attribute(self, key: str, value) -> None:
-        if self._ended:
-            return
-        attrs = self._attributes
-        if key in attrs:
-            del attrs[key]  # the SDK moves an overwritten attribute to the end
-        attrs[key] = value
+        try:
+            if self._ended:
+                return
+            attrs = self._attributes
+            if key in attrs:
+                del attrs[key]  # the SDK moves an overwritten attribute to the end
+            attrs[key] = value
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_attribute")
 
+    @inline_entry("DeferredSpan.set_attributes")
     def set_attributes(self, attributes) -> None:
-        if self._ended:
-            return
-        if self._attributes.keys().isdisjoint(attributes):
-            self._attributes.update(attributes)
-            return
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
+        try:
+            if self._ended:
+                return
+            if self._attributes.keys().isdisjoint(attributes):
+                self._attributes.update(attributes)
+                return
+            for key, value in attributes.items():
+                self.set_attribute(key, value)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_attributes")
 
+    @inline_entry("DeferredSpan.set_status")
     def set_status(self, status, description: str | None = None) -> None:
-        # the SDK's rules: OK is final, UNSET is ignored, a Status object's description wins
-        if self._ended or (self._status is not None and self._status[0] == StatusCode.OK.value):
-            return
-        if isinstance(status, Status):
-            code, description = status.status_code, status.description
-        else:
-            code = status
-            description = description if code is StatusCode.ERROR else None
-        if code is StatusCode.UNSET:
-            return
-        self._status = (code.value, description)
+        try:
+            # the SDK's rules: OK is final, UNSET is ignored, a Status object's description wins
+            if self._ended or (self._status is not None and self._status[0] == StatusCode.OK.value):
+                return
+            if isinstance(status, Status):
+                code, description = status.status_code, status.description
+            else:
+                code = status
+                description = description if code is StatusCode.ERROR else None
+            if code is StatusCode.UNSET:
+                return
+            self._status = (code.value, description)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_status")
 
+    @inline_entry("DeferredSpan.update_name")
     def update_name(self, name: str) -> None:
-        if not self._ended:
-            self._name = name
+        try:
+            if not self._ended:
+                self._name = name
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.update_name")
 
+    @inline_entry("DeferredSpan.add_event")
     def add_event(self, name, attributes=None, timestamp=None) -> None:
-        if not self._ended:
-            self._events.append((name, dict(attributes) if attributes else {},
-                                 timestamp if timestamp is not None else time.time_ns()))
+        try:
+            if not self._ended:
+                self._events.append((name, dict(attributes) if attributes else {},
+                                     timestamp if timestamp is not None else time.time_ns()))
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.add_event")
 
+    @inline_entry("DeferredSpan.record_exception")
     def record_exception(self, exception, attributes=None, timestamp=None, escaped=False) -> None:
-        if not self._ended:  # the SDK's own event: its attributes (type, message, stacktrace, escaped)
-            _SDKSpan.record_exception(self, exception, attributes, timestamp, escaped)
+        try:
+            if not self._ended:  # the SDK's own event: its attributes (type, message, stacktrace, escaped)
+                _SDKSpan.record_exception(self, exception, attributes, timestamp, escaped)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.record_exception")
 
+    @inline_entry("DeferredSpan.end")
     def end(self, end_time: int | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        if self._sampled:
-            ctx, parent = self._context, self._parent
-            self.outbox.spans.append((
-                self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
-                parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
-                int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
-                end_time or time.time_ns(), self._attributes, self._status,
-                [_link(link) for link in self._links], self._events,
-            ))
-        if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
-            self._tracer.hand_over(self)
+        try:
+            if self._ended:
+                return
+            self._ended = True
+            if self._sampled:
+                ctx, parent = self._context, self._parent
+                self.outbox.spans.append((
+                    self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
+                    parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
+                    int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
+                    end_time or time.time_ns(), self._attributes, self._status,
+                    [_link(link) for link in self._links], self._events,
+                ))
+            if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
+                self._tracer.hand_over(self)
+        except Exception:  # noqa: BLE001 - the span's telemetry (and what it holds) is lost, not the request
+            failed("DeferredSpan.end")
 
 
 def _link(link) -> tuple:
@@ -222,7 +278,7 @@ def _link(link) -> tuple:
             dict(link.attributes or {}))
 
 
-class DeferredTracer:
+class DeferredTracer(trace.Tracer):
     """`start_span` as the SDK's Tracer does it (the user's sampler and id generator), making a
     DeferredSpan with an Outbox of its own (a request's phase spans: DeferredSpan.start_child).
     `scope` and `hand_over`: the tracer of another instrumentation (DeferredTracerProvider), whose
@@ -238,48 +294,60 @@ class DeferredTracer:
         self.children_follow_parent = isinstance(self.sampler, ParentBased) and \
             getattr(self.sampler, "_local_parent_sampled", None) is ALWAYS_ON
 
+    @inline_entry("DeferredTracer.start_span")
     def start_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None, links=None,
-                   start_time: int | None = None, _outbox: Outbox | None = None, **_ignored) -> DeferredSpan:
-        links = links or ()
-        parent_span = trace.get_current_span(context)
-        parent = parent_span.get_span_context()
-        if parent is None or not parent.is_valid:
-            parent = None
-            trace_id = self.id_generator.generate_trace_id()
-            random_trace_id = self.id_generator.is_trace_id_random()
-        else:
-            trace_id = parent.trace_id
-            random_trace_id = parent.trace_flags.random_trace_id
-        result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
-        if random_trace_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
-        span_context = SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
-                                   trace_flags=TraceFlags(flags), trace_state=result.trace_state)
-        outbox = _outbox if _outbox is not None else Outbox(self.scope)
-        # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
-        sampled = result.decision.is_sampled()
-        # an open, recording span of another instrumentation (the HTTP server span) takes this
-        # one's telemetry along when it ends (an unsampled one may never be ended)
-        holder = parent_span if isinstance(parent_span, DeferredSpan) and parent_span._tracer.hand_over is not None \
-            and parent_span.is_recording() else None
-        span = DeferredSpan(name, span_context, parent, kind, result.attributes if sampled else None, links,
-                            start_time or time.time_ns(), sampled, outbox, self, holder)
-        if outbox.exemplar is None:
-            outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
-        return span
+                   start_time: int | None = None, _outbox: Outbox | None = None, **_ignored) -> trace.Span:
+        """A DeferredSpan; on a failure of ours a span that records nothing (the caller, the FastAPI
+        middleware among them, goes on: the request is served without this span)."""
+        try:
+            links = links or ()
+            parent_span = trace.get_current_span(context)
+            parent = parent_span.get_span_context()
+            if parent is None or not parent.is_valid:
+                parent = None
+                trace_id = self.id_generator.generate_trace_id()
+                random_trace_id = self.id_generator.is_trace_id_random()
+            else:
+                trace_id = parent.trace_id
+                random_trace_id = parent.trace_flags.random_trace_id
+            result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+            if random_trace_id:
+                flags |= TraceFlags.RANDOM_TRACE_ID
+            span_context = SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
+                                       trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+            outbox = _outbox if _outbox is not None else Outbox(self.scope)
+            # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
+            sampled = result.decision.is_sampled()
+            # an open, recording span of another instrumentation (the HTTP server span) takes this
+            # one's telemetry along when it ends (an unsampled one may never be ended)
+            holder = parent_span if isinstance(parent_span, DeferredSpan) \
+                and parent_span._tracer.hand_over is not None and parent_span.is_recording() else None
+            span = DeferredSpan(name, span_context, parent, kind, result.attributes if sampled else None, links,
+                                start_time or time.time_ns(), sampled, outbox, self, holder)
+            if outbox.exemplar is None:
+                outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
+            return span
+        except Exception:  # noqa: BLE001
+            failed("DeferredTracer.start_span")
+            return trace.INVALID_SPAN
 
+    @inline_entry("DeferredTracer.start_as_current_span")
     @contextmanager
     def start_as_current_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
                               links=None, start_time: int | None = None, record_exception: bool = True,
                               set_status_on_exception: bool = True, end_on_exit: bool = True):
-        span = self.start_span(name, context, kind, attributes, links, start_time)
+        try:  # (only our part: what the caller's block raises goes to the caller)
+            span = self.start_span(name, context, kind, attributes, links, start_time)
+        except Exception:  # noqa: BLE001
+            failed("DeferredTracer.start_as_current_span")
+            span = trace.INVALID_SPAN
         with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
                             set_status_on_exception=set_status_on_exception) as current:
             yield current
 
 
-class DeferredTracerProvider:
+class DeferredTracerProvider(trace.TracerProvider):
     """The tracer provider handed to another instrumentation (FastAPI's, for the HTTP server span):
     its spans are DeferredSpans with their own scope, exported by the export process."""
 
@@ -287,8 +355,9 @@ class DeferredTracerProvider:
         self._tracer = tracer  # whose sampler and id generator (the user's) its tracers use
         self._hand_over = hand_over
 
+    @entry("DeferredTracerProvider.get_tracer", fallback=trace.NoOpTracer())
     def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
-                   schema_url: str | None = None, attributes=None) -> DeferredTracer:
+                   schema_url: str | None = None, attributes=None) -> trace.Tracer:
         scope = (instrumenting_module_name, instrumenting_library_version, schema_url,
                  dict(attributes) if attributes else None)
         return DeferredTracer(self._tracer, scope, self._hand_over)
@@ -300,6 +369,7 @@ def hold_nothing(span) -> None:
         span.holds = False
 
 
+@entry("hand_over")
 def hand_over(span: DeferredSpan, channel: ExportChannel) -> None:
     """A finished span's telemetry: along with its holder when that is still open, else to the
     export process now."""
@@ -378,6 +448,7 @@ class ExportChannel:
         weak = weakref.WeakMethod(self._after_fork)  # a closed channel is not kept alive for forks
         os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
 
+    @entry("ExportChannel._after_fork")
     def _after_fork(self) -> None:
         # the parent's socket and process are the parent's; this process starts its own if it sends
         self._lock = threading.Lock()
@@ -417,8 +488,10 @@ class ExportChannel:
         self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
         return False
 
+    @entry("ExportChannel.send", fallback=False)
     def send(self, message: tuple) -> bool:
-        """Hand one message over, never blocking. False when it was dropped (and counted)."""
+        """Hand one message over, never blocking. False when it was dropped (and counted), or when it
+        failed (counted in otel_llm.instrumentation.failures)."""
         try:
             data = marshal.dumps(message)
         except ValueError:  # a value marshal does not take: the attributes, made plain

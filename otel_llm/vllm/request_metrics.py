@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry.metrics import Observation
 
-from otel_llm import semconv
+from otel_llm import semconv, warn
 
 
 class Measurement(NamedTuple):
@@ -80,9 +80,10 @@ class RequestMetrics:
             series = (key, token_type)
             totals[series] = totals.get(series, 0) + value
 
+    @warn.entry("observing the token totals", fallback=())
     def _observe_tokens(self, options):
-        for (key, token_type), value in list(self._token_totals.items()):
-            yield Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
+        return [Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
+                for (key, token_type), value in list(self._token_totals.items())]
 
 
 _TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)

@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_llm import content, semconv
+from otel_llm import content, redaction, semconv
 from otel_llm.vllm import contract
 from otel_llm.vllm.offload import DeferredSpan
 from otel_llm.vllm.request_metrics import Measurement, outcome
@@ -31,6 +31,12 @@ _log = logging.getLogger(__name__)
 # Phase child spans are made for this many engine requests of one request at most (n > 1 makes one
 # engine request per choice; n may be 16384): the rest are counted in VLLM_PHASE_SPANS_OMITTED.
 MAX_PHASE_SPAN_CHAINS = 4
+
+# A failed request's error text (vLLM's message, an exception's) is redacted before it is set as the
+# span's status description: vLLM's 404 echoes the model name it was asked for, an exception can
+# carry the prompt. The redactor reads at most MAX_ERROR_SCAN characters of it; MAX_ERROR_TEXT are kept.
+MAX_ERROR_SCAN = 16_384
+MAX_ERROR_TEXT = 500
 
 # The request being served in the current task; the engine hooks attach to it.
 CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
@@ -257,20 +263,30 @@ class RequestTelemetry:
         # the phases, the usage record and the metrics each fail alone: the rest still arrives
         timing = guarded("reading a request's phase timing", self._phases, end_ns, engines) or _Timing()
         attrs.update(timing.attributes)
+        request_model = self.info.model
         if error_type is not None:
+            # the error path only: the error's text and the model name the client sent are redacted
+            # (a request that succeeded named a model vLLM serves)
+            redact = redaction.default().redact
+            error_type = redact(error_type)
             attrs[semconv.ERROR_TYPE] = error_type
-            span.set_status(Status(StatusCode.ERROR, error_message or error_type))
+            span.set_status(Status(StatusCode.ERROR, redacted_error(error_message) if error_message else error_type))
+            if request_model:
+                request_model = redact(request_model)
+                if request_model != self.info.model:
+                    attrs[semconv.GEN_AI_REQUEST_MODEL] = request_model
+                    span.update_name(semconv.genai_span_name(self.info.operation, request_model))
         if self.telemetry.capture is not None and self.info.request is not None:
             guarded("capturing a request's content", self._capture, attrs, finish_reasons, engines)
         # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
         if engines and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
             guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
-                    response, response_model, end_ns, engines[0])
+                    response, response_model, end_ns, engines[0], request_model)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
-                error_type, response_model, (end_ns - self.start_ns) / 1e9)
+                error_type, response_model, (end_ns - self.start_ns) / 1e9, request_model)
         guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
 
     def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
@@ -288,7 +304,7 @@ class RequestTelemetry:
         self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
     def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int,
-                     first: contract.EngineRequest) -> None:
+                     first: contract.EngineRequest, request_model: str | None) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
         info = self.info
         ledger = self.telemetry.ledger
@@ -308,8 +324,8 @@ class RequestTelemetry:
         }
         served = first.lora_name
         optional = (
-            (semconv.GEN_AI_REQUEST_MODEL, info.model),
-            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or info.model),
+            (semconv.GEN_AI_REQUEST_MODEL, request_model),
+            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or request_model),
             (semconv.VLLM_LORA_NAME, served),
             (semconv.GEN_AI_RESPONSE_ID, self.response_id or getattr(response, "id", None)),
             (semconv.TENANT_ID, info.tenant),
@@ -450,11 +466,12 @@ class RequestTelemetry:
             if not stop:
                 break
 
-    def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float) -> None:
+    def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float,
+                        request_model: str | None) -> None:
         tel = self.telemetry
         info = self.info
-        # a failed request's model name is whatever the client sent: guard it like a tenant
-        model = info.model if error_type is None else tel.label_failed_model(info.model)
+        # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
+        model = request_model if error_type is None else tel.label_failed_model(request_model)
         key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
                tel.label_cost_center(info.cost_center))
         # (usage None: a P/D prefill leg, counted on its decode node)
@@ -500,6 +517,17 @@ _NO_ENGINE_EVENTS = (
     "child spans. Drop --disable-log-stats to get them.")
 
 
+def redacted_error(text: str) -> str:
+    """An error's text for export: redacted (redaction.default()), then cut to MAX_ERROR_TEXT. Redacted
+    before the cut, so a cut never leaves part of a key no rule recognises any more; of a text longer
+    than MAX_ERROR_SCAN the redactor reads the start, without the word the scan limit cuts."""
+    if len(text) > MAX_ERROR_SCAN:
+        text = text[:MAX_ERROR_SCAN]
+        text = text[:max(text.rfind(" "), text.rfind("\n"), 0)]
+    text = redaction.default().redact(text)
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "…"
+
+
 def start_request(telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False, start_ns: int | None = None,
                   links=None, context=None) -> RequestTelemetry:
     """A request's telemetry, its GenAI span started (at `start_ns`, default now)."""
@@ -514,7 +542,7 @@ def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:
     elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         record.end(aborted=True)
     else:
-        record.end(error_type=type(exc).__qualname__, error_message=str(exc)[:500])
+        record.end(error_type=type(exc).__qualname__, error_message=str(exc))  # redacted, then cut, at the end
 
 
 def attach(record: RequestTelemetry):

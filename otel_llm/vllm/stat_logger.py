@@ -4,17 +4,25 @@ AsyncLLM collects per-request timestamps (queued, scheduled, first and last toke
 stats are on; with `--disable-log-stats` they are off, and the phase spans would be lost. A
 custom stat logger turns collection back on without vLLM's default loggers, so the flag still
 silences vLLM's own stats logging and Prometheus metrics.
+
+vLLM calls these methods (`record` on every engine step of the API server): each is guarded
+(otel_llm/warn.py `entry`), though none does anything.
 """
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from otel_llm.warn import entry
+
 
 class KeepRequestStats(StatLoggerBase):
+    @entry("KeepRequestStats.__init__")
     def __init__(self, vllm_config, engine_index: int = 0):
         pass
 
+    @entry("KeepRequestStats.record")
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         pass
 
+    @entry("KeepRequestStats.log_engine_initialized")
     def log_engine_initialized(self):
         pass

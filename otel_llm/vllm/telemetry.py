@@ -11,13 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.metrics import Observation
 
-from otel_llm import content, semconv
+from otel_llm import content, semconv, warn
 from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
 from otel_llm.vllm.offload import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+
+
+@warn.entry("observe_failures", fallback=())
+def observe_failures(options=None):
+    """The metric reader's callback (on its thread, or in a /metrics scrape)."""
+    return [Observation(count, {semconv.FAILURE_POINT: what}) for what, count in warn.failures().items()]
 
 
 @dataclass
@@ -61,6 +68,8 @@ class Telemetry:
         # the export process's socket (otel_llm/vllm/offload.py), or None: the SDK exports in process
         self.channel = channel
         self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
+        # failures of our own code this process caught (otel_llm/warn.py), by where they happened
+        semconv.create_instrument(meter, semconv.INSTRUMENTATION_FAILURES, [observe_failures])
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
 

@@ -6,15 +6,17 @@ Telemetry and returns a wrapt wrapper. Our own bookkeeping inside them runs unde
 from __future__ import annotations
 
 import json
+import logging
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_llm import semconv
+from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry
 from otel_llm.vllm.telemetry import Telemetry
+from otel_llm.warn import entry
 from otel_llm.warn import guard as _safe
 
 
@@ -319,3 +321,52 @@ def background_response(tel: Telemetry):
 
 
 _end_background = _safe("ending a background response span")(lambda record: record.end())
+
+
+class RedactingLogFilter(logging.Filter):
+    """vLLM's warnings and errors can quote a request: `Error with model ErrorInfo(message='The model
+    `<what the client sent>` does not exist.')` on every chat or Responses 404, an exception's message
+    and traceback. On each of vLLM's loggers this filter redacts such a record (redaction.default())
+    before any handler writes it: its message, its exception (then held as text only: a handler that
+    reads the exception itself, OTLP's, would export it whole) and its stack. Records below WARNING
+    pass untouched: nothing runs per request."""
+
+    # a record that cannot be redacted may hold a key: dropped (False) rather than written as it is
+    @entry("redacting a vLLM log record", "that record is dropped", fallback=False)
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "otel_llm_redacted", False):
+            return True
+        redact = redaction.default().redact
+        record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        record.otel_llm_redacted = True
+        return True
+
+
+_LOG_FILTER = RedactingLogFilter()
+
+
+def redacting_loggers(tel: Telemetry):
+    """Wraps vLLM's `init_logger`: each logger it hands out gets RedactingLogFilter (a logger's filters
+    survive vLLM's later logging configuration; its handlers do not). The loggers made before the
+    hook was applied get it now."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and isinstance(logger, logging.Logger):
+            logger.addFilter(_LOG_FILTER)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        logger = wrapped(*args, **kwargs)
+        _add_log_filter(logger)
+        return logger
+
+    return wrapper
+
+
+_add_log_filter = _safe("redacting a vLLM logger's warnings")(lambda logger: logger.addFilter(_LOG_FILTER))

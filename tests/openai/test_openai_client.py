@@ -711,3 +711,97 @@ def test_captured_content_is_redacted_and_counted(monkeypatch, server, client):
                            semconv.REDACTION_RULE_PHONE: 1}
     finally:
         otel.close()
+
+
+# --- error text is redacted: a provider's error can echo the key, the model name or the prompt ----
+
+LEAKED_KEY = "sk-proj-" + "Q7r2Lx9Vt4Mz8Kp3Hw6Nc1Bd"
+
+
+def assert_key_nowhere(otel, key=LEAKED_KEY):
+    """Not in any span's name, attributes, status or events, nor in any metric point."""
+    for span in otel.finished():
+        exported = json.dumps([span.name, dict(span.attributes), span.status.description,
+                               [(e.name, dict(e.attributes)) for e in span.events]], default=str)
+        assert key not in exported and key[-8:] not in exported, exported
+    assert key[-8:] not in otel.reader.get_metrics_data().to_json()
+
+
+def error_reply(status: int, message: str) -> dict:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": None}})
+    return {"status": status, "headers": {"content-type": "application/json"}, "body": body.encode()}
+
+
+def test_an_error_body_echoing_the_key_is_redacted_in_status_and_exception_event(otel, server, client):
+    server.queue.append(error_reply(401, f"Incorrect API key provided: {LEAKED_KEY}. Find yours at ..."))
+    with pytest.raises(openai.AuthenticationError) as raised:
+        client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert LEAKED_KEY in str(raised.value)  # the caller's exception is left as it is
+    span = otel.only_span()
+    assert span.attributes[semconv.ERROR_TYPE] == "401"
+    assert "<SECRET>" in span.status.description
+    (event,) = span.events
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == "openai.AuthenticationError"
+    assert "Incorrect API key provided: <SECRET>" in event.attributes["exception.message"]
+    assert "<SECRET>" in event.attributes["exception.stacktrace"]
+    assert "AuthenticationError" in event.attributes["exception.stacktrace"]
+    assert_key_nowhere(otel)
+
+
+def test_a_key_passed_as_the_model_is_redacted_on_the_span_and_metrics_when_the_call_fails(otel, server, client):
+    server.queue.append(error_reply(404, f"The model `{LEAKED_KEY}` does not exist"))
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=LEAKED_KEY, messages=HELLO)
+    span = otel.only_span()
+    assert span.name == "chat <SECRET>"
+    assert span.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
+    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    assert duration.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
+    assert_key_nowhere(otel)
+
+
+def test_a_stream_error_event_echoing_the_key_is_redacted(otel, server, client):
+    events = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4","choices":'
+              b'[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+              b'data: {"error": {"message": "upstream rejected key ' + LEAKED_KEY.encode() + b'"}}\n\n')
+    server.queue.append({"status": 200, "headers": {"content-type": "text/event-stream"}, "body": events})
+    with pytest.raises(openai.APIError):
+        for _ in client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True):
+            pass
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.ERROR
+    assert "<SECRET>" in span.status.description
+    assert_key_nowhere(otel)
+
+
+def test_async_error_is_redacted(otel, server):
+    server.queue.append(error_reply(400, f"bad request for {LEAKED_KEY}"))
+
+    async def call():
+        async with aclient(server) as c:
+            await c.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+
+    with pytest.raises(openai.BadRequestError):
+        asyncio.run(call())
+    assert "<SECRET>" in otel.only_span().status.description
+    assert_key_nowhere(otel)
+
+
+def test_stop_sequences_are_redacted(otel, server, client):
+    server.play("test_chat_completion_with_content.yaml")
+    client.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stop=["\n", LEAKED_KEY])
+    assert otel.only_span().attributes[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] == ("\n", "<SECRET>")
+    assert_key_nowhere(otel)
+
+
+def test_error_text_is_redacted_before_it_is_cut_and_read_within_a_bound():
+    from otel_llm.openai.telemetry import MAX_ERROR_TEXT, redacted_error
+
+    text = "x " * (MAX_ERROR_TEXT // 2 - 10) + LEAKED_KEY + " tail"
+    assert len(text) > MAX_ERROR_TEXT and text.index(LEAKED_KEY) < MAX_ERROR_TEXT < text.index(" tail")
+    out = redacted_error(text)
+    assert LEAKED_KEY[:12] not in out and out.endswith("…")  # the word cut at the bound is dropped whole
+    end = redacted_error(LEAKED_KEY + " y" * MAX_ERROR_TEXT, keep_end=True)
+    assert "sk-" not in end and LEAKED_KEY[-8:] not in end
+    assert redacted_error(f"short {LEAKED_KEY}") == "short <SECRET>"

@@ -462,3 +462,87 @@ def test_the_export_process_joins_and_leaves_the_bounded_shutdown(monkeypatch):
     assert len(given) == 1 and 0 <= given[0] <= 2.0  # the time left to the bound, never more
     shutdown.leave_shutdown(close)
     assert bounded.participants == []
+
+
+# --- a fault in any entry point (issue 20) -----------------------------------------------------
+
+
+def _fault_injector():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "e2e" / "reliability" / "fault_injector.py"
+    spec = importlib.util.spec_from_file_location("fault_injector", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _serve_the_requests(http_module) -> list[tuple[int, bytes]]:
+    """A FastAPI app as vLLM's is instrumented with the export process (the HTTP server span from
+    the deferred tracer provider, our request hooks), a handler making a GenAI span under it and
+    handing it over: (status, body) of a request with a query, a failing handler and a 404."""
+    from starlette.testclient import TestClient
+
+    from otel_llm.config import Settings
+
+    link = channel()
+    link._closed = True  # (sends are dropped and counted: no export process here)
+    tracer = offload.DeferredTracer(TracerProvider())
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        span = tracer.start_span("chat tiny", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
+        span.set_attributes({semconv.GEN_AI_REQUEST_MODEL: "tiny"})
+        span.set_attribute(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 5)
+        span.set_status(StatusCode.OK)
+        span.end()
+        if isinstance(span, offload.DeferredSpan):  # (Telemetry.finish)
+            offload.hand_over(span, link)
+        return {"choices": [{"text": "x"}]}
+
+    @app.post("/v1/completions")
+    async def fails():
+        raise ValueError("the engine is gone")
+
+    http_module.instrument_app(app, Settings(), offload.DeferredTracerProvider(
+        tracer, lambda span: offload.hand_over(span, link)))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        responses = [client.post("/v1/chat/completions?api_key=secret", json={}),
+                     client.post("/v1/completions", json={}), client.get("/v1/nothing")]
+    link.close()
+    return [(r.status_code, r.content) for r in responses]
+
+
+def _http_entry_points():
+    from otel_llm.vllm import http
+    from otel_llm.warn import entry_points
+
+    return [(f"{m.__name__}:{name}", fn) for m in (offload, http) for name, fn in entry_points(m)]
+
+
+@pytest.mark.parametrize("name,fn", _http_entry_points(), ids=[n for n, _ in _http_entry_points()])
+def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn):
+    """Each entry point of the HTTP path (otel_llm/warn.py: `entry`, `inline_entry`), a fault raised
+    inside its guard as the real-server fault test does: the responses are those without it, the
+    failure is counted (otel_llm.instrumentation.failures), nothing escapes."""
+    from otel_llm import warn
+    from otel_llm.vllm import http
+
+    expected = _serve_the_requests(http)
+    injector = _fault_injector()
+    hits = []
+
+    def check(point):
+        hits.append(point)
+        raise injector.InjectedFault(point)
+
+    before = warn.failures().get(fn.what, 0)
+    undo = injector.inject(fn, name, check)
+    try:
+        got = _serve_the_requests(http)
+    finally:
+        undo()
+    assert got == expected
+    assert warn.failures().get(fn.what, 0) - before == len(hits)

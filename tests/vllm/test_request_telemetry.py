@@ -257,3 +257,106 @@ def test_label_guard_allow_list_and_cap():
     assert LabelGuard(allow_list=("a",))("b") == semconv.LABEL_OTHER
     guard = LabelGuard(limit=2)
     assert [guard(v) for v in ("x", "y", "z", "x", None)] == ["x", "y", semconv.LABEL_OTHER, "x", None]
+
+
+# --- a failed request's text is redacted: vLLM's 404 echoes the model name, an exception the prompt ---
+
+LEAKED_KEY = "sk-proj-" + "Q7r2Lx9Vt4Mz8Kp3Hw6Nc1Bd"
+
+
+def exported_text(env) -> str:
+    spans = [(s.name, dict(s.attributes), s.status.description, [dict(e.attributes) for e in s.events])
+             for s in env.exporter.get_finished_spans()]
+    return repr(spans) + env.reader.get_metrics_data().to_json()
+
+
+def test_a_key_sent_as_the_model_is_redacted_in_name_attributes_status_and_metrics(env):
+    record = start_request(env.tel, RequestInfo(operation="chat", model=LEAKED_KEY))
+    record.end(error_type="NotFoundError", error_message=f"The model `{LEAKED_KEY}` does not exist.")
+    (span,) = env.exporter.get_finished_spans()
+    assert span.name == "chat <SECRET>"
+    assert span.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
+    assert span.attributes[semconv.ERROR_TYPE] == "NotFoundError"
+    assert span.status.description == "The model `<SECRET>` does not exist."
+    (duration,) = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
+    assert duration.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
+    assert LEAKED_KEY[-8:] not in exported_text(env)
+
+
+def test_an_exceptions_message_is_redacted_before_it_is_cut(env):
+    from otel_llm.vllm.request_telemetry import MAX_ERROR_TEXT, end_with_exception
+
+    # the key straddles the cut: cutting first would leave a part no rule recognises
+    message = "x" * (MAX_ERROR_TEXT - 12) + " " + LEAKED_KEY + " and more"
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+    record.attach_engine_request(state(st=stats(queued_ago=0.0)))
+    end_with_exception(record, ValueError(message))
+    (span,) = [s for s in env.exporter.get_finished_spans() if s.name == "chat m"]
+    assert span.attributes[semconv.ERROR_TYPE] == "ValueError"
+    assert span.status.description == "x" * (MAX_ERROR_TEXT - 12) + " <SECRET> an…"
+    assert LEAKED_KEY[-8:] not in exported_text(env)
+
+
+def test_a_huge_error_text_is_read_within_a_bound():
+    from otel_llm.vllm.request_telemetry import MAX_ERROR_SCAN, redacted_error
+
+    started = time.perf_counter()
+    out = redacted_error(("sk-" + "a-" * 40 + " ") * (10 * MAX_ERROR_SCAN))
+    assert time.perf_counter() - started < 1.0 and len(out) <= 501
+    # a key cut by the scan bound is dropped whole, not left half
+    assert "sk-" not in redacted_error("y " * (MAX_ERROR_SCAN // 2 - 4) + LEAKED_KEY)[-40:]
+
+
+def test_the_export_process_path_redacts_the_same(env):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_llm.vllm import offload
+
+    env.tel.tracer = offload.DeferredTracer(TracerProvider())
+    record = start_request(env.tel, RequestInfo(operation="chat", model=LEAKED_KEY))
+    record.end(error_type="NotFoundError", error_message=f"The model `{LEAKED_KEY}` does not exist.")
+    (sent,) = record.span.outbox.spans
+    assert sent[0] == "chat <SECRET>"
+    assert LEAKED_KEY[-8:] not in repr(sent) and "<SECRET>" in repr(sent[12])
+
+
+def test_vllms_warnings_and_errors_are_redacted_before_any_handler_writes_them(env):
+    """What vLLM logs on a 404 (`Error with model ...`) and an exception it logs with its traceback."""
+    import io
+    import logging
+
+    from otel_llm.vllm import wrappers
+
+    made = {}
+
+    def init_logger(name):  # vLLM's, as the hook wraps it
+        made[name] = logging.getLogger(name)
+        return made[name]
+
+    earlier = logging.getLogger("vllm.test_earlier_module")  # made before the hook was applied
+    wrapper = wrappers.redacting_loggers(env.tel)
+    logger = wrapper(init_logger, None, ("vllm.test_serving_module",), {})
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    for each in (logger, earlier):
+        each.addHandler(handler)
+        each.propagate = False
+        each.setLevel(logging.INFO)
+    try:
+        logger.error("Error with model %s", f"ErrorInfo(message='The model `{LEAKED_KEY}` does not exist.')")
+        try:
+            raise ValueError(f"bad prompt {LEAKED_KEY}")
+        except ValueError:
+            earlier.exception("Error in preprocessing prompt inputs")
+        logger.info("routine %s", LEAKED_KEY)  # below WARNING: untouched, costs nothing
+    finally:
+        for each in (logger, earlier):
+            each.removeHandler(handler)
+        for each in list(logging.root.manager.loggerDict.values()):  # this process's vLLM loggers, as they were
+            if isinstance(each, logging.Logger):
+                each.removeFilter(wrappers._LOG_FILTER)
+    text = out.getvalue()
+    assert "ERROR Error with model ErrorInfo(message='The model `<SECRET>` does not exist.')" in text
+    assert "ValueError: bad prompt <SECRET>" in text and "Traceback" in text
+    assert text.count(LEAKED_KEY) == 1 and f"INFO routine {LEAKED_KEY}" in text

@@ -21,7 +21,16 @@ test switches the active fault at run time through a file, so one server serves 
    record and the request counter wherever the target is not what makes them); each fault is logged
    at most once, never per request, and no other traceback appears. vLLM's calls into our
    stat-logger plugin are empty methods; the token counter's callback runs on the export thread.
-2. An abort storm on the same server: after a warm-up of 20, 100 streams of a 4000-token generation
+2. Every entry point of otel-llm (a function of ours another library calls: the deferred spans,
+   tracer and tracer provider the FastAPI instrumentation gets, its request hooks, uvicorn's
+   access-log filter, vLLM's stat-logger plugin, the failure counter's callback; marked by
+   otel_llm/warn.py `entry` / `inline_entry`, listed by the server process itself as the injector
+   finds them, not here) gets a fault inside its guard, in the API server only, with the request
+   plan above plus a request for an unknown model (404) and an n=2 chat: every response equals the
+   no-fault baseline in status and body shape, the fault fired (except at ENTRIES_OFF_THIS_PATH),
+   it was logged at most once, no traceback per request, and each failure is counted in
+   otel_llm.instrumentation.failures under its point.
+3. An abort storm on the same server: after a warm-up of 20, 100 streams of a 4000-token generation
    left by the client after 1-3 chunks, 10 at a time: one aborted GenAI span per request with its
    phases inside it, the aborted-requests counter equal to the spans, the API server's RSS growth
    bounded (printed: run with -s).
@@ -68,6 +77,7 @@ LONG_GENERATION = 4000  # tokens: no engine finishes these before the client lea
 SHORT_GENERATION = 5
 
 CHAT, STREAM, ABORT, REJECT = "chat", "stream", "abort", "reject"
+NOT_FOUND, N2 = "not_found", "n2"  # an unknown model (404), a chat with n=2
 GENERATING = (CHAT, STREAM, ABORT)
 EVERY = (CHAT, STREAM, ABORT, REJECT)
 # requests sent per target: two of each kind, so that every fault fires at least twice and "logged
@@ -166,6 +176,28 @@ GUARDS_OFF_THIS_PATH = {
                                     "handler wrapper as chat and completions, faulted here",
     "starting a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
     "ending a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
+    "redacting a vLLM logger's warnings": "when vLLM makes a logger (init_logger, as its modules are imported)",
+}
+
+# entry points (otel_llm/warn.py) no request reaches, and why: their guards are checked by
+# tests/names/test_entry_points.py and tests/vllm/test_offload.py
+ENTRY = "entry:"
+ENTRIES_OFF_THIS_PATH = {
+    "otel_llm.vllm.stat_logger:KeepRequestStats.__init__": "when vLLM starts its engine",
+    "otel_llm.vllm.stat_logger:KeepRequestStats.log_engine_initialized": "once, when the engine is up",
+    "otel_llm.vllm.offload:DeferredTracerProvider.get_tracer": "when Starlette builds the app's middleware, at the "
+                                                               "server's first request (its readiness probe)",
+    "otel_llm.vllm.offload:ExportChannel._after_fork": "in a process forked from the API server",
+    "otel_llm.vllm.offload:DeferredTracer.start_as_current_span": "no caller on this server",
+    "otel_llm.vllm.offload:DeferredSpan.name": "no caller on this server (read by other instrumentations' hooks)",
+    "otel_llm.vllm.offload:DeferredSpan.update_name": "no caller on this server",
+    "otel_llm.vllm.offload:DeferredSpan.add_event": "no caller on this server",
+    "otel_llm.vllm.offload:DeferredSpan.record_exception": "an exception escaping the app (none here)",
+    "otel_llm.vllm.wrappers:RedactingLogFilter.filter": "a warning or error of vLLM's loggers (none here)",
+    "otel_llm.vllm.request_metrics:RequestMetrics._observe_tokens": "the metric reader's thread, in the export "
+                                                                    "process here (it records the request metrics)",
+    "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
+                                                "a target's time)",
 }
 
 # the first line of a log record (vLLM's, uvicorn's, ours), as opposed to a traceback's lines
@@ -217,6 +249,8 @@ def setup(receiver, tmp_path_factory):
         "OTEL_LLM_TEST_FAULT_TARGETS": ",".join(t.name for t in TARGETS + HTTP_TARGETS
                                                 if not t.name.startswith("guard:")),
         "OTEL_LLM_USAGE_DIR": str(usage_dir),
+        # (content capture on: the configuration the fault run of issue 20 found a fault in)
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_only",
     }
     server = VLLMServer(env={**otlp_env(receiver.endpoint), **env}, paced=True,
                         extra_args=["--max-model-len", str(MAX_MODEL_LEN)], log_path=base / "vllm-faults.log")
@@ -458,17 +492,7 @@ def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
         if name:
             assert hits.count(name) >= 2, name
             assert log.count(f"InjectedFault: {name}\n") <= result["target"].guards, f"{name} logged per request"
-    warnings = [line.split("otel-llm: ", 1)[1] for line in log.splitlines() if "otel-llm: " in line]
-    assert len(warnings) == len(set(warnings)), sorted(warnings)
-    # every traceback is part of one of those warnings (with the exceptions it chains)
-    record = ""
-    for line in log.splitlines():
-        if LOG_RECORD.match(line):
-            record = line
-        elif line.startswith("Traceback (most recent call last)"):
-            assert "otel-llm: " in record, f"a traceback after {record!r}"
-    for marker in ("Exception in ASGI application", "Exception ignored in", "Task exception was never retrieved"):
-        assert marker not in log
+    _check_log(log)
 
     expected = {}  # the handler's spans are counted under the request's tenant
     for result in _results.values():
@@ -495,6 +519,20 @@ def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
         names = {r["tenant"]: n for n, r in _results.items()}
         raise AssertionError(
             {names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n}) from None
+
+
+def _check_log(log: str) -> None:
+    """Each otel-llm warning once; every traceback is part of one (with the exceptions it chains)."""
+    warnings = [line.split("otel-llm: ", 1)[1] for line in log.splitlines() if "otel-llm: " in line]
+    assert len(warnings) == len(set(warnings)), sorted(warnings)
+    record = ""
+    for line in log.splitlines():
+        if LOG_RECORD.match(line):
+            record = line
+        elif line.startswith("Traceback (most recent call last)"):
+            assert "otel-llm: " in record, f"a traceback after {record!r}"
+    for marker in ("Exception in ASGI application", "Exception ignored in", "Task exception was never retrieved"):
+        assert marker not in log
 
 
 # --- the abort storm ---------------------------------------------------------------------------
@@ -587,3 +625,123 @@ def test_fault_in_the_http_layer_is_contained(setup, receiver, target):
     log = setup.log_path.read_text(errors="replace")
     assert log.count(f"InjectedFault: {target.name}\n") <= 1
     assert "Exception in ASGI application" not in log
+
+
+# --- entry points: every function of ours another library calls (issue 20; last, as the HTTP layer) ---
+
+
+def shape(value):
+    """A JSON value with every scalar replaced by its type's name."""
+    if isinstance(value, dict):
+        return {key: shape(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
+
+
+def _chunk_shapes(lines: list[str]) -> list[str]:
+    return sorted({json.dumps(shape(json.loads(line[len("data: "):])), sort_keys=True)
+                   for line in lines if line.startswith("data: ") and line != "data: [DONE]"})
+
+
+def probe(server, kind: str):
+    """One request of `kind`: (status, the shape of what came back)."""
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "fault injection"}],
+            "max_tokens": SHORT_GENERATION, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(timeout=60) as client:
+        if kind in (CHAT, N2, NOT_FOUND):
+            body = {**chat, **({"n": 2, "temperature": 1.0} if kind == N2 else {}),
+                    **({"model": "no-such-model"} if kind == NOT_FOUND else {})}
+            r = client.post(server.url + "/v1/chat/completions?probe=1", json=body)
+            return r.status_code, shape(r.json())
+        if kind == REJECT:
+            r = client.post(server.url + "/v1/chat/completions", content=b'{"model": "tiny-llama", "messages": [',
+                            headers={"content-type": "application/json"})
+            return r.status_code, shape(r.json())
+        if kind == STREAM:
+            body = {"model": MODEL_NAME, "prompt": "fault injection streams", "max_tokens": SHORT_GENERATION,
+                    "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            with client.stream("POST", server.url + "/v1/completions?probe=1", json=body) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            return r.status_code, (_chunk_shapes(lines), lines[-1:] == ["data: [DONE]"])
+        # ABORT: a long stream left after two chunks
+        body = {**chat, "max_tokens": LONG_GENERATION, "stream": True}
+        lines = []
+        with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    if len(lines) == 2:
+                        break
+        return r.status_code, _chunk_shapes(lines)
+
+
+ENTRY_PLAN = (*PLAN, NOT_FOUND, N2)
+
+
+def probe_plan(server) -> dict[str, list]:
+    """ENTRY_PLAN's requests (a chat and a stream first, then the others together): kind -> what each got."""
+    got: dict[str, list] = {}
+    rest = list(ENTRY_PLAN)
+    for kind in (CHAT, STREAM):
+        rest.remove(kind)
+        got.setdefault(kind, []).append(probe(server, kind))
+    with ThreadPoolExecutor(len(rest)) as pool:
+        for kind, result in zip(rest, pool.map(lambda k: probe(server, k), rest)):
+            got.setdefault(kind, []).append(result)
+    return got
+
+
+def _failures_counted(receiver, pid: int) -> dict[str, float]:
+    return {p.attributes.get(semconv.FAILURE_POINT): p.value for p in receiver.latest_metrics()
+            if p.name == semconv.INSTRUMENTATION_FAILURES and p.resource.get("process.pid") == pid}
+
+
+def test_a_fault_in_any_entry_point_is_contained(setup, receiver):
+    server, pid = setup, setup.api_pid
+    targets = sorted({n for n in server.faults.events("registered", pid) if n.startswith(ENTRY)})
+    what = dict(line.split(" ", 1) for line in server.faults.events("what", pid))
+    names = {t[len(ENTRY):] for t in targets}
+    assert "otel_llm.vllm.offload:DeferredTracer.start_span" in names, "the injector found no entry points"
+    assert set(ENTRIES_OFF_THIS_PATH) <= names, set(ENTRIES_OFF_THIS_PATH) - names
+    server.faults.set()
+    baseline = probe_plan(server)
+    assert baseline[CHAT][0][0] == 200 and baseline[N2][0][0] == 200 and baseline[NOT_FOUND][0][0] == 404, baseline
+    assert baseline[STREAM][0][1][1] and baseline[REJECT][0][0] == 400, baseline
+    expected = {kind: [results[0]] * len(results) for kind, results in baseline.items()}
+
+    problems, hits_by_point = [], {}
+    for target in targets:
+        hits_before = len(server.faults.events("hit", pid))
+        server.faults.set(target, f"pid={pid}")
+        try:
+            got = probe_plan(server)
+            if target[len(ENTRY):] not in ENTRIES_OFF_THIS_PATH:
+                try:
+                    receiver.wait_for(lambda rx, n=hits_before: len(server.faults.events("hit", pid)) > n, timeout=10)
+                except TimeoutError:
+                    pass
+        finally:
+            server.faults.set()
+        hits = server.faults.events("hit", pid)[hits_before:]
+        if got != expected:
+            problems.append(f"{target}: responses {got} differ from {expected}")
+        if set(hits) - {target}:
+            problems.append(f"{target}: other faults fired: {set(hits) - {target}}")
+        if not hits and target[len(ENTRY):] not in ENTRIES_OFF_THIS_PATH:
+            problems.append(f"{target}: no request reached it (ENTRIES_OFF_THIS_PATH?)")
+        point = what[target]
+        hits_by_point[point] = hits_by_point.get(point, 0) + len(hits)
+        try:
+            receiver.wait_for(lambda rx, p=point, n=hits_by_point[point]: _failures_counted(rx, pid).get(p, 0) >= n,
+                              timeout=15)
+        except TimeoutError:
+            problems.append(f"{target}: {hits_by_point[point]} failures of {point!r}, counted "
+                            f"{_failures_counted(receiver, pid).get(point, 0)}")
+    log = setup.log_path.read_text(errors="replace")
+    for target in targets:
+        if log.count(f"InjectedFault: {target}\n") > 1:
+            problems.append(f"{target}: logged {log.count(f'InjectedFault: {target}')} times")
+    print(f"\n{len(targets)} entry points faulted; hits by point: {hits_by_point}")
+    assert not problems, "\n".join(problems)
+    _check_log(log)
