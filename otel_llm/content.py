@@ -3,7 +3,10 @@
 server alike. Used only when the user sets OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT;
 never called otherwise. Every text (message content, tool call arguments and responses) passes
 the redactor before it is serialised, and is cut to the size caps with a marker saying how much
-was cut.
+was cut. Only what can be kept is redacted: a text is first cut to its room plus REDACTION_MARGIN
+characters, so a multi-megabyte prompt costs the redactor its first few tens of KB, and a secret
+across the final cut is still seen whole (or, if longer than the margin, redacted to the end of
+what is seen: every rule matches a cut key's head).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from otel_llm.config import ContentLimits
 _log = logging.getLogger("otel_llm")
 
 TRUNCATED = "…[otel-llm: {} characters cut]"
+REDACTION_MARGIN = 8192  # characters redacted beyond a text's room (a PEM RSA-4096 key is 3.3 KB)
 
 
 @dataclass
@@ -32,13 +36,18 @@ class Budget:
     max_total: int = ContentLimits.max_total
     used: int = 0
 
-    def cut(self, text: str) -> str:
+    def cut(self, text: str, redact: Callable[[str], str] = str) -> str:
+        """`text` redacted and cut to the room left; only its first room + REDACTION_MARGIN characters
+        are redacted."""
         room = max(0, min(self.max_text, self.max_total - self.used))
-        if len(text) <= room:
-            self.used += len(text)
-            return text
-        self.used += room
-        return text[:room] + TRUNCATED.format(len(text) - room)
+        if room == 0:
+            return TRUNCATED.format(len(text)) if text else text
+        seen = text[:room + REDACTION_MARGIN]
+        redacted = redact(seen)
+        kept = redacted[:room]
+        self.used += len(kept)
+        dropped = len(redacted) - len(kept) + len(text) - len(seen)
+        return kept + TRUNCATED.format(dropped) if dropped else kept
 
 
 class Capture:
@@ -156,7 +165,7 @@ def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None
     budget = budget or Budget()
 
     def text(value: str) -> str:
-        return budget.cut(redact(value))
+        return budget.cut(value, redact)
 
     attributes[semconv.GEN_AI_INPUT_MESSAGES] = _dumps(_redacted(inputs, text))
     if not outputs:

@@ -26,6 +26,36 @@ def test_check_digits():
     assert not redaction.prc_id_valid("110105194912310021")
 
 
+def test_luhn_check_matches_the_textbook_algorithm_on_random_numbers():
+    import random
+
+    def textbook(number):
+        digits = [int(c) for c in number if c.isdigit()]
+        doubled = [d * 2 - 9 * (d > 4) if i % 2 else d for i, d in enumerate(reversed(digits))]
+        return 13 <= len(digits) <= 19 and sum(doubled) % 10 == 0
+
+    rng = random.Random(7)
+    numbers = ["".join(rng.choice("0123456789") for _ in range(rng.randint(11, 21))) for _ in range(5000)]
+    numbers += [" ".join(n[i:i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
+    numbers += ["-".join(n[i:i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
+    assert sum(map(textbook, numbers)) > 300  # (about a tenth of those of a right length)
+    assert [redaction.luhn_valid(n) for n in numbers] == [textbook(n) for n in numbers]
+
+
+def test_the_public_re2_api_gives_the_same_redactions_as_the_compiled_program():
+    """Where google-re2's compiled program is not reachable (another release), its public API is used."""
+    fast, public = redaction.Redactor(), redaction.Redactor()
+    programs = [public._first.finder, *public._first.own, public._specific.finder, *public._specific.own]
+    assert all(p._raw is not None for p in programs)  # (this release: the fast path is the one tested elsewhere)
+    for p in programs:
+        p._raw = None
+    texts = [text for _, text, _ in POSITIVE] + list(NEGATIVE) + [
+        "x 4111 1111 1111 1112 4111 1111 1111 1111 a@b.com +1 415 555 2671 ::1 10.0.0.1 é token=Zx8vQ2mL9pR4tY7w",
+        "export OPENAI_API_KEY=sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2 请 a.a.a.a@"]
+    for text in texts:
+        assert public.redact_counted(text) == fast.redact_counted(text), text
+
+
 def test_many_matches_counted_per_rule():
     text = "a@b.io, c@d.io, 4111111111111111, 10.0.0.1"
     assert redaction.Redactor().redact_counted(text) == (
@@ -81,6 +111,35 @@ def test_content_budget_cuts_each_text_then_the_request():
     budget = content.Budget(max_text=5, max_total=8)
     assert [budget.cut(t) for t in ("abc", "defghij", "klm", "")] == [
         "abc", "defgh" + content.TRUNCATED.format(2), content.TRUNCATED.format(3), ""]
+
+
+def test_only_what_can_be_kept_is_redacted_and_a_key_across_the_cut_is_not_leaked():
+    from otel_llm import content
+
+    key = "sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2"
+    seen = []
+
+    def redact(text):
+        seen.append(len(text))
+        return redaction.Redactor().redact(text)
+
+    prompt = "x" * 990 + " " + key + " " + "y" * 2_000_000
+    got = content.Budget(max_text=1000, max_total=5000).cut(prompt, redact)
+    assert seen == [1000 + content.REDACTION_MARGIN]
+    assert got == "x" * 990 + " <SECRET> " + content.TRUNCATED.format(len(prompt) - 1000 - len(key) + 8)
+    # a key longer than the margin reaching past it: what is seen of it is redacted
+    import random
+
+    rng = random.Random(1)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef0123456789"
+    text = "token=" + "".join(rng.choice(alphabet) for _ in range(2 * content.REDACTION_MARGIN))
+    got = content.Budget(max_text=100, max_total=100).cut(text, redact)
+    assert got == "token=<SECRET>" + content.TRUNCATED.format(len(text) - 100 - content.REDACTION_MARGIN)
+    # the budget spent, nothing is redacted (or kept)
+    budget = content.Budget(max_text=10, max_total=10)
+    budget.cut("0123456789", redact)
+    seen.clear()
+    assert budget.cut("a@b.io", redact) == content.TRUNCATED.format(6) and seen == []
 
 
 def test_content_caps_from_the_environment(caplog):

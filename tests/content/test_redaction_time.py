@@ -1,14 +1,16 @@
 """A bound on redaction time: captured content is attacker-controlled, so every rule must run in time
 linear in the text with a bounded constant. Per rule, adversarial texts (its head repeated, a long
 run of its alphabet, near misses repeated; digits and blanks, a.a.a...@, ...) at 8 KB and 64 KB: the
-time per KB at 64 KB is within LINEAR of the time per KB at 8 KB, and within TYPICAL of typical
-English prose per KB, measured in the same run (the minimum of interleaved repetitions, so that a
-busy machine does not fail it).
+time per KB at 64 KB is within LINEAR of the time per KB at 8 KB, and within TYPICAL of a typical
+prompt per KB (prose with numbers, a few e-mails, phones and a card, a pasted config with keys in
+it), measured in the same run (the minimum of interleaved repetitions, so that a busy machine does
+not fail it). Prose with nothing to redact is the fastest text of all (the search skips it in one
+DFA pass), so it is a floor, not the typical case.
 
 The old rule set (before the secret rule table: one Python `re` alternation) fails: `a.a.a...@` took
-9.0 ms per KB at 8 KB and 78 ms per KB at 64 KB (17,000x prose), `sk-sk-sk-...` 24 and 186 ms per KB
-(38,000x prose); at 2 KB, `a.a.a...@` was 450x prose and digits and blanks 720x (the issue's inputs,
-test_the_issues_slow_inputs_are_fast).
+9.1 ms per KB at 8 KB and 97 ms per KB at 64 KB (300x a typical prompt with those rules),
+`sk-sk-sk-...` 22 and 185 ms per KB (560x); at 2 KB, `a.a.a...@` was 450x prose and digits and
+blanks 720x (the issue's inputs, test_the_issues_slow_inputs_are_fast).
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from content.secret_formats import FORMATS
 from otel_llm import redaction
 
 LINEAR = 3.0  # per KB at 64 KB / per KB at 8 KB
-# per KB / prose per KB. The slowest inputs are dense near misses that only a check can reject (a
-# Luhn-invalid card every 20 characters: each is a candidate, taken apart and checked in Python);
-# they are linear, a few MB/s. A backtracking blow-up is 10-1000x more at these sizes.
-TYPICAL = 3000.0
+# per KB / a typical prompt per KB. The slowest inputs are dense near misses that only a check can
+# reject (a Luhn-invalid card every 5 characters: each is a candidate, taken apart and checked in
+# Python, ~5 us): about 8x a typical prompt. A backtracking blow-up is 100-10,000x at these sizes.
+TYPICAL = 25.0
 SIZES = (8 << 10, 64 << 10)
 
 PROSE = ("The platform team reviewed the latency report for the inference cluster and found that queue "
          "time grew during the nightly batch window; they proposed a separate pool for long prompts. ")
+TYPICAL_PROMPT = (
+    PROSE * 2 + "On 2026-12-03 the p99 latency was 2.4 s for 1,250 requests per minute, up 12% on the week. "
+    "Contact jane.doe@example.com or +1 415 555 2671 from 10.0.12.7; card 4111 1111 1111 1111.\n"
+    "```\nOPENAI_API_KEY=sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2\nDEBUG=true\n"
+    "DATABASE_URL=postgres://app:s3cr3t-pw@db.internal:5432/app\nLOG_LEVEL=info\n```\n")
 RULE_OF_FORMAT = {f: f for f in FORMATS}
 
 
@@ -86,8 +93,7 @@ def per_kb(redactor, texts: dict[int, str], reps: int = 3) -> dict[int, float]:
 
 def check(redactor, names=None) -> list[str]:
     """The bound's violations, one line each (empty when the redactor keeps it)."""
-    prose = per_kb(redactor, {size: _repeat(PROSE, size) for size in SIZES}, reps=5)
-    typical = min(prose.values())
+    typical = min(per_kb(redactor, {size: _repeat(TYPICAL_PROMPT, size) for size in SIZES}, reps=5).values())
     problems = []
     for name in names or ADVERSARIAL:
         texts = {size: ADVERSARIAL[name](size) for size in SIZES}
@@ -97,8 +103,8 @@ def check(redactor, names=None) -> list[str]:
         if large > LINEAR * max(small, 20.0):
             problems.append(f"{name}: {large:.0f} us/KB at 64 KB, {small:.0f} at 8 KB: not linear")
         if max(small, large) > TYPICAL * typical:
-            problems.append(f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x prose "
-                            f"({typical:.1f} us/KB)")
+            problems.append(f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x a typical "
+                            f"prompt ({typical:.1f} us/KB)")
     return problems
 
 
