@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ def _split_top(pattern: str) -> list[str]:
             i += 2
             continue
         if c == "[":
-            i = _class_end(pattern, i)
+            i = secret_rules.class_end(pattern, i)
             continue
         depth += (c == "(") - (c == ")")
         if c == "|" and depth == 0:
@@ -178,14 +179,6 @@ def _split_top(pattern: str) -> list[str]:
             start = i + 1
         i += 1
     return [*parts, pattern[start:]]
-
-
-def _class_end(pattern: str, i: int) -> int:
-    i += 1 + (pattern[i + 1:i + 2] == "^")
-    i += pattern[i:i + 1] == "]"
-    while pattern[i] != "]":
-        i += 2 if pattern[i] == "\\" else 1
-    return i + 1
 
 
 def _head(alternative: str) -> str:
@@ -200,7 +193,7 @@ def _head(alternative: str) -> str:
         if c == "\\":
             end = i + 2
         elif c == "[":
-            end = _class_end(alternative, i)
+            end = secret_rules.class_end(alternative, i)
         elif c == "(":
             depth, end = 0, i
             while True:
@@ -208,7 +201,7 @@ def _head(alternative: str) -> str:
                     end += 2
                     continue
                 if alternative[end] == "[":
-                    end = _class_end(alternative, end)
+                    end = secret_rules.class_end(alternative, end)
                     continue
                 depth += (alternative[end] == "(") - (alternative[end] == ")")
                 end += 1
@@ -506,3 +499,38 @@ def default() -> Redactor:
     """This process's redactor (from_environment(), made once): for text that leaves the process
     whether or not content capture is on (exception messages, error descriptions)."""
     return from_environment()
+
+
+# ---- error text ---------------------------------------------------------------------------------
+
+# An error's text (exception message, stacktrace, status description) is redacted before it leaves,
+# whether or not content capture is on: a provider's error can echo the key it was sent, the model
+# name it was asked for or the prompt.
+# The redactor reads at most this many characters of it (its time is bounded by its input's length).
+MAX_ERROR_TEXT = 16_384
+# exception stacktraces: the end (where the exception and its message are) is kept
+MAX_STACKTRACE = 65_536
+
+
+def redacted_error(text: str, limit: int = MAX_ERROR_TEXT, keep_end: bool = False) -> str:
+    """`text` with whatever the process's redactor (redaction.default()) matches replaced, from at
+    most `limit` characters of it (its start, or its end with keep_end). A cut drops the partial word
+    at the cut first: part of a key that no rule would recognise any more must not remain."""
+    if len(text) > limit:
+        if keep_end:
+            text = text[-limit:]
+            cut = min((i for i in (text.find(c) for c in " \n") if i >= 0), default=len(text))
+            text = "…" + text[cut:]
+        else:
+            text = text[:limit]
+            cut = max(text.rfind(" "), text.rfind("\n"))
+            text = (text[:cut] if cut > 0 else "") + "…"
+    return default().redact(text)
+
+
+def exception_attributes(exc: BaseException) -> dict[str, str]:
+    """exception.message and exception.stacktrace for span.record_exception(exc, attributes=...),
+    which take the SDK's own values' place: redacted (redacted_error)."""
+    stacktrace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception.message": redacted_error(str(exc)),
+            "exception.stacktrace": redacted_error(stacktrace, MAX_STACKTRACE, keep_end=True)}

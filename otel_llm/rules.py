@@ -25,6 +25,8 @@ TOKEN_TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
 OUTCOME = semconv.prometheus_label(semconv.REQUEST_OUTCOME)
 EXPORT_DROPPED = semconv.prometheus_metric(semconv.EXPORT_DROPPED)
 ERROR_TYPE = semconv.prometheus_label(semconv.ERROR_TYPE)
+FAILURES = semconv.prometheus_metric(semconv.INSTRUMENTATION_FAILURES)
+FAILURE_POINT = semconv.prometheus_label(semconv.FAILURE_POINT)
 
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
@@ -190,6 +192,13 @@ def alerts(p: Params = Params()) -> list[Alert]:
               f"5 min ({{{{ $labels.{ERROR_TYPE} }}}})",
               "A vLLM API server could not hand requests' spans, request metrics and OTLP usage events to its "
               "export process (stalled or restarting); the usage spool is not affected."),
+        # the counter appears at a point's first failure: a new series counts as much as an increase
+        Alert("LLMInstrumentationFailing",
+              f"sum by (instance, {FAILURE_POINT}) (increase({FAILURES}[15m]) > 0 "
+              f"or ({FAILURES} unless {FAILURES} offset 15m)) > 0", "1m", "warning",
+              f"otel-llm's {{{{ $labels.{FAILURE_POINT} }}}} failed on {{{{ $labels.instance }}}} in the last 15 min",
+              "A function of otel-llm that vLLM, FastAPI, uvicorn or OpenTelemetry calls raised: the requests "
+              "were served, their spans, metrics or usage events may be incomplete."),
     ]
 
 

@@ -324,7 +324,7 @@ def _split_secret(pattern: str) -> tuple[str, str, str]:
             i += 2
             continue
         if c == "[":
-            i = _class_end(pattern, i)
+            i = class_end(pattern, i)
             continue
         depth += c == "("
         depth -= c == ")"
@@ -334,7 +334,8 @@ def _split_secret(pattern: str) -> tuple[str, str, str]:
     return pattern[:start], pattern[start + len("(?P<secret>"):i], pattern[i + 1:]
 
 
-def _class_end(pattern: str, i: int) -> int:
+def class_end(pattern: str, i: int) -> int:
+    """The index after the character class that starts at pattern[i] (`[`)."""
     i += 1 + (pattern[i + 1:i + 2] == "^")
     i += pattern[i:i + 1] == "]"
     while pattern[i] != "]":

@@ -7,35 +7,32 @@ Per chunk: one timestamp, a counter and the choices' finish reasons (see Invocat
 
 from __future__ import annotations
 
-import logging
-
 import wrapt
 
 from otel_llm import finalizer
 from otel_llm.openai.telemetry import Invocation
-
-_log = logging.getLogger("otel_llm.openai")
+from otel_llm.warn import failed
 
 CLOSED_EARLY = "stream closed before its end"
 COLLECTED = "stream garbage-collected before its end"
 
 
 def end(inv: Invocation, exc: BaseException | None = None, abandoned: str | None = None) -> None:
-    if inv.ended:
-        return
     try:
+        if inv.ended:
+            return
         if exc is None and abandoned is not None and inv.finished_all_choices():
             abandoned = None  # every choice had its finish reason: only the trailer went unread
         inv.end_stream(exc, abandoned)
-    except Exception:
-        _log.debug("otel-llm: ending a stream span failed", exc_info=True)
+    except Exception:  # noqa: BLE001 - the stream's span is lost, not the stream
+        failed("openai stream end")
 
 
 def _chunk(inv: Invocation, chunk) -> bool:
     try:
         return inv.on_chunk(chunk)
-    except Exception:
-        _log.debug("otel-llm: reading a stream chunk failed", exc_info=True)
+    except Exception:  # noqa: BLE001
+        failed("openai stream chunk")
         return True
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import traceback
 from array import array
 from time import perf_counter
 from typing import Any
@@ -19,6 +18,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 
 from otel_llm import content, histogram_batch, redaction, semconv
 from otel_llm.config import ClientSettings
+from otel_llm.redaction import exception_attributes, redacted_error
 
 _log = logging.getLogger("otel_llm.openai")
 
@@ -50,38 +50,6 @@ def server_of(instance) -> tuple[str | None, int | None]:
         return url.host or None, port
     except Exception:
         return None, None
-
-
-# An error's text (exception message, stacktrace, status description) is redacted before it is set:
-# a provider's error can echo the key it was sent, the model name it was asked for or the prompt.
-# The redactor reads at most this many characters of it (its time is bounded by its input's length).
-MAX_ERROR_TEXT = 16_384
-# exception stacktraces: the end (where the exception and its message are) is kept
-MAX_STACKTRACE = 65_536
-
-
-def redacted_error(text: str, limit: int = MAX_ERROR_TEXT, keep_end: bool = False) -> str:
-    """`text` with whatever the process's redactor (redaction.default()) matches replaced, from at
-    most `limit` characters of it (its start, or its end with keep_end). A cut drops the partial word
-    at the cut first: part of a key that no rule would recognise any more must not remain."""
-    if len(text) > limit:
-        if keep_end:
-            text = text[-limit:]
-            cut = min((i for i in (text.find(c) for c in " \n") if i >= 0), default=len(text))
-            text = "…" + text[cut:]
-        else:
-            text = text[:limit]
-            cut = max(text.rfind(" "), text.rfind("\n"))
-            text = (text[:cut] if cut > 0 else "") + "…"
-    return redaction.default().redact(text)
-
-
-def exception_attributes(exc: BaseException) -> dict[str, str]:
-    """exception.message and exception.stacktrace for span.record_exception(exc, attributes=...),
-    which take the SDK's own values' place: redacted (redacted_error)."""
-    stacktrace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"exception.message": redacted_error(str(exc)),
-            "exception.stacktrace": redacted_error(stacktrace, MAX_STACKTRACE, keep_end=True)}
 
 
 def error_type(exc: BaseException) -> str:

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from otel_llm import semconv
+from otel_llm import redaction, semconv
 from otel_llm.warn import WarnOnce, entry, failed, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -246,7 +246,8 @@ class DeferredSpan(trace.Span):
     @inline_entry("DeferredSpan.record_exception")
     def record_exception(self, exception, attributes=None, timestamp=None, escaped=False) -> None:
         try:
-            if not self._ended:  # the SDK's own event: its attributes (type, message, stacktrace, escaped)
+            if not self._ended:  # the SDK's own event (type, message, stacktrace, escaped), its text redacted
+                attributes = {**(attributes or {}), **redaction.exception_attributes(exception)}
                 _SDKSpan.record_exception(self, exception, attributes, timestamp, escaped)
         except Exception:  # noqa: BLE001
             failed("DeferredSpan.record_exception")

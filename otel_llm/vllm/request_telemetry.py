@@ -518,13 +518,10 @@ _NO_ENGINE_EVENTS = (
 
 
 def redacted_error(text: str) -> str:
-    """An error's text for export: redacted (redaction.default()), then cut to MAX_ERROR_TEXT. Redacted
-    before the cut, so a cut never leaves part of a key no rule recognises any more; of a text longer
-    than MAX_ERROR_SCAN the redactor reads the start, without the word the scan limit cuts."""
-    if len(text) > MAX_ERROR_SCAN:
-        text = text[:MAX_ERROR_SCAN]
-        text = text[:max(text.rfind(" "), text.rfind("\n"), 0)]
-    text = redaction.default().redact(text)
+    """An error's text for a status description: redacted (redaction.redacted_error, from at most
+    MAX_ERROR_SCAN characters), then cut to MAX_ERROR_TEXT. Redacted before the cut, so a cut never
+    leaves part of a key no rule recognises any more."""
+    text = redaction.redacted_error(text, MAX_ERROR_SCAN)
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "…"
 
 

@@ -70,16 +70,17 @@ _PROBE_SAFE = frozenset(string.ascii_letters + string.digits + "-_.~+/=:;,!#$%&*
 _PEM_END = re.compile(r"(?:\\n|\n)?-----END [A-Z ]+-----$")
 
 
-def _probe(secret: str, others: list[str]) -> str:
+def _probe(secret: str, others: list[str]) -> str | None:
     """What is searched for: the secret's last 8 characters, or where it ends in fixed text (a PEM's
     END line, a provider's suffix, a JSON-escaped newline), the last 8 of its random part: the last
-    8 storable characters in a row that no other secret of its format holds."""
+    8 storable characters in a row that no other secret of its format holds. None if it has none
+    (a password of 4 to 7 characters)."""
     text = _PEM_END.sub("", secret)
     for end in range(len(text), 7, -1):
         window = text[end - 8:end]
         if _PROBE_SAFE.issuperset(window) and not any(window in other for other in others):
             return window
-    raise AssertionError(f"no random 8 characters in {secret!r}")
+    return None
 
 
 @dataclass
@@ -90,17 +91,27 @@ class Secrets:
     probes: dict[str, str] = field(default_factory=dict)  # label -> the characters searched for
 
     def key(self, fmt: str, where: str) -> str:
-        make = FORMATS[fmt]
-        key = make(self.rng)
-        self.probes[f"{fmt} ({where})"] = _probe(key, [make(self.rng) for _ in range(3)])
-        return key
+        def make(rng):
+            key = FORMATS[fmt](rng)
+            return key, key
+
+        return self._draw(f"{fmt} ({where})", make)
 
     def contextual(self, name: str, where: str) -> str:
         """A text whose secret only its context tells (`password=...`, `Authorization: Basic ...`)."""
-        make = CONTEXTUAL[name]
-        text, secret = make(self.rng)
-        self.probes[f"{name} ({where})"] = _probe(secret, [make(self.rng)[1] for _ in range(3)])
-        return text
+        return self._draw(f"{name} ({where})", CONTEXTUAL[name])
+
+    def _draw(self, label: str, make) -> str:
+        """The text of a (text, secret) from `make` whose secret has a probe, noted under `label`. A
+        secret too short for one (a 4-character password) is drawn again: short secrets are the
+        property tests' (content/test_secret_properties.py); here a probe must be unique in MBs."""
+        for _ in range(100):
+            text, secret = make(self.rng)
+            probe = _probe(secret, [make(self.rng)[1] for _ in range(3)])
+            if probe is not None:
+                self.probes[label] = probe
+                return text
+        raise AssertionError(f"{label}: no secret with 8 random characters in 100 draws")
 
 
 def build_prompt(keys: Secrets) -> tuple[str, dict[str, str]]:

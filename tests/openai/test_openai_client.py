@@ -652,12 +652,16 @@ def test_a_failing_instrumentation_never_breaks_the_call(otel, server, client, m
     def broken(self, chunk):
         raise RuntimeError("bug in otel-llm")
 
+    from otel_llm import warn
+
     monkeypatch.setattr(telemetry.Invocation, "on_chunk", broken)
     monkeypatch.setattr(telemetry.Invocation, "end_with_response", broken)
     server.play("test_chat_completion_streaming.yaml")
     server.play("test_chat_completion_with_content.yaml")
+    before = warn.failures().get("openai stream chunk", 0)
     chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
     assert len(chunks) == len(response_json("test_chat_completion_streaming.yaml"))
+    assert warn.failures()["openai stream chunk"] - before == len(chunks)  # counted, each one
     assert client.chat.completions.create(model="gpt-4o-mini", messages=HELLO).choices
     assert len(otel.finished()) == 2  # each span still ended once
 
@@ -796,7 +800,7 @@ def test_stop_sequences_are_redacted(otel, server, client):
 
 
 def test_error_text_is_redacted_before_it_is_cut_and_read_within_a_bound():
-    from otel_llm.openai.telemetry import MAX_ERROR_TEXT, redacted_error
+    from otel_llm.redaction import MAX_ERROR_TEXT, redacted_error
 
     text = "x " * (MAX_ERROR_TEXT // 2 - 10) + LEAKED_KEY + " tail"
     assert len(text) > MAX_ERROR_TEXT and text.index(LEAKED_KEY) < MAX_ERROR_TEXT < text.index(" tail")

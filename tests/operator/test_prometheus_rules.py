@@ -23,7 +23,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None,
 MODEL, TENANT, SCENE = rules.MODEL, rules.TENANT, semconv.prometheus_label(semconv.TENANT_SCENE)
 OPERATION = semconv.prometheus_label(semconv.GEN_AI_OPERATION_NAME)
 VLLM = {"instance": "vllm-0:8000", "job": "vllm", semconv.VLLM_LABEL_MODEL: "llama", "engine": "0"}
-N_RECORDING, N_ALERTING = 13, 9
+N_RECORDING, N_ALERTING = 13, 10
 
 
 def test_names_are_the_exporters():
@@ -301,12 +301,35 @@ def telemetry_dropped_test():
             ]}
 
 
+def instrumentation_failing_test():
+    # vllm-0: DeferredSpan.end failed once at minute 10, never again; vllm-1: its server request hook
+    # fails twice a minute from minute 20
+    def failures(instance, point, values):
+        return series(rules.FAILURES, {"instance": instance, "job": "vllm", rules.FAILURE_POINT: point}, values)
+
+    def failing(instance, point):
+        return fired({"instance": instance, rules.FAILURE_POINT: point},
+                     f"otel-llm's {point} failed on {instance} in the last 15 min", "warning")
+
+    return {"interval": "1m",
+            "input_series": [failures("vllm-0:8000", "DeferredSpan.end", "_x10 1x30"),
+                             failures("vllm-1:8000", "server request hook", "_x20 2+2x20")],
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "LLMInstrumentationFailing", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "LLMInstrumentationFailing", "exp_alerts": [  # its first failure
+                    failing("vllm-0:8000", "DeferredSpan.end")]},
+                {"eval_time": "35m", "alertname": "LLMInstrumentationFailing", "exp_alerts": [  # vllm-0's is old
+                    failing("vllm-1:8000", "server request hook")]},
+            ]}
+
+
 @needs_promtool
 def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
     shutil.copy(RULES_FILE, tmp_path / "rules.yml")
     # the spike test spans 8 days: evaluated every 5 min (every minute would take promtool seconds)
     files = {"tests.yml": ("1m", [ttft_test(), vllm_gauges_test(), error_rate_test(10), error_rate_test(4),
-                                  near_max_len_test(), prefix_cache_test(), telemetry_dropped_test()]),
+                                  near_max_len_test(), prefix_cache_test(), telemetry_dropped_test(),
+                                  instrumentation_failing_test()]),
              "tests-days.yml": ("5m", [token_spike_test()])}
     every = [t for _, tests in files.values() for test in tests for t in test["alert_rule_test"]]
     assert {t["alertname"] for t in every if t["exp_alerts"]} == set(rules.ALERTS)  # each fires

@@ -169,6 +169,24 @@ def http_request(http_tracer, tracer, hand_over=None) -> tuple:
     return server, genai
 
 
+def test_an_exception_recorded_on_a_deferred_span_is_redacted():
+    key = "sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2"
+    tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+    http_tracer = offload.DeferredTracerProvider(tracer, None).get_tracer(*FASTAPI_SCOPE)
+    span = http_tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER)
+    try:
+        raise RuntimeError(f"upstream said: invalid api key {key}")
+    except RuntimeError as e:
+        span.record_exception(e, attributes={"exception.message": f"caller's {key}", "otel_llm.test": 1})
+    ((name, attributes, _),) = span._events  # (what the export process makes the event of)
+    assert name == "exception" and attributes["exception.type"] == "RuntimeError"
+    assert attributes["exception.message"] == "upstream said: invalid api key <SECRET>"
+    assert attributes["exception.stacktrace"].endswith("RuntimeError: upstream said: invalid api key <SECRET>\n")
+    assert "test_offload.py" in attributes["exception.stacktrace"]
+    assert attributes["otel_llm.test"] == 1
+    assert key[-8:] not in repr(attributes)
+
+
 def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(export_env):
     with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
         export_env(sdk_receiver.endpoint)
