@@ -164,21 +164,8 @@ def _options(capture: bool) -> re2.Options:
 
 def _split_top(pattern: str) -> list[str]:
     """The top-level alternatives of an RE2 pattern."""
-    parts, depth, i, start = [], 0, 0, 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i = secret_rules.class_end(pattern, i)
-            continue
-        depth += (c == "(") - (c == ")")
-        if c == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-        i += 1
-    return [*parts, pattern[start:]]
+    bars = [i for i, c, depth in secret_rules.scan(pattern) if c == "|" and depth == 0]
+    return [pattern[a + 1:b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
 
 
 def _head(alternative: str) -> str:

@@ -317,6 +317,13 @@ def _split_secret(pattern: str) -> tuple[str, str, str]:
     start = pattern.find("(?P<secret>")
     if start < 0:
         return "", pattern, ""
+    end = next((i for i, _, depth in scan(pattern, start) if depth == 0), len(pattern))
+    return pattern[:start], pattern[start + len("(?P<secret>"):end], pattern[end + 1:]
+
+
+def scan(pattern: str, start: int = 0):
+    """(index, character, group depth after it) of each character of an RE2 pattern from `start`,
+    escapes and character classes skipped."""
     depth, i = 0, start
     while i < len(pattern):
         c = pattern[i]
@@ -326,12 +333,9 @@ def _split_secret(pattern: str) -> tuple[str, str, str]:
         if c == "[":
             i = class_end(pattern, i)
             continue
-        depth += c == "("
-        depth -= c == ")"
-        if depth == 0:
-            break
+        depth += (c == "(") - (c == ")")
+        yield i, c, depth
         i += 1
-    return pattern[:start], pattern[start + len("(?P<secret>"):i], pattern[i + 1:]
 
 
 def class_end(pattern: str, i: int) -> int:

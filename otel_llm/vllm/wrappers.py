@@ -353,13 +353,20 @@ class RedactingLogFilter(logging.Filter):
 _LOG_FILTER = RedactingLogFilter()
 
 
+# uvicorn's error log: "Exception in ASGI application" and the traceback of every exception that
+# escapes vLLM's app (its message can quote the request), once per such request
+OTHER_REDACTED_LOGGERS = ("uvicorn.error",)
+
+
 def redacting_loggers(tel: Telemetry):
     """Wraps vLLM's `init_logger`: each logger it hands out gets RedactingLogFilter (a logger's filters
     survive vLLM's later logging configuration; its handlers do not). The loggers made before the
-    hook was applied get it now."""
+    hook was applied get it now, and so do OTHER_REDACTED_LOGGERS."""
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if (name == "vllm" or name.startswith("vllm.")) and isinstance(logger, logging.Logger):
             logger.addFilter(_LOG_FILTER)
+    for name in OTHER_REDACTED_LOGGERS:
+        logging.getLogger(name).addFilter(_LOG_FILTER)
 
     def wrapper(wrapped, instance, args, kwargs):
         logger = wrapped(*args, **kwargs)

@@ -334,12 +334,14 @@ def test_vllms_warnings_and_errors_are_redacted_before_any_handler_writes_them(e
         return made[name]
 
     earlier = logging.getLogger("vllm.test_earlier_module")  # made before the hook was applied
+    uvicorn = logging.getLogger("uvicorn.error")
     wrapper = wrappers.redacting_loggers(env.tel)
     logger = wrapper(init_logger, None, ("vllm.test_serving_module",), {})
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    for each in (logger, earlier):
+    saved = [(each, each.propagate, each.level) for each in (logger, earlier, uvicorn)]
+    for each in (logger, earlier, uvicorn):
         each.addHandler(handler)
         each.propagate = False
         each.setLevel(logging.INFO)
@@ -349,14 +351,20 @@ def test_vllms_warnings_and_errors_are_redacted_before_any_handler_writes_them(e
             raise ValueError(f"bad prompt {LEAKED_KEY}")
         except ValueError:
             earlier.exception("Error in preprocessing prompt inputs")
+        try:
+            raise KeyError(f"tool {LEAKED_KEY}")
+        except KeyError:
+            uvicorn.exception("Exception in ASGI application\n")  # (as uvicorn logs one escaping the app)
         logger.info("routine %s", LEAKED_KEY)  # below WARNING: untouched, costs nothing
     finally:
-        for each in (logger, earlier):
+        for each, propagate, level in saved:
             each.removeHandler(handler)
-        for each in list(logging.root.manager.loggerDict.values()):  # this process's vLLM loggers, as they were
+            each.propagate, each.level = propagate, level
+        for each in list(logging.root.manager.loggerDict.values()):  # this process's loggers, as they were
             if isinstance(each, logging.Logger):
                 each.removeFilter(wrappers._LOG_FILTER)
     text = out.getvalue()
     assert "ERROR Error with model ErrorInfo(message='The model `<SECRET>` does not exist.')" in text
     assert "ValueError: bad prompt <SECRET>" in text and "Traceback" in text
+    assert "ERROR Exception in ASGI application" in text and "KeyError: 'tool <SECRET>'" in text
     assert text.count(LEAKED_KEY) == 1 and f"INFO routine {LEAKED_KEY}" in text
