@@ -25,7 +25,7 @@ from otel_llm import redaction
 
 LINEAR = 3.0  # per KB at 64 KB / per KB at 8 KB
 # per KB / a typical prompt per KB. The slowest inputs are dense near misses that only a check can
-# reject (a Luhn-invalid card every 5 characters: each is a candidate, taken apart and checked in
+# reject (Luhn-invalid cards back to back: a candidate every 5 characters, taken apart and checked in
 # Python, ~5 us): about 8x a typical prompt. A backtracking blow-up is 100-10,000x at these sizes.
 TYPICAL = 25.0
 SIZES = (8 << 10, 64 << 10)
