@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     from otel_llm import report
 
     report.add_arguments(sub.add_parser(
-        "report", help="token usage and cost by tenant/scene/model/day, exact, from Prometheus",
+        "report", help="token usage and cost by tenant/scene/model/day, exact, from the usage ledger or Prometheus; "
+                  "engine cost and margin with --costs",
         description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     from otel_llm import reconcile
 

@@ -45,6 +45,10 @@ ENV_USAGE_EVENTS = "OTEL_LLM_USAGE_EVENTS"
 ENV_USAGE_FSYNC_INTERVAL = "OTEL_LLM_USAGE_FSYNC_INTERVAL"
 ENV_USAGE_MAX_FILE_BYTES = "OTEL_LLM_USAGE_MAX_FILE_BYTES"
 ENV_USAGE_MAX_FILE_AGE = "OTEL_LLM_USAGE_MAX_FILE_AGE"
+# Engine-side cost accounting in vLLM's engine core (otel_llm/vllm/engine_cost.py; needs ENV_USAGE_DIR):
+# on or off, and how often (seconds) an engine writes its busy / idle totals (engine_window records)
+ENV_ENGINE_COST = "OTEL_LLM_ENGINE_COST"
+ENV_ENGINE_COST_WINDOW = "OTEL_LLM_ENGINE_COST_WINDOW"
 # HTTP server spans: redact query-string values on them and in vLLM's access log
 ENV_HTTP_REDACT_QUERY = "OTEL_LLM_HTTP_REDACT_QUERY"
 # Prompts and completions on spans: opentelemetry-util-genai's variable (span_only,
@@ -196,6 +200,8 @@ class Settings:
     usage_fsync_interval_s: float = _env(ENV_USAGE_FSYNC_INTERVAL, 1.0)
     usage_max_bytes: int = _env(ENV_USAGE_MAX_FILE_BYTES, 64 << 20)
     usage_max_age_s: float = _env(ENV_USAGE_MAX_FILE_AGE, 3600.0)
+    engine_cost: bool = _env(ENV_ENGINE_COST, True)
+    engine_cost_window_s: float = _env(ENV_ENGINE_COST_WINDOW, 60.0, minimum=0.1)
     capture_content: bool = False  # ENV_CAPTURE_CONTENT (capture_mode)
     http_excluded_urls: str = "/metrics,/health,/ping,/load,/version,/server_info"  # ENV_(FASTAPI_)EXCLUDED_URLS
     genai_latest_experimental: bool = False  # ENV_SEMCONV_OPT_IN

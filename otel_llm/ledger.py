@@ -9,6 +9,11 @@ The same ClickHouse SQL runs over two sources of the same records (otel_llm/usag
 
 Records are counted exactly once: rows are first grouped by their idempotency key (a spool shipped
 twice, or a file read by both the filelog receiver and OTLP, bills once), then summed.
+
+Schema 2 adds the engine core's records (docs/ledger.md, "Costs"). A bill is an API server's record,
+its cost figures summed from the engine records of the engine requests it lists; or an engine record
+that no API server's record lists (a frontend otel-llm cannot see, or an API server whose half never
+arrived). engine_window records are never bills: they price the engines (`windows_sql`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
 TOKEN_TYPES = tuple(token_type for _, token_type in semconv.USAGE_TOKEN_FIELDS)
 
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 # normalized column -> (record field, ClickHouse type); the token columns are named by token type
 _STRING_FIELDS = {
     "key": semconv.USAGE_ID,
@@ -41,22 +55,46 @@ _STRING_FIELDS = {
     "service": semconv.SERVICE_NAME,
     "outcome": semconv.REQUEST_OUTCOME,
     "response_id": semconv.GEN_AI_RESPONSE_ID,
+    "kind": semconv.USAGE_KIND,
+    "engine_id": semconv.VLLM_ENGINE_REQUEST_ID,
+    "engine_instance": semconv.VLLM_ENGINE_INSTANCE,
+    "pd_role": semconv.VLLM_PD_ROLE,
 }
 _INT_FIELDS = {
     **{token_type: field for field, token_type in semconv.USAGE_TOKEN_FIELDS},
     "n": semconv.GEN_AI_REQUEST_CHOICE_COUNT,
 }
+# what an engine request cost its engine (engine records), summed per bill
+COST_FIELDS = {
+    "compute_ns": semconv.COST_COMPUTE_NS,
+    "prefill_compute_ns": semconv.COST_PREFILL_COMPUTE_NS,
+    "scheduled_tokens": semconv.COST_SCHEDULED_TOKENS,
+    "kv_block_ns": semconv.COST_KV_BLOCK_NS,
+    "kv_hit_block_ns": semconv.COST_KV_HIT_BLOCK_NS,
+    "preempted_ns": semconv.COST_PREEMPTED_NS,
+}
+# an engine instance's accounting over one window (engine_window records)
+_WINDOW_FIELDS = {
+    "window_start": semconv.ENGINE_WINDOW_START,
+    "busy_ns": semconv.ENGINE_BUSY_NS,
+    "idle_ns": semconv.ENGINE_IDLE_NS,
+    "kv_capacity_blocks": semconv.ENGINE_KV_CAPACITY_BLOCKS,
+    "kv_block_size": semconv.ENGINE_KV_BLOCK_SIZE,
+    "window_kv_block_ns": semconv.ENGINE_KV_BLOCK_NS,
+}
+_UINT_FIELDS = {**_INT_FIELDS, **COST_FIELDS, **_WINDOW_FIELDS}
 # report --by dimension -> normalized column (`day` is computed from the end time)
-DIMENSIONS = ("tenant", "scene", "cost_center", "model", "served_model", "operation", "instance", "outcome")
-COLUMNS = (*_STRING_FIELDS, *_INT_FIELDS, "ts", "trace_id")
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+DIMENSIONS = ("tenant", "scene", "cost_center", "model", "served_model", "operation", "instance", "outcome",
+              "engine_instance")
+COLUMNS = (*_STRING_FIELDS, *_UINT_FIELDS, "engine_ids", "frontend_billed", "ts", "trace_id")
+# a bill's own columns come from the API server's record when there is one, else from the engine's;
+# its engine figures from the engine records joined to it
+_BILL_COLUMNS = tuple(c for c in (*_STRING_FIELDS, *_INT_FIELDS, "ts", "trace_id") if c != "engine_instance")
+# engine records are joined to API-server records ended this much before or after the report window
+JOIN_MARGIN_S = 3600
+_API = f"kind IN ('', {_literal(semconv.USAGE_KIND_REQUEST)})"
+_ENGINE = f"kind = {_literal(semconv.USAGE_KIND_ENGINE)}"
+_WINDOW = f"kind = {_literal(semconv.USAGE_KIND_ENGINE_WINDOW)}"
 
 
 # --- sources: a subquery with the normalized COLUMNS -----------------------------------------------
@@ -66,33 +104,71 @@ def spool_source(directory: str) -> str:
     pattern = os.path.join(os.path.abspath(directory), SPOOL_GLOB)
     structure = ", ".join(
         [f"{_ident(field)} String" for field in _STRING_FIELDS.values()]
-        + [f"{_ident(field)} UInt64" for field in _INT_FIELDS.values()]
-        + [f"{_ident(semconv.USAGE_TIME)} UInt64", f"{_ident(semconv.USAGE_TRACE_ID)} String"])
+        + [f"{_ident(field)} UInt64" for field in _UINT_FIELDS.values()]
+        + [f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} Array(String)",
+           f"{_ident(semconv.USAGE_FRONTEND_BILLED)} Bool",
+           f"{_ident(semconv.USAGE_TIME)} UInt64", f"{_ident(semconv.USAGE_TRACE_ID)} String"])
     columns = ([f"{_ident(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
-               + [f"{_ident(field)} AS {name}" for name, field in _INT_FIELDS.items()]
-               + [f"fromUnixTimestamp64Nano(toInt64({_ident(semconv.USAGE_TIME)}), 'UTC') AS ts",
+               + [f"{_ident(field)} AS {name}" for name, field in _UINT_FIELDS.items()]
+               + [f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} AS engine_ids",
+                  f"toUInt8({_ident(semconv.USAGE_FRONTEND_BILLED)}) AS frontend_billed",
+                  f"fromUnixTimestamp64Nano(toInt64({_ident(semconv.USAGE_TIME)}), 'UTC') AS ts",
                   f"{_ident(semconv.USAGE_TRACE_ID)} AS trace_id"])
     return (f"SELECT {', '.join(columns)} FROM file({_literal(pattern)}, 'JSONEachRow', {_literal(structure)})")
 
 
 def otel_logs_source(table: str = "otel_logs") -> str:
-    """The records in the collector ClickHouse exporter's logs table (LogAttributes are strings)."""
+    """The records in the collector ClickHouse exporter's logs table (LogAttributes are strings; an
+    array is its JSON text)."""
     attr = lambda field: f"LogAttributes[{_literal(field)}]"  # noqa: E731
     columns = ([f"{attr(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
-               + [f"toUInt64OrZero({attr(field)}) AS {name}" for name, field in _INT_FIELDS.items()]
-               + ["Timestamp AS ts", "TraceId AS trace_id"])
+               + [f"toUInt64OrZero({attr(field)}) AS {name}" for name, field in _UINT_FIELDS.items()]
+               + [f"JSONExtract({attr(semconv.USAGE_ENGINE_REQUEST_IDS)}, 'Array(String)') AS engine_ids",
+                  f"toUInt8(lower({attr(semconv.USAGE_FRONTEND_BILLED)}) IN ('true', '1')) AS frontend_billed",
+                  "Timestamp AS ts", "TraceId AS trace_id"])
     return (f"SELECT {', '.join(columns)} FROM {table} "
             f"WHERE mapContains(LogAttributes, {_literal(semconv.USAGE_ID)})")
 
 
-def _deduplicated(source: str, start: float, end: float) -> str:
-    """One row per idempotency key, ended inside [start, end)."""
+def _ended(start: float, end: float) -> str:
+    return (f"ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
+            f"AND ts < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC')")
+
+
+def _deduplicated(source: str, start: float, end: float, kinds: str) -> str:
+    """One row per idempotency key among the records of `kinds` (a condition), ended inside [start, end)."""
     keep = ", ".join(f"any({c}) AS {c}" for c in COLUMNS)
     # grouping by a 128-bit hash of the key, not the key string, takes 40 % less memory
     inside = (f"SELECT *, sipHash128(key) AS key_hash FROM ({source}) "
-              f"WHERE ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
-              f"AND ts < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC') AND key != ''")
+              f"WHERE {_ended(start, end)} AND key != '' AND {kinds}")
     return f"SELECT {keep} FROM ({inside}) GROUP BY key_hash"
+
+
+def _bills(source: str, start: float, end: float) -> str:
+    """One row per bill ended inside [start, end), each record counted once (however often it arrived):
+
+    - an API server's record, with the sums of COST_FIELDS over the engine records (ended within
+      JOIN_MARGIN_S of the window) of the engine requests it lists, and their engine_instance;
+    - an engine record that no API server's record ended within JOIN_MARGIN_S lists: its engine has no
+      instrumented frontend (frontend_billed false), or the API server's record never arrived (`orphan`);
+      never a P/D prefill leg's (billed by its decode node; its compute stays in the engine's busy time).
+
+    Rows are grouped by engine request id (`eid`: an API server's record has one row per id it lists,
+    or its key when it lists none), then by the bill's key. `costed`: the bill has engine figures."""
+    eid = "arrayJoin(if(is_api, if(empty(engine_ids), [key], engine_ids), [if(engine_id = '', key, engine_id)]))"
+    rows = (f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid FROM ({source}) "
+            f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
+            f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}")
+    own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
+    figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
+    per_engine_request = (f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
+                          f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
+                          f"FROM ({rows}) GROUP BY eid")
+    per_engine_request = f"SELECT *, sipHash128(key) AS bill_hash FROM ({per_engine_request})"
+    keep = ", ".join([*(f"any({c}) AS {c}" for c in _BILL_COLUMNS), *(f"sum({c}) AS {c}" for c in COST_FIELDS),
+                      "max(engine_instance) AS engine_instance", "max(costed) AS costed", "max(orphan) AS orphan"])
+    bills = f"SELECT {keep} FROM ({per_engine_request}) GROUP BY bill_hash"
+    return f"SELECT * FROM ({bills}) WHERE {_ended(start, end)}"
 
 
 def _dimension(name: str) -> str:
@@ -101,12 +177,16 @@ def _dimension(name: str) -> str:
     return f"if({name} = '', {_literal(UNSET)}, {name})"
 
 
+def _sums(columns) -> str:
+    """Sums that cannot overflow (a month of KV block-nanoseconds is past 2^64)."""
+    return ", ".join(f"sum(toUInt128({c})) AS {c}" for c in columns)
+
+
 def usage_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
-    sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    return (f"SELECT {dims}, {sums}, count() AS requests FROM ({_deduplicated(source, start, end)}) "
-            f"GROUP BY {groups} ORDER BY {groups}")
+    return (f"SELECT {dims}, {_sums([*TOKEN_TYPES, *COST_FIELDS])}, count() AS requests, "
+            f"sum(orphan) AS orphans FROM ({_bills(source, start, end)}) GROUP BY {groups} ORDER BY {groups}")
 
 
 def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
@@ -116,13 +196,41 @@ def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
     sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
     groups = ", ".join(f"d{i}" for i in range(len(by)))
     per_request = (f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi "
-                   f"FROM ({_deduplicated(source, start, end)})")
+                   f"FROM ({_bills(source, start, end)})")
     return (f"SELECT {dims}, {sums}, sum(extra) AS extra_choice_prompts, sum(multi) AS multi_choice_requests, "
             f"count() AS requests FROM ({per_request}) GROUP BY {groups} ORDER BY {groups}")
 
 
 def records_sql(source: str, start: float, end: float) -> str:
-    return f"SELECT * FROM ({_deduplicated(source, start, end)}) ORDER BY ts, key"
+    return f"SELECT * FROM ({_bills(source, start, end)}) ORDER BY ts, key"
+
+
+def windows_sql(source: str, start: float, end: float, by: list[str]) -> str:
+    """Per `by` key (engine_instance, and day): the engine_window records ended inside [start, end):
+    their wall time, busy and idle time, KV capacity x wall time, and the service instance and model."""
+    dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
+    groups = ", ".join(f"d{i}" for i in range(len(by)))
+    wall = "(toUnixTimestamp64Nano(ts) - window_start)"
+    windows = (f"SELECT *, {wall} AS wall_ns, toUInt128(kv_capacity_blocks) * {wall} AS kv_capacity_block_ns "
+               f"FROM ({_deduplicated(source, start, end, _WINDOW)}) WHERE window_start > 0 AND {wall} >= 0")
+    return (f"SELECT {dims}, any(instance) AS service_instance, any(model) AS model, "
+            f"{_sums(['wall_ns', 'busy_ns', 'idle_ns', 'kv_capacity_block_ns', 'window_kv_block_ns'])} "
+            f"FROM ({windows}) GROUP BY {groups} ORDER BY {groups}")
+
+
+def engine_check_sql(source: str, start: float, end: float) -> str:
+    """Per engine instance: its engine_window records ended inside [start, end) (their count and busy_ns),
+    and the compute_ns of its engine records ended inside it up to its last window's end (`pending`: how
+    many ended later: an engine writes its window when it is next busy, or at shutdown)."""
+    rows = (f"SELECT *, {_ENGINE} AS is_engine, max(if(is_engine, toDateTime64(0, 9, 'UTC'), ts)) "
+            f"OVER (PARTITION BY engine_instance) AS covered "
+            f"FROM ({_deduplicated(source, start, end, f'({_ENGINE} OR {_WINDOW})')})")
+    return (f"SELECT {_dimension('engine_instance')} AS engine_instance, "
+            f"countIf(is_engine AND ts <= covered) AS engine_records, countIf(is_engine AND ts > covered) AS pending, "
+            f"countIf(NOT is_engine) AS windows, "
+            f"sum(toUInt128(if(is_engine AND ts <= covered, compute_ns, 0))) AS compute_ns, "
+            f"sum(toUInt128(if(is_engine, 0, busy_ns))) AS busy_ns "
+            f"FROM ({rows}) GROUP BY engine_instance ORDER BY engine_instance")
 
 
 # --- executors ------------------------------------------------------------------------------------
@@ -217,6 +325,9 @@ class Ledger:
             row = Row(key)
             row.tokens = {t: int(item[t]) for t in TOKEN_TYPES}
             row.requests = int(item["requests"])
+            row.compute_ns, row.prefill_compute_ns, row.kv_block_ns = (
+                int(item[c]) for c in ("compute_ns", "prefill_compute_ns", "kv_block_ns"))
+            row.orphans = int(item["orphans"])
             rows[key] = row
         return rows
 
@@ -226,6 +337,19 @@ class Ledger:
 
     def records(self, start: float, end: float) -> list[dict]:
         return self.executor.rows(records_sql(self.source, start, end))
+
+    def windows(self, start: float, end: float, by: list[str]) -> dict[tuple[str, ...], dict]:
+        """Per `by` key: wall_ns, busy_ns, idle_ns, kv_capacity_block_ns, window_kv_block_ns (ints),
+        service_instance and model of the engine_window records (windows_sql)."""
+        dims = [f"d{i}" for i in range(len(by))]
+        return {tuple(str(item[d]) for d in dims): {k: (v if k in ("service_instance", "model") else int(v))
+                                                    for k, v in item.items() if k not in dims}
+                for item in self.executor.rows(windows_sql(self.source, start, end, by))}
+
+    def engine_check(self, start: float, end: float) -> list[dict]:
+        """Per engine instance: engine_records, compute_ns and busy_ns (engine_check_sql)."""
+        return [{k: (v if k == "engine_instance" else int(v)) for k, v in item.items()}
+                for item in self.executor.rows(engine_check_sql(self.source, start, end))]
 
 
 def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
@@ -310,14 +434,17 @@ def insert_records_sql(records: list[dict], table: str = "otel_logs") -> str:
             + ", ".join(values))
 
 
-def read_spool(directory: str) -> list[dict]:
-    """Every whole record line of a spool directory (a torn last line is skipped), in Python."""
+def read_spool(directory: str, kinds: tuple[str, ...] | None = (semconv.USAGE_KIND_REQUEST,)) -> list[dict]:
+    """The whole record lines of a spool directory (a torn last line is skipped), in Python: the API
+    servers' records (bills) unless `kinds` names others (None: every kind)."""
     records = []
     for path in sorted(glob.glob(os.path.join(directory, SPOOL_GLOB))):
         with open(path, "rb") as f:
             for line in f:
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except ValueError:
                     continue
+                if kinds is None or record.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST) in kinds:
+                    records.append(record)
     return records

@@ -16,6 +16,14 @@ windows whose edges are quiet, or allow for it with --tolerance).
 
 Ledger instances are matched to Prometheus instances by name, else by port when that port is
 unique on both sides (`host:8000` vs `10.0.0.5:8000`).
+
+When the ledger holds engine records (schema 2), a second check per engine instance: the compute_ns
+of its engine records vs the busy_ns of its engine_window records, both ended in the window. They
+differ by the requests in flight at the window's edges (a request's record holds all its compute, a
+window the busy time inside it): ok within 1 % or 1 s, else MISMATCH. Records that ended after an
+engine's last window are not compared (a running engine writes a window when it is next busy after
+OTEL_LLM_ENGINE_COST_WINDOW seconds, and at shutdown); an engine with no window yet is `pending`, not a
+failure.
 """
 
 from __future__ import annotations
@@ -83,15 +91,48 @@ def reconcile(ledger: ledger_module.Ledger, prom: Prometheus, start: float, end:
     return rows
 
 
-def render(rows: list[dict], by: list[str], fmt: str, start: float, end: float) -> str:
+ENGINE_TOLERANCE = (0.01, 1e9)  # an engine's compute vs busy time: ok within 1 %, or 1 s (in ns)
+
+
+def engine_check(ledger: ledger_module.Ledger, start: float, end: float) -> list[dict]:
+    """Per engine instance, its engine records' compute_ns vs its engine_window records' busy_ns;
+    empty when the window holds no engine records."""
+    found = ledger.engine_check(start, end)
+    if not any(int(item["engine_records"]) + int(item["pending"]) for item in found):
+        return []
+    rows = []
+    for item in found:
+        compute, busy, pending = int(item["compute_ns"]), int(item["busy_ns"]), int(item["pending"])
+        ok = abs(compute - busy) <= max(ENGINE_TOLERANCE[0] * busy, ENGINE_TOLERANCE[1])
+        if not int(item["windows"]):  # a running engine writes its first window once next busy after a window's time
+            state, note = "pending", f"no engine_window record yet ({pending} engine records wait for one)"
+        else:
+            state = "ok" if ok else "MISMATCH"
+            note = f"{pending} engine records after the last window, not compared" if pending else ""
+        rows.append({"engine_instance": item["engine_instance"], "engine_records": int(item["engine_records"]),
+                     "compute_s": compute / 1e9, "busy_s": busy / 1e9, "difference_s": (compute - busy) / 1e9,
+                     "state": state, "note": note})
+    return rows
+
+
+def render(rows: list[dict], by: list[str], fmt: str, start: float, end: float, engines: list[dict] = ()) -> str:
     if fmt == "json":
-        return json.dumps({"start": _iso(start), "end": _iso(end), "rows": rows}, indent=2)
+        return json.dumps({"start": _iso(start), "end": _iso(end), "rows": rows,
+                           **({"engines": engines} if engines else {})}, indent=2)
     columns = [*by, "tokens", "ledger", "engine", "explained", "unexplained", "state", "note"]
+    lines = [f"ledger vs engine counters {_iso(start)} .. {_iso(end)}", *_table(columns, rows)]
+    if engines:
+        columns = ["engine_instance", "engine_records", "compute_s", "busy_s", "difference_s", "state", "note"]
+        lines += ["", f"engine records' compute vs engine_window busy time {_iso(start)} .. {_iso(end)}",
+                  *_table(columns, [{**r, **{c: f"{r[c]:.3f}" for c in ("compute_s", "busy_s", "difference_s")}}
+                                    for r in engines])]
+    return "\n".join(lines)
+
+
+def _table(columns: list[str], rows: list[dict]) -> list[str]:
     table = [columns] + [[str(r.get(c, UNSET)) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-    lines = [f"ledger vs engine counters {_iso(start)} .. {_iso(end)}"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
-    return "\n".join(lines)
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
 
 
 def add_arguments(parser) -> None:
@@ -114,8 +155,9 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         ledger = ledger_module.open_ledger(args.ledger, args.timeout)
         by_instance = args.by == "instance,model"
         rows = reconcile(ledger, Prometheus(args.prometheus, args.timeout), start, end, by_instance, args.tolerance)
+        engines = engine_check(ledger, start, end)
     except ReportError as exc:
         err.write(f"otel-llm reconcile: {exc}\n")
         return 2
-    out.write(render(rows, args.by.split(","), args.format, start, end) + "\n")
-    return 1 if any(r["state"] != "ok" for r in rows) else 0
+    out.write(render(rows, args.by.split(","), args.format, start, end, engines) + "\n")
+    return 1 if any(r["state"] not in ("ok", "pending") for r in [*rows, *engines]) else 0

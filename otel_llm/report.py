@@ -7,6 +7,7 @@ reset (a restarted server) starts from zero again, and a series first seen insid
 started inside it) counts from zero. `exact_increase()` gets those sums from a few values per series
 and chunk of the window, without fetching the samples. The usage ledger (`--ledger`) is what bills
 come from; without it the report warns where Prometheus' numbers fall short (`prometheus_warnings()`).
+With `--ledger` and `--costs`, what the engines cost, shared out over the rows (otel_llm/costs.py).
 """
 
 from __future__ import annotations
@@ -377,6 +378,14 @@ class Row:
     cost: float | None = None
     savings: float | None = None
     requests: int | None = None  # known from the ledger, not from Prometheus
+    # from the ledger's engine records (otel_llm/costs.py): engine figures, and the cost of the engine
+    # time they used (`cost` above is the price of the tokens)
+    compute_ns: int = 0
+    prefill_compute_ns: int = 0
+    kv_block_ns: int = 0
+    orphans: int = 0  # bills made from an engine record whose API server's record never arrived
+    engine_cost: float | None = None
+    engine_cost_input: float | None = None  # the part of engine_cost spent prefilling
 
 
 def collect(prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY,
@@ -461,31 +470,47 @@ def price_rows(rows: dict[tuple, Row], by: list[str], prices: dict[str, Price]) 
 
 # --- output -------------------------------------------------------------------------------------
 
-def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None, start: float, end: float) -> str:
+def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None, start: float, end: float,
+           priced: bool | None = None, costed: bool = False) -> str:
+    """priced: with --prices (default: currency is set); costed: with --costs (then `cost` is what the
+    engines cost and `revenue` the tokens' price)."""
+    priced = currency is not None if priced is None else priced
     ordered = [rows[k] for k in sorted(rows)]
-    header = [*by, *TOKEN_TYPES] + (["cost", "cache_savings"] if currency else [])
-    totals = dict.fromkeys(TOKEN_TYPES, 0)
-    cost = savings = 0.0
+    columns = _figure_columns(priced, costed)
+    header = [*by, *TOKEN_TYPES, *columns]
+    total = Row(("TOTAL",), cost=0.0, savings=0.0)
+    if costed:
+        total.engine_cost = total.engine_cost_input = 0.0
+    cost_output = 0.0
     for row in ordered:
         for t in TOKEN_TYPES:
-            totals[t] += row.tokens[t]
-        cost += row.cost or 0.0
-        savings += row.savings or 0.0
+            total.tokens[t] += row.tokens[t]
+        total.cost += row.cost or 0.0
+        total.savings += row.savings or 0.0
+        total.compute_ns += row.compute_ns
+        total.kv_block_ns += row.kv_block_ns
+        if costed:
+            total.engine_cost += row.engine_cost or 0.0
+            if row.engine_cost is not None and row.engine_cost_input is not None:  # not an idle row
+                total.engine_cost_input += row.engine_cost_input
+                cost_output += row.engine_cost - row.engine_cost_input
+    figures = {r.key: _figures(r) for r in ordered}
+    totals = _figures(total)
+    totals["cost_per_million_output"] = _per_million(cost_output, total.tokens[semconv.TOKEN_TYPE_OUTPUT])
 
     def cells(row: Row) -> list:
-        money = [_money(row.cost), _money(row.savings)] if currency else []
-        return [*row.key, *(row.tokens[t] for t in TOKEN_TYPES), *money]
+        return [*row.key, *(row.tokens[t] for t in TOKEN_TYPES), *(_cell(c, figures[row.key][c]) for c in columns)]
 
     if fmt == "json":
         return json.dumps({
             "start": _iso(start), "end": _iso(end), "by": by, "currency": currency,
             "rows": [{**dict(zip(by, r.key)), "tokens": r.tokens,
                       **({"requests": r.requests} if r.requests is not None else {}),
-                      **({"cost": r.cost, "cache_savings": r.savings} if currency else {})} for r in ordered],
-            "total": {"tokens": totals, **({"cost": cost, "cache_savings": savings} if currency else {})},
+                      **{c: figures[r.key][c] for c in columns}} for r in ordered],
+            "total": {"tokens": total.tokens, **{c: totals[c] for c in columns}},
         }, separators=(",", ":"))  # indent would make json use its slow pure-Python encoder (4x)
-    total_row = ["TOTAL", *[""] * (len(by) - 1), *(totals[t] for t in TOKEN_TYPES),
-                 *([_money(cost), _money(savings)] if currency else [])]
+    total_row = ["TOTAL", *[""] * (len(by) - 1), *(total.tokens[t] for t in TOKEN_TYPES),
+                 *(_cell(c, totals[c]) for c in columns)]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -495,14 +520,50 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
         return out.getvalue()
     table = [header, *(list(map(str, cells(r))) for r in ordered), list(map(str, total_row))]
     widths = [max(len(str(line[i])) for line in table) for i in range(len(header))]
-    lines = [f"token usage {_iso(start)} .. {_iso(end)}" + (f" (prices in {currency} per million tokens)"
-                                                              if currency else "")]
+    units = ([f"costs in {currency}"] if costed else []) + ([f"prices in {currency} per million tokens"]
+                                                            if priced else [])
+    lines = [f"token usage {_iso(start)} .. {_iso(end)}" + (f" ({'; '.join(units)})" if units else "")]
     for index, line in enumerate(table):
         if index == len(table) - 1:
             lines.append("  ".join("-" * w for w in widths))
         lines.append("  ".join(str(c).rjust(w) if i >= len(by) else str(c).ljust(w)
                                for i, (c, w) in enumerate(zip(line, widths))))
     return "\n".join(lines)
+
+
+COST_COLUMNS = ("compute_seconds", "kv_block_seconds", "cost", "cost_per_million_input", "cost_per_million_output")
+
+
+def _figure_columns(priced: bool, costed: bool) -> list[str]:
+    if not costed:
+        return ["cost", "cache_savings"] if priced else []
+    return [*COST_COLUMNS, *(["revenue", "margin", "cache_savings"] if priced else [])]
+
+
+def _figures(row: Row) -> dict:
+    """A row's figures by column: `cost` is the price of its tokens without --costs, its engine cost with
+    (the price is then `revenue`). An idle row has no input/output split."""
+    engine, cost_in = row.engine_cost, row.engine_cost_input
+    split = engine is not None and cost_in is not None
+    return {
+        "compute_seconds": row.compute_ns / 1e9, "kv_block_seconds": row.kv_block_ns / 1e9,
+        "cost": engine if engine is not None else row.cost,
+        "cost_per_million_input": _per_million(cost_in if split else None, row.tokens[semconv.TOKEN_TYPE_INPUT]),
+        "cost_per_million_output": _per_million(engine - cost_in if split else None,
+                                                row.tokens[semconv.TOKEN_TYPE_OUTPUT]),
+        "revenue": row.cost, "margin": None if row.cost is None or engine is None else row.cost - engine,
+        "cache_savings": row.savings,
+    }
+
+
+def _per_million(cost: float | None, tokens: int) -> float | None:
+    return None if cost is None or not tokens else cost / tokens * 1e6
+
+
+def _cell(column: str, value: float | None) -> str:
+    if value is not None and column.endswith("_seconds"):
+        return f"{value:.9f}"
+    return _money(value)
 
 
 def _money(value: float | None) -> str:
@@ -526,6 +587,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--end", help="window end (default now)")
     parser.add_argument("--prices", help="price file (JSON or YAML): per model, input / cached_input / output "
                                          "per million tokens")
+    parser.add_argument("--costs", help="cost file (JSON or YAML, with --ledger): engine instances' hourly rates, "
+                                        "shared out over the requests by compute or KV share; adds compute_seconds, "
+                                        "kv_block_seconds, cost (and with --prices revenue, margin) and idle rows")
     parser.add_argument("--budgets", help="budget file: show consumption vs daily budget per tenant/scene "
                                           "(window: the current UTC day unless --start/--range)")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -548,7 +612,12 @@ def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple
         if skipped:
             err.write(f"warning: {skipped} unreadable line(s) in the spool skipped (torn by a machine crash or a "
                       f"full disk; whole records are all counted)\n")
-        return source.usage(start, end, by)
+        rows = source.usage(start, end, by)
+        orphans = sum(row.orphans for row in rows.values())
+        if orphans:
+            err.write(f"warning: {orphans} request(s) billed from the engine's record alone: their API server's "
+                      f"record never arrived (a killed API server?), so tenant and operation may be unset\n")
+        return rows
     unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
     if unknown:
         raise ReportError(f"--by {','.join(unknown)} needs --ledger (Prometheus labels: "
@@ -566,18 +635,48 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
             return _budget_view(args, now, out, err)
         start, end = time_range(args.start, args.end, args.range_, now)
         prices, currency = load_prices(args.prices) if args.prices else ({}, None)
+        costs = _load_costs(args, currency)
 
-        rows = usage_rows(args, start, end, by, err)
+        fine_by = by if costs is None or "engine_instance" in by else [*by, "engine_instance"]
+        rows = usage_rows(args, start, end, fine_by, err)
         _warn(args, start, end, err)
+        idle_rows = []
+        if costs is not None:
+            from otel_llm import costs as cost_file
+            from otel_llm import ledger
+
+            units = ["engine_instance", *(["day"] if "day" in by else [])]
+            windows = ledger.open_ledger(args.ledger, args.timeout).windows(start, end, units)
+            rows, idle_rows, warnings = cost_file.allocate(rows, fine_by, by, windows, costs)
+            for line in warnings:
+                err.write(f"warning: {line}\n")
         if prices:
             missing = price_rows(rows, by, prices)
             if missing:
                 err.write(f"warning: no price for model(s) {', '.join(missing)}; their cost is left empty\n")
-        out.write(render(rows, by, args.format, currency, start, end) + "\n")
+        for idle in idle_rows:  # no tokens, so no revenue
+            idle.cost, idle.savings = (0.0, 0.0) if prices else (None, None)
+            cost_file.add_row(rows.setdefault(idle.key, Row(idle.key)), idle)
+        out.write(render(rows, by, args.format, costs.currency if costs else currency, start, end,
+                         priced=bool(prices), costed=costs is not None) + "\n")
         return 0
     except ReportError as exc:
         err.write(f"otel-llm report: {exc}\n")
         return 2
+
+
+def _load_costs(args, currency: str | None):
+    if not getattr(args, "costs", None):
+        return None
+    from otel_llm import costs as cost_file
+
+    if not getattr(args, "ledger", None):
+        raise ReportError("--costs needs --ledger (engine time is in the usage ledger's engine records)")
+    costs = cost_file.load(args.costs)
+    if currency is not None and currency != costs.currency:
+        raise ReportError(f"the price file's currency {currency} is not the cost file's {costs.currency}: "
+                          f"margins need one currency")
+    return costs
 
 
 def _warn(args, start: float, end: float, err) -> None:

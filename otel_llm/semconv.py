@@ -210,7 +210,7 @@ VLLM_PREFILL_SECONDS = _attribute("vllm.latency.prefill", DOUBLE, VLLM)
 VLLM_DECODE_SECONDS = _attribute("vllm.latency.decode", DOUBLE, VLLM)
 VLLM_TTFT_SECONDS = _attribute("vllm.latency.time_to_first_token", DOUBLE, VLLM)
 VLLM_TPOT_SECONDS = _attribute("vllm.latency.time_per_output_token", DOUBLE, VLLM)
-VLLM_PREEMPTIONS = _attribute("vllm.request.preemptions", INT, VLLM)
+VLLM_PREEMPTIONS = _attribute("vllm.request.preemptions", INT, VLLM, USAGE)
 VLLM_ABORTED = _attribute("vllm.request.aborted", BOOLEAN, VLLM)
 VLLM_ENGINE_REQUESTS = _attribute("vllm.request.engine_requests", INT, VLLM)
 VLLM_EXTERNAL_CACHED_TOKENS = _attribute("vllm.usage.cache_read.external_input_tokens", INT, VLLM, USAGE)
@@ -219,7 +219,7 @@ VLLM_PHASE_TIMING_UNAVAILABLE = _attribute("vllm.latency.unavailable", BOOLEAN, 
 # engine requests of an n > 1 request whose queue/prefill/decode child spans were not made
 VLLM_PHASE_SPANS_OMITTED = _attribute("vllm.latency.phase_spans_omitted", INT, VLLM)
 # disaggregated prefill/decode (--kv-transfer-config): which leg of a logical request this node served
-VLLM_PD_ROLE = _attribute("vllm.pd.role", STRING, VLLM)
+VLLM_PD_ROLE = _attribute("vllm.pd.role", STRING, VLLM, USAGE)
 PD_ROLE_PREFILL = "prefill"  # kv_transfer_params.do_remote_decode: never billed (its decode leg is)
 PD_ROLE_DECODE = "decode"  # kv_transfer_params.do_remote_prefill
 VLLM_LORA_NAME = _attribute("vllm.lora.name", STRING, USAGE)
@@ -246,7 +246,46 @@ USAGE_EVENT = "otel_llm.usage"
 USAGE_ID = _attribute("otel_llm.usage.id", STRING, USAGE)  # idempotency key: instance + "/" + vLLM's request id
 USAGE_DURATION = _attribute("otel_llm.usage.duration", DOUBLE, USAGE)  # seconds from arrival to the end
 USAGE_SCHEMA_VERSION = _attribute("otel_llm.usage.schema", INT, USAGE)
-USAGE_SCHEMA = 1
+# 1: API-server records only. 2: API-server records list their engine requests (USAGE_ENGINE_REQUEST_IDS), and
+# the engine core writes records of its own (USAGE_KIND), joined to them by engine request id (docs/ledger.md).
+USAGE_SCHEMA = 2
+# which process wrote a record: absent (or "request") for the API server's bill of one logical request;
+# "engine" for one engine request's record written by vLLM's engine core (otel_llm/vllm/engine_cost.py);
+# "engine_window" for an engine's busy and idle time over a window (its rows tile the engine's wall time)
+USAGE_KIND = _attribute("otel_llm.usage.kind", STRING, USAGE)
+USAGE_KIND_REQUEST = "request"
+USAGE_KIND_ENGINE = "engine"
+USAGE_KIND_ENGINE_WINDOW = "engine_window"
+# an API-server record: vLLM's internal ids of the engine requests it bills (n > 1: one per choice)
+USAGE_ENGINE_REQUEST_IDS = _attribute("vllm.engine.request_ids", STRING_ARRAY, USAGE)
+# an engine record: its engine request's id (the join key), and whether an instrumented Python frontend
+# bills it (then the engine record only adds its cost figures to that bill; otherwise it is the bill)
+VLLM_ENGINE_REQUEST_ID = _attribute("vllm.engine.request_id", STRING, USAGE)
+USAGE_FRONTEND_BILLED = _attribute("otel_llm.usage.frontend_billed", BOOLEAN, USAGE)
+# the engine instance an engine record comes from: service.instance.id + "/engine" + the engine index
+VLLM_ENGINE_INSTANCE = _attribute("vllm.engine.instance", STRING, USAGE)
+# --- What a request cost the engine (engine records; integers, so sums over any window are exact)
+# its share of the engine's busy time: each step's wall time split over the requests scheduled in it
+# in proportion to their scheduled tokens (prefill chunk, decode token, speculative drafts)
+COST_COMPUTE_NS = _attribute("otel_llm.cost.compute_ns", INT, USAGE)
+# tokens the engine computed for it (prompt tokens not hit in the prefix cache, recomputed after a
+# preemption, generated, drafts)
+COST_SCHEDULED_TOKENS = _attribute("otel_llm.cost.scheduled_tokens", INT, USAGE)
+# KV-cache blocks it allocated x the nanoseconds it held them (blocks it found in the prefix cache are
+# paid by the request that allocated them: HIT_BLOCK_NS, not billed)
+# the part of COMPUTE_NS spent while the request was prefilling (its steps before its prompt was computed)
+COST_PREFILL_COMPUTE_NS = _attribute("otel_llm.cost.prefill_compute_ns", INT, USAGE)
+COST_KV_BLOCK_NS = _attribute("otel_llm.cost.kv_block_ns", INT, USAGE)
+COST_KV_HIT_BLOCK_NS = _attribute("otel_llm.cost.kv_hit_block_ns", INT, USAGE)
+COST_PREEMPTED_NS = _attribute("otel_llm.cost.preempted_ns", INT, USAGE)  # time spent preempted, waiting again
+# an engine_window record: [start, end) in Unix ns, its busy and idle time (busy + idle = end - start),
+# the KV pool's usable blocks and block size
+ENGINE_WINDOW_START = _attribute("otel_llm.engine.window.start_unix_nano", INT, USAGE)
+ENGINE_BUSY_NS = _attribute("otel_llm.engine.busy_ns", INT, USAGE)
+ENGINE_IDLE_NS = _attribute("otel_llm.engine.idle_ns", INT, USAGE)
+ENGINE_KV_CAPACITY_BLOCKS = _attribute("otel_llm.engine.kv.capacity_blocks", INT, USAGE)
+ENGINE_KV_BLOCK_SIZE = _attribute("otel_llm.engine.kv.block_size", INT, USAGE)
+ENGINE_KV_BLOCK_NS = _attribute("otel_llm.engine.kv.block_ns", INT, USAGE)  # requests' blocks held in the window
 # spool-only fields (over OTLP they are the log record's own timestamp and trace context)
 USAGE_TIME = _attribute("time_unix_nano", INT, USAGE)
 USAGE_TRACE_ID = _attribute("trace_id", STRING, USAGE)

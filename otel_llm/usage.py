@@ -205,7 +205,7 @@ class UsageLedger:
         self.service = service
         self._dropped = semconv.create_instrument(meter, semconv.USAGE_RECORDS_DROPPED)
         self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
-                           on_drop=self._count_drop) if directory else None
+                           on_drop=self.count_drop) if directory else None
         # event_logger: where events go instead of the global LoggerProvider (the export process)
         self._event_logger = (event_logger or _event_logger()) if events else None
         self._warn = WarnOnce(_log)
@@ -216,7 +216,7 @@ class UsageLedger:
     def enabled(self) -> bool:
         return self.spool is not None or self._event_logger is not None
 
-    def _count_drop(self, reason: str) -> None:
+    def count_drop(self, reason: str) -> None:
         try:
             self._dropped.add(1, {semconv.ERROR_TYPE: reason})
         except Exception:  # noqa: BLE001
@@ -238,7 +238,7 @@ class UsageLedger:
                 self._event_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
                                         event_name=semconv.USAGE_EVENT, attributes=fields)
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
-            self._count_drop(semconv.DROP_ERROR)
+            self.count_drop(semconv.DROP_ERROR)
             self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
 
     def close(self) -> None:
@@ -258,3 +258,113 @@ def _event_logger():
     from otel_llm import __version__
 
     return provider.get_logger(semconv.USAGE_EVENT, __version__)
+
+
+class EngineSpool:
+    """The engine core's spool file: written by the engine's main thread alone, with no lock (the
+    engine-core loop is the GPU's critical path and shares nothing with other threads). A
+    background thread fsyncs the current file through a descriptor of its own every
+    `fsync_interval_s` (fsync flushes the file, whichever descriptor asks); the only state it
+    shares is the path and a write counter, each assigned whole under the GIL.
+
+    Same name scheme and rotation as `Spool`, so readers take its lines with the API server's."""
+
+    RETRY_OPEN_S = 10.0
+
+    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
+                 fsync_interval_s: float = 1.0, on_drop=None):
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.fsync_interval_s = fsync_interval_s
+        self.on_drop = on_drop or (lambda reason: None)
+        self._fd: int | None = None
+        self.path: str | None = None
+        self._size = 0
+        self._opened_at = 0.0
+        self._seq = 0
+        self._writes = 0  # read by the fsync thread
+        self._failed_open_at: float | None = None
+        self._warn = WarnOnce(_log)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def write(self, data: bytes) -> bool:
+        """Append whole lines with one os.write. False when they were dropped."""
+        try:
+            fd = self._file()
+            written = os.write(fd, data)
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as exc:
+            reason = semconv.DROP_DISK_FULL if exc.errno == errno.ENOSPC else (
+                semconv.DROP_OPEN if self._fd is None else semconv.DROP_WRITE)
+            self._warn(reason, "otel-llm: engine usage records dropped (%s in %s). The engine serves on; further "
+                       "drops are counted in %s.", exc, self.directory, semconv.USAGE_RECORDS_DROPPED)
+            self.on_drop(reason)
+            return False
+        self._size += written
+        self._writes += 1
+        return True
+
+    def _file(self) -> int:
+        now = time.monotonic()
+        if self._fd is not None and (self._size >= self.max_bytes or now - self._opened_at >= self.max_age_s):
+            os.close(self._fd)  # the fsync thread syncs the old file once more when it sees the new path
+            self._fd = None
+        if self._fd is None:
+            if self._failed_open_at is not None and now - self._failed_open_at < self.RETRY_OPEN_S:
+                raise OSError(errno.EAGAIN, "opening failed moments ago; retrying later")
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._seq += 1
+                name = (f"{SPOOL_PREFIX}{_safe_host()}-{os.getpid()}-{int(time.time() * 1000)}-e{self._seq:04d}"
+                        f"{SPOOL_SUFFIX}")
+                path = os.path.join(self.directory, name)
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            except OSError:
+                self._failed_open_at = now
+                raise
+            self._failed_open_at = None
+            self.path, self._size, self._opened_at = path, 0, now
+            if self._thread is None and self.fsync_interval_s > 0:
+                self._thread = threading.Thread(target=self._fsync_loop, name="otel-llm-engine-fsync", daemon=True)
+                self._thread.start()
+        return self._fd
+
+    def _fsync_loop(self) -> None:
+        path, fd, synced = None, None, 0
+        while True:
+            stopping = self._stop.wait(self.fsync_interval_s)
+            writes, current = self._writes, self.path
+            if fd is not None and (writes != synced or current != path):
+                _fsync(fd)
+                if current != path:
+                    os.close(fd)
+                    fd = None
+            synced = writes
+            if current is not None and current != path:
+                path = current
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    _fsync(fd)
+                except OSError:
+                    fd = None
+            if stopping:
+                if fd is not None:
+                    _fsync_and_close(fd)
+                return
+
+    def close(self) -> None:
+        """Flush to disk and close (the engine's main thread, at shutdown)."""
+        self._stop.set()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _fsync_and_close(fd)
+
+
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass

@@ -15,6 +15,7 @@ import ast
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,31 @@ FIELDS: tuple[Fields, ...] = (
     Fields(_COMPLETION_PROTOCOL, "CompletionRequest", ("model", "prompt", "stream", "n", *_SAMPLING,
                                                        "use_beam_search"),
            why="gen_ai.request.* of completions"),
+    # the engine core (engine_cost.py)
+    Fields(("vllm.v1.engine.core",), "EngineCoreProc", ("scheduler", "has_work"), ("engine_index",),
+           why="the scheduler an engine's cost book lives on; when the engine waits idle"),
+    Fields(("vllm.v1.core.sched.scheduler",), "Scheduler", ("requests", "kv_cache_manager", "vllm_config"),
+           why="the requests an engine holds, its KV cache, its model"),
+    Fields(("vllm.v1.core.kv_cache_manager",), "KVCacheManager", ("coordinator", "block_pool"),
+           why="the KV-cache groups and the pool's size"),
+    Fields(("vllm.v1.core.kv_cache_coordinator",), "KVCacheCoordinator", ("single_type_managers",),
+           why="one manager per KV-cache group"),
+    Fields(("vllm.v1.core.single_type_kv_cache_manager",), "SingleTypeKVCacheManager",
+           ("req_to_blocks", "block_size"), why="the blocks each request holds"),
+    Fields(("vllm.v1.core.block_pool",), "BlockPool", ("num_gpu_blocks",), why="the KV pool's capacity"),
+    Fields(("vllm.v1.core.sched.output",), "SchedulerOutput",
+           ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs"),
+           why="a step's requests and their scheduled tokens: the split of its time"),
+    Fields(("vllm.v1.core.sched.output",), "NewRequestData", ("req_id", "num_computed_tokens"),
+           why="a request's prefix-cache hit when admitted"),
+    Fields(("vllm.v1.core.sched.output",), "CachedRequestData", ("req_ids", "num_computed_tokens"),
+           ("resumed_req_ids",), why="a preempted request's prefix-cache hit when resumed"),
+    Fields(("vllm.v1.request",), "Request",
+           ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "arrival_time",
+            "lora_request", "trace_headers", "get_finished_reason"),
+           why="an engine request's tokens, finish reason, trace and tenant when it finishes"),
+    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("trace_headers",),
+           why="the frontend hands the engine its bill marker, traceparent and tenant"),
     Fields(("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol"), "ResponsesRequest",
            ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
            why="gen_ai.request.* of the Responses API"),
@@ -203,6 +229,121 @@ def read_response_id(metadata) -> str | None:
     """RequestResponseMetadata.request_id: the id vLLM puts in the response and every chunk."""
     response_id = getattr(metadata, "request_id", None)
     return response_id if isinstance(response_id, str) else None
+
+
+# --- the engine core (otel_llm/vllm/engine_cost.py): read per step, so each reader loops itself -------
+
+ENGINE_BILLED_HEADER = "otel-llm-billed"  # trace_headers key an instrumented frontend adds: it bills the request
+ENGINE_BILLED = "1"
+ENGINE_BILLED_PD_PREFILL = "pd-prefill"  # the P/D prefill leg: billed by its decode node, never here
+
+
+@dataclass(frozen=True, slots=True)
+class KVPool:
+    groups: tuple  # per KV-cache group: vLLM's request id -> block list dict (read with .get: no insert)
+    block_sizes: tuple[int, ...]
+    capacity_blocks: int  # usable blocks (the pool without its null block)
+
+
+def read_kv_pool(scheduler) -> KVPool:
+    manager = scheduler.kv_cache_manager
+    managers = manager.coordinator.single_type_managers
+    return KVPool(tuple(m.req_to_blocks for m in managers), tuple(int(m.block_size) for m in managers),
+                  max(0, int(manager.block_pool.num_gpu_blocks) - 1))
+
+
+def read_scheduler_requests(scheduler) -> dict:
+    """Scheduler.requests: request id -> Request, while the scheduler holds it (the same dict for life)."""
+    return scheduler.requests
+
+
+def read_scheduler_model(scheduler) -> str | None:
+    return read_engine_model(scheduler.vllm_config)
+
+
+def read_engine_scheduler(engine_core):
+    return engine_core.scheduler
+
+
+def read_engine_index(engine_core) -> int:
+    return int(getattr(engine_core, "engine_index", 0) or 0)
+
+
+def read_has_work(engine_core) -> bool:
+    return engine_core.has_work()
+
+
+def read_scheduled(so) -> tuple[dict, int]:
+    """SchedulerOutput: request id -> tokens scheduled this step (drafts included), and their total."""
+    return so.num_scheduled_tokens, so.total_num_scheduled_tokens
+
+
+def read_admitted(so) -> list[tuple[str, int]]:
+    """(request id, tokens already computed) of the requests admitted this step, new or resumed after a
+    preemption: their prefix-cache hit."""
+    admitted = [(new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs]
+    cached = so.scheduled_cached_reqs
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed:
+        admitted += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed]
+    return admitted
+
+
+def read_prefilling(requests: dict, tokens: dict) -> set[str]:
+    """The scheduled requests whose step computes prompt tokens (checked after `schedule` advanced
+    num_computed_tokens: a step that reaches the prompt's end is its last prefill step)."""
+    prefilling = set()
+    for rid in tokens:
+        request = requests.get(rid)
+        if request is not None and request.num_computed_tokens <= request.num_prompt_tokens:
+            prefilling.add(rid)
+    return prefilling
+
+
+def read_core_request_id(request) -> str:
+    return request.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class CoreRequest:
+    """The engine core's Request, read once when it finishes."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str | None
+    arrival_time: float
+    lora_name: str | None
+    trace_headers: Any  # Mapping[str, str] | None
+    frontend_billed: bool
+    pd_prefill: bool
+
+
+def read_core_request(request) -> CoreRequest:
+    headers = request.trace_headers
+    billed = headers.get(ENGINE_BILLED_HEADER) if headers else None
+    reason = request.get_finished_reason()
+    lora = request.lora_request
+    return CoreRequest(
+        request_id=request.request_id, prompt_tokens=int(request.num_prompt_tokens or 0),
+        output_tokens=int(request.num_output_tokens),
+        finish_reason=str(reason) if reason is not None else None, arrival_time=float(request.arrival_time),
+        lora_name=getattr(lora, "lora_name", None), trace_headers=headers,
+        frontend_billed=billed is not None, pd_prefill=billed == ENGINE_BILLED_PD_PREFILL)
+
+
+def mark_frontend_billed(engine_request, traceparent: str | None, baggage: str | None,
+                         value: str = ENGINE_BILLED) -> None:
+    """Tell the engine core that this frontend bills the EngineCoreRequest, with its trace and tenant
+    (W3C baggage), through its trace_headers: the one field that reaches the engine's Request (vLLM
+    reads only traceparent and tracestate from it, for its own tracing, which otel-llm turns off)."""
+    headers = dict(engine_request.trace_headers or {})
+    headers[ENGINE_BILLED_HEADER] = value
+    if traceparent and "traceparent" not in headers:
+        headers["traceparent"] = traceparent
+    if baggage and "baggage" not in headers:
+        headers["baggage"] = baggage
+    engine_request.trace_headers = headers
 
 
 # --- reading sources without importing them ----------------------------------------------------

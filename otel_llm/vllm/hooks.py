@@ -13,7 +13,7 @@ import os
 
 from otel_llm import patching, semconv
 from otel_llm.patching import Hook
-from otel_llm.vllm import contract, http
+from otel_llm.vllm import contract, engine_cost, http
 from otel_llm.vllm.wrappers import (
     async_llm_generate,
     attach_engine_request,
@@ -33,6 +33,9 @@ _log = logging.getLogger("otel_llm.vllm")
 
 
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
+_SCHEDULER = ("vllm.v1.core.sched.scheduler",)
+_ENGINE_CORE = ("vllm.v1.engine.core",)
+_COST = "per-request engine cost (compute and KV shares, preemptions, idle time) in the usage ledger"
 
 HOOKS: tuple[Hook, ...] = (
     Hook("chat handler", ("vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.serving_chat"),
@@ -78,6 +81,20 @@ HOOKS: tuple[Hook, ...] = (
     Hook("vLLM error handler", ("vllm.entrypoints.serve.exception_handling.register",),
          "vllm_error_handler", vllm_error_rejection,
          "error span for requests a request model's validator rejects with a VLLMError", required=False),
+    # the engine-core process (otel_llm/vllm/engine_cost.py)
+    Hook("engine step scheduled", _SCHEDULER, "Scheduler.schedule", engine_cost.scheduled, _COST, required=False),
+    Hook("engine step done", _SCHEDULER, "Scheduler.update_from_output", engine_cost.updated, _COST,
+         required=False),
+    Hook("engine request preempted", _SCHEDULER, "Scheduler._preempt_request", engine_cost.preempted, _COST,
+         required=False),
+    Hook("engine blocks freed", _SCHEDULER, "Scheduler._free_request_blocks", engine_cost.freeing, _COST,
+         required=False),
+    Hook("engine request freed", _SCHEDULER, "Scheduler._free_request", engine_cost.finished, _COST,
+         required=False),
+    Hook("engine input wait", _ENGINE_CORE, "EngineCoreProc._process_input_queue", engine_cost.input_queue,
+         _COST + " (its idle time)", required=False),
+    Hook("engine shutdown", _ENGINE_CORE, "EngineCore.shutdown", engine_cost.shutdown,
+         _COST + " (the last window)", required=False),
     Hook("vLLM loggers", ("vllm.logger",), "init_logger", redacting_loggers,
          "vLLM's warnings and errors (a 404 echoes the model name) redacted", required=False),
 )

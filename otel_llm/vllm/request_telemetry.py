@@ -282,7 +282,7 @@ class RequestTelemetry:
         if engines and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
             guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
-                    response, response_model, end_ns, engines[0], request_model)
+                    response, response_model, end_ns, engines, request_model)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
@@ -304,8 +304,9 @@ class RequestTelemetry:
         self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
     def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int,
-                     first: contract.EngineRequest, request_model: str | None) -> None:
+                     engines: list[contract.EngineRequest], request_model: str | None) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
+        first = engines[0]
         info = self.info
         ledger = self.telemetry.ledger
         fields: dict[str, Any] = {
@@ -321,6 +322,7 @@ class RequestTelemetry:
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
             semconv.GEN_AI_REQUEST_CHOICE_COUNT: info.choice_count or 1,
+            semconv.USAGE_ENGINE_REQUEST_IDS: [engine.request_id for engine in engines],
         }
         served = first.lora_name
         optional = (

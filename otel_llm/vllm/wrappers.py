@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import quote
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -132,6 +133,28 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         record.attach_engine_request(state)
         if record.pd_role is None:
             record.pd_role = _pd_role(request)
+        if tel.ledger.enabled:  # the engine core's record of it adds its cost to our bill (engine_cost.py)
+            contract.mark_frontend_billed(
+                request, _traceparent(record.span), _baggage(tel, record.info),
+                contract.ENGINE_BILLED_PD_PREFILL if record.pd_role == semconv.PD_ROLE_PREFILL
+                else contract.ENGINE_BILLED)
+
+
+def _baggage(tel: Telemetry, info) -> str | None:
+    """The request's tenant, scene and cost center as W3C baggage (under the first baggage key of
+    each), for the engine's record of it."""
+    settings = tel.settings
+    entries = [f"{keys[0]}={quote(value, safe='')}" for keys, value in (
+        (settings.tenant_baggage_keys, info.tenant), (settings.scene_baggage_keys, info.scene),
+        (settings.cost_center_baggage_keys, info.cost_center)) if keys and value]
+    return ",".join(entries) or None
+
+
+def _traceparent(span) -> str | None:
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def _pd_role(request) -> str | None:

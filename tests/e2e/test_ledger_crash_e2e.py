@@ -104,12 +104,19 @@ def _raw_lines(spool):
     return lines
 
 
+def _bills_and_engine_records(records):
+    bills = [r for r in records if r.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST) == semconv.USAGE_KIND_REQUEST]
+    engine = [r for r in records if r.get(semconv.USAGE_KIND) == semconv.USAGE_KIND_ENGINE]
+    return bills, engine
+
+
 def test_every_completed_response_survives_a_kill_9_once(crash):
     spool, before, after, files_before = crash
     assert len(before) >= KILL_AFTER
     records = _raw_lines(spool)
     keys = Counter(r[semconv.USAGE_ID] for r in records)
     assert max(keys.values()) == 1, "a record was written twice"
+    records, _ = _bills_and_engine_records(records)
     by_response = Counter(r.get(semconv.GEN_AI_RESPONSE_ID) for r in records)
     by_id = {r.get(semconv.GEN_AI_RESPONSE_ID): r for r in records}
     for tenant, response_id, prompt, completion in before + after:
@@ -122,16 +129,23 @@ def test_every_completed_response_survives_a_kill_9_once(crash):
     assert set(files_before) < {p.name for p in spool.glob("usage-*.jsonl")}
 
 
-def test_the_ledger_report_after_the_crash_counts_each_record_once(crash):
+def test_the_ledger_report_after_the_crash_counts_each_request_once(crash):
+    """One bill per request: the API server's record, or, where the kill took it before it wrote one,
+    the engine core's record of the request (with the tenant the API server handed the engine)."""
     spool, before, after, _ = crash
-    records = _raw_lines(spool)
+    bills, engine = _bills_and_engine_records(_raw_lines(spool))
+    listed = Counter(i for bill in bills for i in bill[semconv.USAGE_ENGINE_REQUEST_IDS])
+    assert max(listed.values()) == 1
+    orphans = [r for r in engine if r[semconv.VLLM_ENGINE_REQUEST_ID] not in listed]
+    assert all(r[semconv.USAGE_FRONTEND_BILLED] is True for r in engine)
     rows = ledger.open_ledger(str(spool)).usage(time.time() - 3600, time.time() + 60, ["tenant"])
     for tenant in ("before-crash", "after-restart"):
-        mine = [r for r in records if r[semconv.TENANT_ID] == tenant]
+        mine = [r for r in bills + orphans if r[semconv.TENANT_ID] == tenant]
         row = rows[(tenant,)]
         assert row.requests == len(mine)
         assert row.tokens[semconv.TOKEN_TYPE_OUTPUT] == sum(r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] for r in mine)
         assert row.tokens[semconv.TOKEN_TYPE_INPUT] == sum(r[semconv.GEN_AI_USAGE_INPUT_TOKENS] for r in mine)
+    assert sum(row.requests for row in rows.values()) == len(bills) + len(orphans)
     # requests the kill cut short may have records too (the engine had generated for them), and
     # completed ones are a subset of the records
     assert rows[("after-restart",)].requests >= len(after)
