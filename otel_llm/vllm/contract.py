@@ -278,26 +278,21 @@ def read_scheduled(so) -> tuple[dict, int]:
     return so.num_scheduled_tokens, so.total_num_scheduled_tokens
 
 
-def read_admitted(so) -> list[tuple[str, int]]:
-    """(request id, tokens already computed) of the requests admitted this step, new or resumed after a
-    preemption: their prefix-cache hit."""
-    admitted = [(new.req_id, new.num_computed_tokens) for new in so.scheduled_new_reqs]
+def read_admitted(so, requests: dict) -> list[tuple[str, int, int]]:
+    """(request id, tokens already computed: its prefix-cache hit, prompt tokens) of the requests
+    admitted this step, new or resumed after a preemption."""
+    admitted = []
+    for new in so.scheduled_new_reqs:
+        request = requests.get(new.req_id)
+        admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens if request else 0))
     cached = so.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed:
-        admitted += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in resumed]
+        for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid in resumed:
+                request = requests.get(rid)
+                admitted.append((rid, n, request.num_prompt_tokens if request else 0))
     return admitted
-
-
-def read_prefilling(requests: dict, tokens: dict) -> set[str]:
-    """The scheduled requests whose step computes prompt tokens (checked after `schedule` advanced
-    num_computed_tokens: a step that reaches the prompt's end is its last prefill step)."""
-    prefilling = set()
-    for rid in tokens:
-        request = requests.get(rid)
-        if request is not None and request.num_computed_tokens <= request.num_prompt_tokens:
-            prefilling.add(rid)
-    return prefilling
 
 
 def read_core_request_id(request) -> str:

@@ -38,11 +38,12 @@ _log = logging.getLogger("otel_llm.vllm")
 class Acc:
     """One engine request's running account (integers: nanoseconds and counts)."""
 
-    __slots__ = ("busy_ns", "prefill_ns", "tokens", "inflight", "blocks", "hits", "since", "block_ns",
+    __slots__ = ("busy_ns", "prefill_ns", "tokens", "prompt_left", "inflight", "blocks", "hits", "since", "block_ns",
                  "hit_block_ns", "preemptions", "preempted_at", "preempted_ns", "cached_tokens", "finished")
 
     def __init__(self, now: int):
         self.busy_ns = self.prefill_ns = self.tokens = self.inflight = self.blocks = self.hits = 0
+        self.prompt_left = 0  # prompt tokens still to compute (set when admitted): its steps until then are prefill
         self.since = now
         self.block_ns = self.hit_block_ns = self.preemptions = self.preempted_at = self.preempted_ns = 0
         self.cached_tokens = -1  # its prefix-cache hit at its first admission (-1: not admitted yet)
@@ -73,39 +74,51 @@ class CostBook:
         self.busy_ns = self.idle_ns = 0  # in the current window
         self.window_block_ns = 0
         self.pending: list[bytes] = []
-        self.prefilling: dict[int, Any] = {}  # id(SchedulerOutput) -> request ids prefilling in it
+        self.prefilling: dict[int, set] = {}  # id(SchedulerOutput) -> request ids prefilling in it
 
-    # --- the hooks (otel_llm/vllm/engine_wrappers.py calls these) ---------------------------------
+    # --- the hooks (the wrappers at the end of this module call these) ----------------------------------
     def scheduled(self, so) -> None:
-        """After `Scheduler.schedule`: count the batch's requests in flight and their blocks."""
+        """After `Scheduler.schedule`: count the batch's requests in flight, their tokens and blocks."""
         now = self.clock()
         tokens, _ = contract.read_scheduled(so)
         acc = self.acc
+        admitted = contract.read_admitted(so, self.requests)
+        for rid, computed, prompt in admitted:  # new, or resumed after a preemption
+            a = acc.get(rid)
+            if a is None:
+                a = acc[rid] = Acc(now)
+            if a.cached_tokens < 0:
+                a.cached_tokens = computed
+            a.prompt_left = prompt - computed
         groups = self.groups
+        single = groups[0] if len(groups) == 1 else None
+        prefilling = None
         for rid, n in tokens.items():
             a = acc.get(rid)
             if a is None:
                 a = acc[rid] = Acc(now)
             a.inflight += 1
             a.tokens += n
+            if a.prompt_left > 0:
+                a.prompt_left -= n
+                if prefilling is None:
+                    prefilling = self.prefilling[id(so)] = set()
+                prefilling.add(rid)
             if a.preempted_at:
                 a.preempted_ns += now - a.preempted_at
                 a.preempted_at = 0
-            held = 0
-            for group in groups:
-                held += len(group.get(rid) or ())
+            if single is not None:
+                held = len(single.get(rid) or ())
+            else:
+                held = 0
+                for group in groups:
+                    held += len(group.get(rid) or ())
             if held != a.blocks:
                 self._blocks(a, now)
                 a.blocks = held
-        for rid, computed in contract.read_admitted(so):
-            a = acc.get(rid)
-            if a is not None:
-                if a.cached_tokens < 0:
-                    a.cached_tokens = computed
-                a.hits = min(a.blocks, sum(computed // size for size in self.block_sizes))
-        prefilling = contract.read_prefilling(self.requests, tokens)
-        if prefilling:
-            self.prefilling[id(so)] = prefilling
+        for rid, computed, _ in admitted:
+            a = acc[rid]
+            a.hits = min(a.blocks, sum(computed // size for size in self.block_sizes))
 
     def updated(self, so) -> None:
         """After `Scheduler.update_from_output`: the beat since the last cut is this batch's."""
