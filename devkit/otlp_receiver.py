@@ -59,6 +59,9 @@ class Span:
     scope: str
     events: list[dict] = field(default_factory=list)
     links: list["Link"] = field(default_factory=list)
+    # each event's time (Unix ns), in the order of `events`; not compared (a recorded exception is
+    # stamped when it happens)
+    event_times: list[int] = field(default_factory=list, compare=False)
 
     @property
     def duration_s(self) -> float:
@@ -211,6 +214,7 @@ class Receiver:
                             resource=resource,
                             scope=ss.scope.name,
                             events=[{"name": e.name, "attributes": attributes(e.attributes)} for e in s.events],
+                            event_times=[e.time_unix_nano for e in s.events],
                             links=[Link(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                         )
                     )

@@ -21,7 +21,9 @@ PHASES = {"queue": semconv.VLLM_METRIC_QUEUE_TIME, "prefill": semconv.VLLM_METRI
           "decode": semconv.VLLM_METRIC_DECODE_TIME}
 PRICES = (("price_input", "Input price per 1M tokens", "2"),
           ("price_cached_input", "Cached input price per 1M tokens", "0.5"),
-          ("price_output", "Output price per 1M tokens", "8"))
+          ("price_output", "Output price per 1M tokens", "8"),
+          ("gpu_usd_per_hour", "Engine instance (GPUs) price per hour", "3.5"))
+COMPUTE = semconv.prometheus_metric(semconv.SERVER_COMPUTE_TIME)
 
 PROM = {"type": "prometheus", "uid": "${prometheus}"}
 TEMPO = {"type": "tempo", "uid": "${tempo}"}
@@ -184,6 +186,21 @@ def cost() -> dict:
         panel("Cache savings in range", [target(f"{cached} * ($price_input - $price_cached_input) / 1e6", legend)],
               "currencyUSD", kind="table", w=12,
               description="What the cached input tokens would have cost at the input price, minus what they cost"),
+        panel("Engine compute cost in range (GPU time charged to requests)", [target(
+            f"sum by ({by}) (increase({COMPUTE}{{{OURS}}}[$__range])) * $gpu_usd_per_hour / 3600", legend)],
+              "currencyUSD", kind="table", w=12,
+              description="Each request's share of the engine's busy time (its scheduled tokens' share of each "
+                          "step) at the instance price per hour; idle time is not in it. Bills: otel-llm report "
+                          "--ledger ... --costs costs.yaml (exact, with idle rows)"),
+        panel("Engine compute cost per 1M tokens by model", [target(
+            f"(sum by ({MODEL}) (increase({COMPUTE}{{{OURS}}}[$__range])) * $gpu_usd_per_hour / 3600) / "
+            f"((sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_INPUT)}[$__range])) + "
+            f"sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_OUTPUT)}[$__range]))) / 1e6)",
+            f"{{{{{MODEL}}}}}")], "currencyUSD", kind="table", w=12,
+              description="What a million tokens (input + output) cost in engine time, busy time only"),
+        panel("Engine busy seconds per second by tenant", [target(
+            f"sum by ({TENANT}) (rate({COMPUTE}{{{OURS}}}[{RI}]))", f"{{{{{TENANT}}}}}")], w=24,
+              description="1 = one engine busy all the time on this tenant's requests"),
         panel("Cost rate (per hour, upper bound)", [target(
             f"({rate(semconv.TOKEN_TYPE_INPUT)} * $price_input + {rate(semconv.TOKEN_TYPE_OUTPUT)} * $price_output)"
             " * 3600 / 1e6", legend)], "currencyUSD", w=24,

@@ -267,17 +267,17 @@ VLLM_ENGINE_INSTANCE = _attribute("vllm.engine.instance", STRING, USAGE)
 # --- What a request cost the engine (engine records; integers, so sums over any window are exact)
 # its share of the engine's busy time: each step's wall time split over the requests scheduled in it
 # in proportion to their scheduled tokens (prefill chunk, decode token, speculative drafts)
-COST_COMPUTE_NS = _attribute("otel_llm.cost.compute_ns", INT, USAGE)
+COST_COMPUTE_NS = _attribute("otel_llm.cost.compute_ns", INT, VLLM, USAGE)
 # tokens the engine computed for it (prompt tokens not hit in the prefix cache, recomputed after a
 # preemption, generated, drafts)
-COST_SCHEDULED_TOKENS = _attribute("otel_llm.cost.scheduled_tokens", INT, USAGE)
+COST_SCHEDULED_TOKENS = _attribute("otel_llm.cost.scheduled_tokens", INT, VLLM, USAGE)
 # KV-cache blocks it allocated x the nanoseconds it held them (blocks it found in the prefix cache are
 # paid by the request that allocated them: HIT_BLOCK_NS, not billed)
 # the part of COMPUTE_NS spent while the request was prefilling (its steps before its prompt was computed)
-COST_PREFILL_COMPUTE_NS = _attribute("otel_llm.cost.prefill_compute_ns", INT, USAGE)
-COST_KV_BLOCK_NS = _attribute("otel_llm.cost.kv_block_ns", INT, USAGE)
-COST_KV_HIT_BLOCK_NS = _attribute("otel_llm.cost.kv_hit_block_ns", INT, USAGE)
-COST_PREEMPTED_NS = _attribute("otel_llm.cost.preempted_ns", INT, USAGE)  # time spent preempted, waiting again
+COST_PREFILL_COMPUTE_NS = _attribute("otel_llm.cost.prefill_compute_ns", INT, VLLM, USAGE)
+COST_KV_BLOCK_NS = _attribute("otel_llm.cost.kv_block_ns", INT, VLLM, USAGE)
+COST_KV_HIT_BLOCK_NS = _attribute("otel_llm.cost.kv_hit_block_ns", INT, VLLM, USAGE)
+COST_PREEMPTED_NS = _attribute("otel_llm.cost.preempted_ns", INT, VLLM, USAGE)  # time spent preempted, waiting again
 # an engine_window record: [start, end) in Unix ns, its busy and idle time (busy + idle = end - start),
 # the KV pool's usable blocks and block size
 ENGINE_WINDOW_START = _attribute("otel_llm.engine.window.start_unix_nano", INT, USAGE)
@@ -319,6 +319,11 @@ REDACTION_RULE_PAYMENT_CARD = "payment_card"  # Luhn-checked
 REDACTION_RULE_PRC_ID = "prc_resident_id"  # check digit verified
 REDACTION_RULE_PHONE = "phone"
 REDACTION_RULE_IP_ADDRESS = "ip_address"
+
+# a span event on the GenAI span: the engine preempted the request (freed its KV cache) at the event's
+# time; COST_PREEMPTED_NS says how long it waited to be scheduled again
+EVENT_PREEMPTED = "vllm.request.preempted"
+EVENTS = frozenset({USAGE_EVENT, EVENT_PREEMPTED})  # event names (log records', span events')
 
 # --- Span names ---------------------------------------------------------------------------
 SPAN_QUEUE = "queue"
@@ -364,6 +369,11 @@ SERVER_TIME_PER_OUTPUT_TOKEN = _metric(
 SERVER_TOKEN_USAGE = _metric(
     "otel_llm.server.token.usage", OBSERVABLE_COUNTER, UNIT_TOKEN,
     "Tokens by type (input includes cached_input), as the engine counted them.", VLLM)
+SERVER_COMPUTE_TIME = _metric(
+    "otel_llm.server.compute.time", OBSERVABLE_COUNTER, UNIT_SECONDS,
+    "Engine busy time charged to requests (each step's time split over its requests by scheduled tokens), by "
+    "model and tenant, as each request's final engine output reported it (the usage ledger's engine records are "
+    "exact: a request whose figures came after its output is missing here).", VLLM)
 SERVER_REQUESTS = _metric(
     "otel_llm.server.requests", COUNTER, UNIT_REQUEST,
     "Requests by outcome (finished, aborted, error), model, tenant and scene.", VLLM)

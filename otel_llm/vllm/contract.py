@@ -133,6 +133,7 @@ class EngineRequest:
     output_text: str | None
     lora_name: str | None
     timing: EngineTiming | None  # None: stats off (--disable-log-stats)
+    engine_cost: str | None = None  # the engine core's figures (engine_cost.py's summary), when they came
 
 
 def read_engine_request(state) -> EngineRequest:
@@ -152,6 +153,7 @@ def read_engine_request(state) -> EngineRequest:
         output_tokens=detokenizer.num_output_tokens() if detokenizer is not None else None,
         output_text=text if isinstance(text, str) else None,
         lora_name=getattr(state, "lora_name", None),
+        engine_cost=_stashed_engine_cost(state),
         timing=None if stats is None else EngineTiming(
             queued=stats.queued_ts, scheduled=stats.scheduled_ts, first_token=stats.first_token_ts,
             last_token=stats.last_token_ts, first_token_latency=stats.first_token_latency,
@@ -236,6 +238,8 @@ def read_response_id(metadata) -> str | None:
 ENGINE_BILLED_HEADER = "otel-llm-billed"  # trace_headers key an instrumented frontend adds: it bills the request
 ENGINE_BILLED = "1"
 ENGINE_BILLED_PD_PREFILL = "pd-prefill"  # the P/D prefill leg: billed by its decode node, never here
+# the engine's figures for a finished request, back to the frontend on its final EngineCoreOutput
+ENGINE_COST_HEADER = "otel-llm-cost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,21 +282,44 @@ def read_scheduled(so) -> tuple[dict, int]:
     return so.num_scheduled_tokens, so.total_num_scheduled_tokens
 
 
-def read_admitted(so, requests: dict) -> list[tuple[str, int, int]]:
-    """(request id, tokens already computed: its prefix-cache hit, prompt tokens) of the requests
-    admitted this step, new or resumed after a preemption."""
+def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None]]:
+    """(request id, tokens already computed: its prefix-cache hit, prompt tokens, the headers an
+    instrumented frontend sent) of the requests admitted this step, new or resumed after a preemption.
+
+    The frontend's headers are taken off the Request (`trace_headers` = None): vLLM copies
+    trace_headers into every output of a request, and the API server would decode them per token."""
     admitted = []
     for new in so.scheduled_new_reqs:
         request = requests.get(new.req_id)
-        admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens if request else 0))
+        if request is not None:
+            admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens,
+                             _take_frontend_headers(request)))
     cached = so.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed:
         for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
-            if rid in resumed:
-                request = requests.get(rid)
-                admitted.append((rid, n, request.num_prompt_tokens if request else 0))
+            request = requests.get(rid) if rid in resumed else None
+            if request is not None:
+                admitted.append((rid, n, request.num_prompt_tokens, None))
     return admitted
+
+
+def _take_frontend_headers(request) -> dict | None:
+    headers = request.trace_headers
+    if headers and ENGINE_BILLED_HEADER in headers:
+        request.trace_headers = None
+        return headers
+    return None
+
+
+def set_final_output_cost(outputs, summaries: dict[str, str]) -> None:
+    """Put each finished request's figures on its final EngineCoreOutput of this step (the dict
+    update_from_output returns, before vLLM sends it): the frontend reads them once per request."""
+    for engine_outputs in outputs.values():
+        for output in engine_outputs.outputs:
+            summary = summaries.get(output.request_id)
+            if summary is not None:
+                output.trace_headers = {ENGINE_COST_HEADER: summary}
 
 
 def read_core_request_id(request) -> str:
@@ -314,8 +341,9 @@ class CoreRequest:
     pd_prefill: bool
 
 
-def read_core_request(request) -> CoreRequest:
-    headers = request.trace_headers
+def read_core_request(request, headers=None) -> CoreRequest:
+    """headers: the frontend's, taken off the request when it was admitted (read_admitted)."""
+    headers = headers if headers is not None else request.trace_headers
     billed = headers.get(ENGINE_BILLED_HEADER) if headers else None
     reason = request.get_finished_reason()
     lora = request.lora_request
@@ -325,6 +353,27 @@ def read_core_request(request) -> CoreRequest:
         finish_reason=str(reason) if reason is not None else None, arrival_time=float(request.arrival_time),
         lora_name=getattr(lora, "lora_name", None), trace_headers=headers,
         frontend_billed=billed is not None, pd_prefill=billed == ENGINE_BILLED_PD_PREFILL)
+
+
+def enable_final_outputs(output_processor) -> None:
+    """Have vLLM's OutputProcessor call do_tracing(final EngineCoreOutput, RequestState, ...) for every
+    finished request: otel-llm's hook replaces vLLM's do_tracing (its own tracing) and reads the
+    engine's figures there. Only when that hook is in place (Telemetry.reads_final_outputs)."""
+    output_processor.tracing_enabled = True
+
+
+def stash_engine_cost(engine_core_output, req_state) -> None:
+    headers = engine_core_output.trace_headers
+    summary = headers.get(ENGINE_COST_HEADER) if headers else None
+    if summary is not None:
+        setattr(req_state, _STASHED_COST, summary)
+
+
+_STASHED_COST = "otel_llm_engine_cost"  # our attribute on vLLM's RequestState, not one of its fields
+
+
+def _stashed_engine_cost(state) -> str | None:
+    return getattr(state, _STASHED_COST, None)
 
 
 def mark_frontend_billed(engine_request, traceparent: str | None, baggage: str | None,

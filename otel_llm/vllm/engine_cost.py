@@ -39,7 +39,8 @@ class Acc:
     """One engine request's running account (integers: nanoseconds and counts)."""
 
     __slots__ = ("busy_ns", "prefill_ns", "tokens", "prompt_left", "inflight", "blocks", "hits", "since", "block_ns",
-                 "hit_block_ns", "preemptions", "preempted_at", "preempted_ns", "cached_tokens", "finished")
+                 "hit_block_ns", "preemptions", "preempted_at", "preempted_ns", "preempt_log", "cached_tokens",
+                 "headers", "finished")
 
     def __init__(self, now: int):
         self.busy_ns = self.prefill_ns = self.tokens = self.inflight = self.blocks = self.hits = 0
@@ -47,6 +48,8 @@ class Acc:
         self.since = now
         self.block_ns = self.hit_block_ns = self.preemptions = self.preempted_at = self.preempted_ns = 0
         self.cached_tokens = -1  # its prefix-cache hit at its first admission (-1: not admitted yet)
+        self.preempt_log: list | None = None  # [[preempted at (Unix ns), for how long (ns)], ...]
+        self.headers: dict | None = None  # what an instrumented frontend sent (contract.read_admitted)
         self.finished: contract.CoreRequest | None = None
 
 
@@ -83,12 +86,14 @@ class CostBook:
         tokens, _ = contract.read_scheduled(so)
         acc = self.acc
         admitted = contract.read_admitted(so, self.requests)
-        for rid, computed, prompt in admitted:  # new, or resumed after a preemption
+        for rid, computed, prompt, headers in admitted:  # new, or resumed after a preemption
             a = acc.get(rid)
             if a is None:
                 a = acc[rid] = Acc(now)
             if a.cached_tokens < 0:
                 a.cached_tokens = computed
+            if headers is not None:
+                a.headers = headers
             a.prompt_left = prompt - computed
         groups = self.groups
         single = groups[0] if len(groups) == 1 else None
@@ -105,8 +110,7 @@ class CostBook:
                     prefilling = self.prefilling[id(so)] = set()
                 prefilling.add(rid)
             if a.preempted_at:
-                a.preempted_ns += now - a.preempted_at
-                a.preempted_at = 0
+                self._resumed(a, now)
             if single is not None:
                 held = len(single.get(rid) or ())
             else:
@@ -116,18 +120,21 @@ class CostBook:
             if held != a.blocks:
                 self._blocks(a, now)
                 a.blocks = held
-        for rid, computed, _ in admitted:
+        for rid, computed, _, _ in admitted:
             a = acc[rid]
             a.hits = min(a.blocks, sum(computed // size for size in self.block_sizes))
 
-    def updated(self, so) -> None:
-        """After `Scheduler.update_from_output`: the beat since the last cut is this batch's."""
+    def updated(self, so, outputs=None) -> None:
+        """After `Scheduler.update_from_output`: the beat since the last cut is this batch's. The
+        figures of requests finished with it go on their final outputs (`outputs`, what
+        update_from_output returns) for an instrumented frontend's span."""
         now = self.clock()
         beat = now - self.last_cut
         self.last_cut = now
         tokens, total = contract.read_scheduled(so)
         prefilling = self.prefilling.pop(id(so), ())
         acc = self.acc
+        summaries = None
         if total <= 0:
             self.idle_ns += beat
         else:
@@ -145,7 +152,13 @@ class CostBook:
                     a.prefill_ns += share
                 a.inflight -= 1
                 if a.finished is not None and a.inflight == 0 and a.blocks == 0:
-                    self._finalize(rid, a, now)
+                    summary = self._finalize(rid, a, now)
+                    if summary is not None and outputs:
+                        if summaries is None:
+                            summaries = {}
+                        summaries[rid] = summary
+        if summaries:
+            contract.set_final_output_cost(outputs, summaries)
         if now - self.window_start >= self.window_ns:
             self._close_window(now)
         self.flush()
@@ -156,6 +169,9 @@ class CostBook:
         if a is not None:
             a.preemptions += 1
             a.preempted_at = self.clock()
+            if a.preempt_log is None:
+                a.preempt_log = []
+            a.preempt_log.append([self.unix_offset + a.preempted_at, 0])
 
     def freeing(self, request) -> None:
         """Before `Scheduler._free_request_blocks`: the request holds no blocks from now on."""
@@ -172,17 +188,16 @@ class CostBook:
     def finished(self, request) -> None:
         """After `Scheduler._free_request`: finished (any cause); its record is written once it is
         out of every batch in flight and holds no block."""
-        info = contract.read_core_request(request)
+        rid = contract.read_core_request_id(request)
         now = self.clock()
-        a = self.acc.get(info.request_id)
+        a = self.acc.get(rid)
         if a is None:  # never scheduled (aborted while waiting)
-            a = self.acc[info.request_id] = Acc(now)
-        a.finished = info
+            a = self.acc[rid] = Acc(now)
+        a.finished = contract.read_core_request(request, a.headers)
         if a.preempted_at:
-            a.preempted_ns += now - a.preempted_at
-            a.preempted_at = 0
+            self._resumed(a, now)
         if a.inflight == 0 and a.blocks == 0:
-            self._finalize(info.request_id, a, now)
+            self._finalize(rid, a, now)
 
     def waiting_for_input(self) -> None:
         """The engine is about to block on its input queue: the time since the last cut is idle."""
@@ -207,6 +222,14 @@ class CostBook:
         self.flush()
 
     # --- accounting ---------------------------------------------------------------------------------
+    @staticmethod
+    def _resumed(a: Acc, now: int) -> None:
+        """Scheduled again (or finished) after a preemption."""
+        waited = now - a.preempted_at
+        a.preempted_ns += waited
+        a.preempted_at = 0
+        a.preempt_log[-1][1] = waited
+
     def _blocks(self, a: Acc, now: int) -> None:
         held = now - a.since
         if held > 0 and a.blocks:
@@ -238,7 +261,8 @@ class CostBook:
         self.window_start = now
         self.busy_ns = self.idle_ns = self.window_block_ns = 0
 
-    def _finalize(self, rid: str, a: Acc, now: int) -> None:
+    def _finalize(self, rid: str, a: Acc, now: int) -> str | None:
+        """Queue the request's record; its figures for the frontend's span when a frontend bills it."""
         del self.acc[rid]
         info = a.finished
         record: dict[str, Any] = {
@@ -277,6 +301,12 @@ class CostBook:
         if info.trace_headers:
             _trace_fields(record, info.trace_headers, self.attribution)
         self.pending.append(_line(record))
+        if not info.frontend_billed:
+            return None
+        summary = f"{a.busy_ns},{a.prefill_ns},{a.block_ns},{a.hit_block_ns},{a.preempted_ns},{a.tokens}"
+        if a.preempt_log:
+            summary += ";" + ";".join(f"{at}:{waited}" for at, waited in a.preempt_log)
+        return summary
 
     def flush(self) -> None:
         if self.pending:
@@ -351,7 +381,19 @@ def _first(args, kwargs):
 
 
 scheduled = _after("scheduled")  # Scheduler.schedule -> its SchedulerOutput
-updated = _after("updated")  # Scheduler.update_from_output(scheduler_output, ...)
+
+
+def updated(tel):
+    """Scheduler.update_from_output(scheduler_output, ...) -> the step's outputs per client."""
+    def wrapper(wrapped, instance, args, kwargs):
+        outputs = wrapped(*args, **kwargs)
+        book = getattr(instance, BOOK, None)
+        if book is not None:
+            guarded("engine cost: updated", book.updated, _first(args, kwargs), outputs)
+        return outputs
+    return wrapper
+
+
 finished = _after("finished")  # Scheduler._free_request(request, ...)
 preempted = _before("preempted")  # Scheduler._preempt_request(request, ...)
 freeing = _before("freeing")  # Scheduler._free_request_blocks(request)

@@ -26,6 +26,8 @@ class Measurement(NamedTuple):
     duration: float
     # (input, cached input, output) tokens, or None (a P/D prefill leg: counted on its decode node)
     tokens: tuple[int, int, int] | None
+    # engine busy seconds charged to it, when the engine's figures came with its final output
+    compute: float | None = None
 
 
 class RequestMetrics:
@@ -40,6 +42,8 @@ class RequestMetrics:
         # counter adds per request cost more than all our spans' attributes together.
         self._token_totals: dict[tuple, int] = {}
         self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
+        self._compute_totals: dict[tuple, float] = {}
+        self.compute_time = semconv.create_instrument(meter, semconv.SERVER_COMPUTE_TIME, [self._observe_compute])
         self._metric_attributes: dict[tuple, dict[str, Any]] = {}
 
     def record(self, m: Measurement, context=None) -> None:
@@ -55,6 +59,8 @@ class RequestMetrics:
             attrs = {**attrs, semconv.ERROR_TYPE: m.error_type}
         if m.tokens is not None:
             self.add_tokens(m.key, m.tokens)
+        if m.compute is not None:
+            self._compute_totals[m.key] = self._compute_totals.get(m.key, 0.0) + m.compute
         self.request_duration.record(m.duration, attrs, context=context)
 
     def metric_attributes(self, key: tuple) -> dict[str, Any]:
@@ -84,6 +90,11 @@ class RequestMetrics:
     def _observe_tokens(self, options):
         return [Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
                 for (key, token_type), value in list(self._token_totals.items())]
+
+
+    @warn.entry("observing the compute totals", fallback=())
+    def _observe_compute(self, options):
+        return [Observation(value, self.metric_attributes(key)) for key, value in list(self._compute_totals.items())]
 
 
 _TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)

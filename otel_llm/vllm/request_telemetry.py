@@ -263,6 +263,7 @@ class RequestTelemetry:
         # the phases, the usage record and the metrics each fail alone: the rest still arrives
         timing = guarded("reading a request's phase timing", self._phases, end_ns, engines) or _Timing()
         attrs.update(timing.attributes)
+        guarded("reading a request's engine cost", _engine_cost, span, attrs, engines)
         request_model = self.info.model
         if error_type is not None:
             # the error path only: the error's text and the model name the client sent are redacted
@@ -285,8 +286,10 @@ class RequestTelemetry:
                     response, response_model, end_ns, engines, request_model)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
+        compute_ns = attrs.get(semconv.COST_COMPUTE_NS)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
-                error_type, response_model, (end_ns - self.start_ns) / 1e9, request_model)
+                error_type, response_model, (end_ns - self.start_ns) / 1e9, request_model,
+                None if compute_ns is None else compute_ns / 1e9)
         guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
 
     def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
@@ -469,7 +472,7 @@ class RequestTelemetry:
                 break
 
     def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float,
-                        request_model: str | None) -> None:
+                        request_model: str | None, compute: float | None = None) -> None:
         tel = self.telemetry
         info = self.info
         # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
@@ -480,13 +483,38 @@ class RequestTelemetry:
         tokens = (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) \
             if self.engine_states and usage is not None else None
         tel.record_request(self.span, self.context, Measurement(key, error_type, timing.ttft, timing.tpot, duration,
-                                                                tokens))
+                                                                tokens, compute))
 
 
 def _reasoning_tokens(response) -> int | None:
     details = getattr(getattr(response, "usage", None), "completion_tokens_details", None)
     value = getattr(details, "reasoning_tokens", None)
     return value if isinstance(value, int) else None
+
+
+def _engine_cost(span, attrs: dict, engines: list[contract.EngineRequest]) -> None:
+    """The engine core's figures for the request's engine requests (otel_llm/vllm/engine_cost.py's
+    summary on each final output: compute, prefill, KV block-ns, prefix-hit block-ns, preempted ns,
+    scheduled tokens; then `;at:waited` per preemption), summed on the span; each preemption a span
+    event at the time it happened. Absent when the engine's record came after the final output (a
+    request still in an overlapped batch, blocks held by a KV connector) or the engine core is not
+    instrumented: the usage ledger has them either way."""
+    totals = None
+    for engine in engines:
+        if not engine.engine_cost:
+            continue
+        figures, *preemptions = engine.engine_cost.split(";")
+        values = [int(v) for v in figures.split(",")[:len(_COST_FIELDS)]]
+        totals = values if totals is None else [t + v for t, v in zip(totals, values)]
+        for preemption in preemptions:
+            at, waited = (int(v) for v in preemption.split(":"))
+            span.add_event(semconv.EVENT_PREEMPTED, {semconv.COST_PREEMPTED_NS: waited}, timestamp=at)
+    if totals is not None:
+        attrs.update(zip(_COST_FIELDS, totals))
+
+
+_COST_FIELDS = (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,
+                semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS, semconv.COST_SCHEDULED_TOKENS)
 
 
 class _Timing:

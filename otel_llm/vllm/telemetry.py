@@ -70,6 +70,8 @@ class Telemetry:
         self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
         # failures of our own code this process caught (otel_llm/warn.py), by where they happened
         semconv.create_instrument(meter, semconv.INSTRUMENTATION_FAILURES, [observe_failures])
+        # set when the hook that reads the engine's figures off a request's final output is in place
+        self.reads_final_outputs = False
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
 

@@ -134,6 +134,8 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         if record.pd_role is None:
             record.pd_role = _pd_role(request)
         if tel.ledger.enabled:  # the engine core's record of it adds its cost to our bill (engine_cost.py)
+            if tel.reads_final_outputs:
+                contract.enable_final_outputs(output_processor)
             contract.mark_frontend_billed(
                 request, _traceparent(record.span), _baggage(tel, record.info),
                 contract.ENGINE_BILLED_PD_PREFILL if record.pd_role == semconv.PD_ROLE_PREFILL
@@ -206,9 +208,16 @@ def engine_aborted(tel: Telemetry):
 
 
 def native_tracing_off(tel: Telemetry):
-    """vLLM's own `llm_request` span (--otlp-traces-endpoint) would trace every request twice."""
+    """vLLM's own `llm_request` span (--otlp-traces-endpoint) would trace every request twice. In its
+    place: the engine core's figures for a finished request (engine_cost.py), on its final output,
+    kept on its RequestState for the request's span (vLLM calls do_tracing once per finished request
+    when its OutputProcessor's tracing_enabled is set: _attach sets it when this hook is in place)."""
+    tel.reads_final_outputs = True
+    stash = _safe("reading an engine request's cost")(contract.stash_engine_cost)
 
     def wrapper(wrapped, instance, args, kwargs):
+        if len(args) >= 2:
+            stash(args[0], args[1])
         return None
 
     return wrapper

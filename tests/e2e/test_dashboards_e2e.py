@@ -50,8 +50,10 @@ def alert_sides(expr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
+    # a usage spool: the engine core accounts each request's compute (the cost dashboard's GPU panels)
     srv = start_server(receiver, tmp_path_factory, "dashboards", extra_args=["--enable-prompt-tokens-details"],
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50"})
+                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50",
+                            "OTEL_LLM_USAGE_DIR": str(tmp_path_factory.mktemp("usage"))})
     yield srv
     srv.stop()
 

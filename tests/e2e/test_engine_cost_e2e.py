@@ -122,6 +122,10 @@ def test_a_request_alone_is_charged_its_prefill_and_decode_and_no_more(vllm, cli
     assert row[semconv.USAGE_TRACE_ID] == tp.trace_id and row[semconv.USAGE_SPAN_ID] == genai.span_id
     assert row[semconv.USAGE_FRONTEND_BILLED] is True and row[semconv.VLLM_PREEMPTIONS] == 0
     assert row[semconv.COST_KV_BLOCK_NS] > 0
+    # the engine's figures came back on the request's final output: the span carries the record's
+    for name in (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,
+                 semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS, semconv.COST_SCHEDULED_TOKENS):
+        assert genai.attributes[name] == row[name], name
 
 
 def test_two_requests_sent_together_share_their_steps(vllm, client, spool):
@@ -279,7 +283,7 @@ def test_the_cost_report_equals_a_hand_computation_from_the_records(stopped, spo
 
 # --- preemption: a KV pool of 6 blocks of 128 tokens for 4 requests that grow to 4 blocks each --------
 
-def test_a_tiny_kv_pool_preempts_and_the_records_show_it(receiver, tmp_path_factory):
+def test_a_tiny_kv_pool_preempts_and_the_records_and_spans_show_it(receiver, tmp_path_factory):
     spool = tmp_path_factory.mktemp("preempt-spool")
     srv = start_server(receiver, tmp_path_factory, "preempt", extra_args=["--num-gpu-blocks-override", "6"],
                        env={ENV_USAGE_DIR: str(spool), ENV_ENGINE_COST_WINDOW: "1"})
@@ -307,6 +311,14 @@ def test_a_tiny_kv_pool_preempts_and_the_records_show_it(receiver, tmp_path_fact
     assert len(rows) == len(jobs)
     preempted = [r for r in rows if r[semconv.VLLM_PREEMPTIONS] > 0]
     assert preempted and all(r[semconv.COST_PREEMPTED_NS] > 0 for r in preempted)
+    for row in preempted:  # one span event per preemption, at its time, with how long the request waited
+        trace_id = row[semconv.USAGE_TRACE_ID]
+        (span,) = receiver.wait_for(lambda rx, t=trace_id: genai_spans(rx.traces().get(t, [])) or None, 30)
+        events = [(e, t) for e, t in zip(span.events, span.event_times) if e["name"] == semconv.EVENT_PREEMPTED]
+        assert len(events) == row[semconv.VLLM_PREEMPTIONS] == span.attributes[semconv.VLLM_PREEMPTIONS]
+        assert sum(e["attributes"][semconv.COST_PREEMPTED_NS] for e, _ in events) == \
+            row[semconv.COST_PREEMPTED_NS] == span.attributes[semconv.COST_PREEMPTED_NS]
+        assert all(span.start_ns <= t <= span.end_ns for _, t in events)
     tenants = {r[semconv.VLLM_ENGINE_REQUEST_ID]: bills[r[semconv.VLLM_ENGINE_REQUEST_ID]][semconv.TENANT_ID]
                for r in rows}
     # every request computes its prompt but its prefix-cache hit, and its output; a preempted one may
