@@ -37,8 +37,9 @@ SPOOL_PREFIX = "usage-"
 SPOOL_SUFFIX = ".jsonl"
 
 
-class Spool:
-    """Append-only JSON-lines files in one directory, one file at a time per process."""
+class _SpoolFiles:
+    """What both spool writers share: the directory, rotation limits, fsync interval, drop callback
+    and the file names (`usage-<host>-<pid>-<start ms>-<tag><seq>.jsonl`)."""
 
     RETRY_OPEN_S = 10.0
 
@@ -49,13 +50,27 @@ class Spool:
         self.max_age_s = max_age_s
         self.fsync_interval_s = fsync_interval_s
         self.on_drop = on_drop or (lambda reason: None)
+        self._seq = 0
+
+    def _next_path(self, tag: str = "") -> str:
+        os.makedirs(self.directory, exist_ok=True)
+        self._seq += 1
+        name = (f"{SPOOL_PREFIX}{_safe_host()}-{os.getpid()}-{int(time.time() * 1000)}-{tag}{self._seq:04d}"
+                f"{SPOOL_SUFFIX}")
+        return os.path.join(self.directory, name)
+
+
+class Spool(_SpoolFiles):
+    """Append-only JSON-lines files in one directory, one file at a time per process."""
+
+    def __init__(self, directory: str, **options):
+        super().__init__(directory, **options)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
         self._path: str | None = None
         self._size = 0
         self._opened_at = 0.0
-        self._seq = 0
         self._dirty = False
         self._torn = False  # the last write stopped inside a line: the next one starts a new line
         self._failed_open_at: float | None = None
@@ -114,11 +129,8 @@ class Spool:
         return self._fd
 
     def _open(self, now: float) -> None:
-        os.makedirs(self.directory, exist_ok=True)
         self._pid = os.getpid()
-        self._seq += 1
-        name = f"{SPOOL_PREFIX}{_safe_host()}-{self._pid}-{int(time.time() * 1000)}-{self._seq:04d}{SPOOL_SUFFIX}"
-        path = os.path.join(self.directory, name)
+        path = self._next_path()
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         self._path, self._size, self._opened_at, self._torn = path, 0, now, False
         self._start_fsync_thread()
@@ -260,7 +272,7 @@ def _event_logger():
     return provider.get_logger(semconv.USAGE_EVENT, __version__)
 
 
-class EngineSpool:
+class EngineSpool(_SpoolFiles):
     """The engine core's spool file: written by the engine's main thread alone, with no lock (the
     engine-core loop is the GPU's critical path and shares nothing with other threads). A
     background thread fsyncs the current file through a descriptor of its own every
@@ -269,20 +281,12 @@ class EngineSpool:
 
     Same name scheme and rotation as `Spool`, so readers take its lines with the API server's."""
 
-    RETRY_OPEN_S = 10.0
-
-    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
-                 fsync_interval_s: float = 1.0, on_drop=None):
-        self.directory = directory
-        self.max_bytes = max_bytes
-        self.max_age_s = max_age_s
-        self.fsync_interval_s = fsync_interval_s
-        self.on_drop = on_drop or (lambda reason: None)
+    def __init__(self, directory: str, **options):
+        super().__init__(directory, **options)
         self._fd: int | None = None
         self.path: str | None = None
         self._size = 0
         self._opened_at = 0.0
-        self._seq = 0
         self._writes = 0  # read by the fsync thread
         self._failed_open_at: float | None = None
         self._warn = WarnOnce(_log)
@@ -316,11 +320,7 @@ class EngineSpool:
             if self._failed_open_at is not None and now - self._failed_open_at < self.RETRY_OPEN_S:
                 raise OSError(errno.EAGAIN, "opening failed moments ago; retrying later")
             try:
-                os.makedirs(self.directory, exist_ok=True)
-                self._seq += 1
-                name = (f"{SPOOL_PREFIX}{_safe_host()}-{os.getpid()}-{int(time.time() * 1000)}-e{self._seq:04d}"
-                        f"{SPOOL_SUFFIX}")
-                path = os.path.join(self.directory, name)
+                path = self._next_path("e")
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             except OSError:
                 self._failed_open_at = now

@@ -148,6 +148,9 @@ TARGETS = (
     Target("guard:recording an engine finish", fires=(CHAT, STREAM)),
     Target(f"{R}:RequestTelemetry.on_engine_finished", fires=(CHAT, STREAM)),
     Target("guard:recording an engine abort", fires=(ABORT,)),
+    # the engine core's figures on a finished request's final output (otel_llm/vllm/engine_cost.py):
+    # unread, the span has no otel_llm.cost.* (the ledger's engine record has them)
+    Target("guard:reading an engine request's cost", fires=(CHAT, STREAM)),
     # requests FastAPI rejects before a handler runs
     Target("guard:recording a rejected request", fires=(REJECT,), no_span=(REJECT,)),
     # the route layer (otel_llm/vllm/routes.py): chat and completions are handler-hooked, so the route
@@ -196,6 +199,8 @@ ENTRIES_OFF_THIS_PATH = {
     "otel_llm.vllm.wrappers:RedactingLogFilter.filter": "a warning or error of vLLM's loggers (none here)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_tokens": "the metric reader's thread, in the export "
                                                                     "process here (it records the request metrics)",
+    "otel_llm.vllm.request_metrics:RequestMetrics._observe_compute": "the metric reader's thread, in the export "
+                                                                     "process here (it records the request metrics)",
     "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
                                                 "a target's time)",
 }
