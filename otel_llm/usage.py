@@ -63,8 +63,10 @@ class _SpoolFiles:
 class Spool(_SpoolFiles):
     """Append-only JSON-lines files in one directory, one file at a time per process."""
 
-    def __init__(self, directory: str, **options):
-        super().__init__(directory, **options)
+    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
+                 fsync_interval_s: float = 1.0, on_drop=None):
+        super().__init__(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
+                         on_drop=on_drop)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0

@@ -200,10 +200,14 @@ class CostBook:
             self._finalize(rid, a, now)
 
     def waiting_for_input(self) -> None:
-        """The engine is about to block on its input queue: the time since the last cut is idle."""
+        """The engine is about to block on its input queue: the time since the last cut is idle. A
+        window that is due is written now, not when the engine wakes up."""
         now = self.clock()
         self.idle_ns += now - self.last_cut
         self.last_cut = now
+        if now - self.window_start >= self.window_ns:
+            self._close_window(now)
+            self.flush()
 
     def got_input(self) -> None:
         now = self.clock()
