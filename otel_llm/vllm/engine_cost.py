@@ -201,11 +201,12 @@ class CostBook:
 
     def waiting_for_input(self) -> None:
         """The engine is about to block on its input queue: the time since the last cut is idle. A
-        window that is due is written now, not when the engine wakes up."""
+        window with busy time in it (or one that is due) is written now: no request is in flight, and
+        an engine killed while idle (vLLM's shutdown kills its engine core at once) loses only idle time."""
         now = self.clock()
         self.idle_ns += now - self.last_cut
         self.last_cut = now
-        if now - self.window_start >= self.window_ns:
+        if self.busy_ns or now - self.window_start >= self.window_ns:
             self._close_window(now)
             self.flush()
 

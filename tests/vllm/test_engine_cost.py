@@ -113,11 +113,15 @@ def test_the_overlapped_loop_tiles_wall_time_and_charges_in_flight_batches():
     a = next(r for r in writer.records if r.get(semconv.VLLM_ENGINE_REQUEST_ID) == "a")
     assert a[semconv.COST_COMPUTE_NS] == 750 + 999 // 2 + 401
     assert a[semconv.COST_PREFILL_COMPUTE_NS] == 750
-    (window,) = [r for r in writer.records if r[semconv.USAGE_KIND] == semconv.USAGE_KIND_ENGINE_WINDOW]
-    wall = window[semconv.USAGE_TIME] - window[semconv.ENGINE_WINDOW_START]
-    assert wall == 500 + 2_000 + 300 + 700 + 999 + 401 + 50 + 5_000
-    assert window[semconv.ENGINE_BUSY_NS] == a[semconv.COST_COMPUTE_NS] + b[semconv.COST_COMPUTE_NS] == 2_400
-    assert window[semconv.ENGINE_BUSY_NS] + window[semconv.ENGINE_IDLE_NS] == wall
+    # going idle after busy time closes a window (nothing in flight); shutdown closes the idle rest
+    busy, rest = [r for r in writer.records if r[semconv.USAGE_KIND] == semconv.USAGE_KIND_ENGINE_WINDOW]
+    assert rest[semconv.ENGINE_WINDOW_START] == busy[semconv.USAGE_TIME]
+    assert busy[semconv.USAGE_TIME] - busy[semconv.ENGINE_WINDOW_START] == 500 + 2_000 + 300 + 700 + 999 + 401 + 50
+    assert busy[semconv.ENGINE_BUSY_NS] == a[semconv.COST_COMPUTE_NS] + b[semconv.COST_COMPUTE_NS] == 2_400
+    assert (rest[semconv.ENGINE_BUSY_NS], rest[semconv.ENGINE_IDLE_NS]) == (0, 5_000)
+    for window in (busy, rest):
+        wall = window[semconv.USAGE_TIME] - window[semconv.ENGINE_WINDOW_START]
+        assert window[semconv.ENGINE_BUSY_NS] + window[semconv.ENGINE_IDLE_NS] == wall
 
 
 def test_shares_add_up_to_the_step_exactly_whatever_the_rounding():
