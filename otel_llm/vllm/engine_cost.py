@@ -15,8 +15,9 @@ request allocated, while it holds them (blocks found in the prefix cache are pai
 allocator), so the requests' block-nanoseconds never exceed the pool's capacity x time.
 
 Per step the work is O(requests scheduled): a dict entry per request, integer arithmetic, a
-`len()` per KV-cache group. No per-token objects, no locks: only the engine's main thread touches
-a `CostBook`. Finished requests and window totals become usage records (otel_llm/usage.py's
+`len()` per KV-cache group; closing a window also visits the requests holding blocks (at most once
+per window, none when the engine goes idle). No per-token objects, no locks: only the engine's main
+thread touches a `CostBook`. Finished requests and window totals become usage records (otel_llm/usage.py's
 `EngineSpool`), one `os.write` per step that finished some.
 """
 
@@ -203,28 +204,28 @@ class CostBook:
         """The engine is about to block on its input queue: the time since the last cut is idle. A
         window with busy time in it (or one that is due) is written now: no request is in flight, and
         an engine killed while idle (vLLM's shutdown kills its engine core at once) loses only idle time."""
-        now = self.clock()
-        self.idle_ns += now - self.last_cut
-        self.last_cut = now
+        now = self._idle_cut()
         if self.busy_ns or now - self.window_start >= self.window_ns:
             self._close_window(now)
             self.flush()
 
     def got_input(self) -> None:
-        now = self.clock()
-        self.idle_ns += now - self.last_cut
-        self.last_cut = now
+        now = self._idle_cut()
         if now - self.window_start >= self.window_ns:
             self._close_window(now)
         self.flush()
 
     def shutdown(self) -> None:
         """Close the last window at a cut (the time since the last one is idle) and write it."""
+        self._close_window(self._idle_cut())
+        self.flush()
+
+    def _idle_cut(self) -> int:
+        """A cut: the time since the last one was idle. Returns the cut's time."""
         now = self.clock()
         self.idle_ns += now - self.last_cut
         self.last_cut = now
-        self._close_window(now)
-        self.flush()
+        return now
 
     # --- accounting ---------------------------------------------------------------------------------
     @staticmethod
@@ -245,6 +246,9 @@ class CostBook:
         a.since = now
 
     def _close_window(self, now: int) -> None:
+        for a in self.acc.values():  # blocks held across the cut count in this window up to it
+            if a.blocks:
+                self._blocks(a, now)
         record = {
             semconv.USAGE_ID: f"{self.engine_instance}/window/{self.unix_offset + now}",
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
