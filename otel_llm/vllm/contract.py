@@ -286,14 +286,15 @@ def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None]]
     """(request id, tokens already computed: its prefix-cache hit, prompt tokens, the headers an
     instrumented frontend sent) of the requests admitted this step, new or resumed after a preemption.
 
-    The frontend's headers are taken off the Request (`trace_headers` = None): vLLM copies
-    trace_headers into every output of a request, and the API server would decode them per token."""
+    The caller takes the frontend's headers off the Request once it has kept them
+    (drop_frontend_headers): vLLM copies trace_headers into every output of a request, and the API
+    server would decode them per token."""
     admitted = []
     for new in so.scheduled_new_reqs:
         request = requests.get(new.req_id)
         if request is not None:
             admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens,
-                             _take_frontend_headers(request)))
+                             _frontend_headers(request)))
     cached = so.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed:
@@ -304,12 +305,13 @@ def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None]]
     return admitted
 
 
-def _take_frontend_headers(request) -> dict | None:
+def _frontend_headers(request) -> dict | None:
     headers = request.trace_headers
-    if headers and ENGINE_BILLED_HEADER in headers:
-        request.trace_headers = None
-        return headers
-    return None
+    return headers if headers and ENGINE_BILLED_HEADER in headers else None
+
+
+def drop_frontend_headers(request) -> None:
+    request.trace_headers = None
 
 
 def set_final_output_cost(outputs, summaries: dict[str, str]) -> None:

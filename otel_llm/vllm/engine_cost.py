@@ -93,8 +93,9 @@ class CostBook:
                 a = acc[rid] = Acc(now)
             if a.cached_tokens < 0:
                 a.cached_tokens = computed
-            if headers is not None:
+            if headers is not None:  # kept before they leave the Request: a failure here never loses "billed"
                 a.headers = headers
+                contract.drop_frontend_headers(self.requests[rid])
             a.prompt_left = prompt - computed
         groups = self.groups
         single = groups[0] if len(groups) == 1 else None
