@@ -49,6 +49,7 @@ its 4000 tokens: the abort markers do not hang on the machine's speed.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import random
@@ -207,6 +208,7 @@ ENTRIES_OFF_THIS_PATH = {
 
 # the first line of a log record (vLLM's, uvicorn's, ours), as opposed to a traceback's lines
 LOG_RECORD = re.compile(r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[: ]|\((?:APIServer|EngineCore))")
+_TENANT_NUMBERS = itertools.count()
 _results: dict[str, dict] = {}  # target name -> what its test sent, for the module's final checks
 
 
@@ -373,17 +375,20 @@ def send_plan(server, tenant):
 def wait_for_traces(receiver, sent, spans_expected):
     """Each request's HTTP server span, and as many GenAI spans as are expected."""
 
+    def missing(traces):
+        return [(kind, [s.name for s in traces.get(tp.trace_id, [])]) for kind, tp, _ in sent
+                if not any(s.kind == "SERVER" for s in traces.get(tp.trace_id, []))
+                or len(genai_spans(traces.get(tp.trace_id, []))) < spans_expected(kind)]
+
     def ready(rx):
         traces = rx.traces()
-        found = {}
-        for kind, tp, _ in sent:
-            spans = traces.get(tp.trace_id, [])
-            if not any(s.kind == "SERVER" for s in spans) or len(genai_spans(spans)) < spans_expected(kind):
-                return None
-            found[tp.trace_id] = spans
-        return found
+        return None if missing(traces) else {tp.trace_id: traces[tp.trace_id] for _, tp, _ in sent}
 
-    return receiver.wait_for(ready, timeout=60)
+    try:
+        return receiver.wait_for(ready, timeout=120)
+    except TimeoutError:
+        raise AssertionError(f"spans missing after 120 s (kind, spans that arrived): {missing(receiver.traces())}") \
+            from None
 
 
 # --- the faults --------------------------------------------------------------------------------
@@ -410,7 +415,7 @@ def test_fault_is_contained(setup, receiver, target):
 
 
 def _check_target(server, receiver, target: Target):
-    tenant = f"fault-{len(_results)}"
+    tenant = f"fault-{next(_TENANT_NUMBERS)}"  # (not len(_results): a failed target records no result)
     hits_before = len(server.faults.events("hit", server.api_pid))
     server.faults.set(target.name, *target.also)
     try:
