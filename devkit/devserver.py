@@ -165,6 +165,31 @@ class GatewayServer(ServerProcess):
         return True
 
 
+class BudgetServer(ServerProcess):
+    """`otel-llm budget-server` over a spool directory (otel_llm/budget_server.py)."""
+
+    name = "budget-server"
+
+    def __init__(self, budgets_file: Path, ledger: str, log_path: Path | None = None, interval: float = 0.2,
+                 extra_args=()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.env = dict(os.environ)
+        self.command = [bin_path("otel-llm"), "budget-server", "--budgets", str(budgets_file), "--ledger", ledger,
+                        "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra_args]
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+            return r.status == 200
+
+    def state(self) -> dict:
+        import json
+
+        with urllib.request.urlopen(self.url + "/v1/budgets", timeout=10) as r:
+            return json.loads(r.read())
+
+
 def write_keys_file(path: Path, keys: dict[str, tuple[str, str | None]]) -> Path:
     """keys: API key -> (tenant, scene). Only SHA-256 hashes are written."""
     import hashlib

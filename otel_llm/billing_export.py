@@ -20,7 +20,8 @@ import hashlib
 import io
 import json
 
-from otel_llm.report import UNSET, ReportError, read_config
+from otel_llm.promql import read_config
+from otel_llm.report import UNSET, ReportError
 
 FORMATS = ("lago", "stripe", "csv")
 STRIPE_IDENTIFIER_MAX = 100

@@ -1,7 +1,9 @@
 """`otel-llm` command: doctor (which vLLM hooks the installed vLLM offers), report (token usage and
 cost from the usage ledger or Prometheus), reconcile (ledger vs vLLM's counters), export (ledger
-records as Lago / Stripe events or CSV), budget-rules (alerts from a token budget file), rules (the
-Prometheus recording and alerting rules), dashboards (the Grafana dashboards)."""
+records as Lago / Stripe events or CSV), budget-rules (alerts from a budget file), budget-server (each
+budget's current use, for gateways and Prometheus), rules (the
+Prometheus recording and alerting rules), price-rules (each model's token prices as recording rules),
+dashboards (the Grafana dashboards)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,14 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
 
 def _budget_rules(args) -> int:
     from otel_llm import budgets
+    from otel_llm.prices import load_prices
     from otel_llm.report import ReportError
 
     try:
-        text = budgets.rules_yaml(budgets.load(args.budgets))
+        loaded = budgets.load(args.budgets)
+        prices, currency = load_prices(args.prices) if args.prices else ({}, None)
+        budgets.check_watchable(loaded, prices)
+        text = budgets.rules_yaml(loaded, currency)
     except ReportError as exc:
         print(f"otel-llm budget-rules: {exc}", file=sys.stderr)
         return 2
@@ -29,6 +35,32 @@ def _budget_rules(args) -> int:
             f.write(text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _budget_server(args) -> int:
+    from otel_llm import budget_server
+    from otel_llm.report import ReportError
+
+    try:
+        return budget_server.run(args)
+    except ReportError as exc:
+        print(f"otel-llm budget-server: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+def _price_rules(args) -> int:
+    from otel_llm import price_rules
+    from otel_llm.report import ReportError, load_prices
+
+    try:
+        prices, currency = load_prices(args.prices)
+    except ReportError as exc:
+        print(f"otel-llm price-rules: {exc}", file=sys.stderr)
+        return 2
+    _write(price_rules.render(prices, currency, args.prices), args.out)
     return 0
 
 
@@ -59,7 +91,12 @@ def _rules(args) -> int:
 
     from otel_llm import rules
 
-    _write(rules.render(rules.Params(**{f.name: getattr(args, f.name) for f in fields(rules.Params)})), args.out)
+    try:
+        params = rules.Params(**{f.name: getattr(args, f.name) for f in fields(rules.Params)})
+    except ValueError as exc:
+        print(f"otel-llm rules: {exc}", file=sys.stderr)
+        return 2
+    _write(rules.render(params), args.out)
     return 0
 
 
@@ -152,17 +189,32 @@ def main(argv: list[str] | None = None) -> int:
         "export", help="usage ledger records as Lago / Stripe usage events or CSV (idempotent)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__import__("otel_llm.billing_export", fromlist=["x"]).__doc__))
-    rules = sub.add_parser("budget-rules", help="Prometheus alerting rules from a token budget file")
+    rules = sub.add_parser("budget-rules",
+                           help="Prometheus alerting rules from a budget file (over the budget-server's figures)")
     rules.add_argument("--budgets", required=True, help="budget file (see `otel-llm report --help`)")
     rules.add_argument("--output", "-o", help="write the rules here (default: standard output)")
+    rules.add_argument("--prices", help="price file the budget tracker prices money budgets with (its currency "
+                                        "labels their series)")
+    from otel_llm import budget_server
+
+    budget_server.add_arguments(sub.add_parser(
+        "budget-server", help="every budget's current use, from the usage ledger, over HTTP: checks for gateways, "
+                              "/metrics for Prometheus", description=budget_server.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
     _rules_arguments(sub.add_parser("rules", help="Prometheus recording and alerting rules for our and vLLM's "
                                                   "metrics (thresholds as options)"))
+    prices = sub.add_parser("price-rules", help="Prometheus recording rules of each model's token prices, from a "
+                                                "price file (the cost dashboard reads them)")
+    prices.add_argument("--prices", required=True, help="price file (see `otel-llm report --help`)")
+    prices.add_argument("--out", "-o", metavar="FILE", help="write the rules here (default: standard output)")
     boards = sub.add_parser("dashboards", help="the Grafana dashboards (JSON)")
     boards.add_argument("--out", "-o", metavar="DIR", help="write every dashboard (or --name's) into DIR")
     boards.add_argument("--name", help="one dashboard, e.g. overview.json: printed unless --out")
     args = parser.parse_args(argv)
     if args.command == "budget-rules":
         return _budget_rules(args)
+    if args.command == "budget-server":
+        return _budget_server(args)
     if args.command == "report":
         import time
 
@@ -179,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         return _rules(args)
     if args.command == "dashboards":
         return _dashboards(args)
+    if args.command == "price-rules":
+        return _price_rules(args)
     return 2
 
 

@@ -45,6 +45,9 @@ ENV_USAGE_EVENTS = "OTEL_LLM_USAGE_EVENTS"
 ENV_USAGE_FSYNC_INTERVAL = "OTEL_LLM_USAGE_FSYNC_INTERVAL"
 ENV_USAGE_MAX_FILE_BYTES = "OTEL_LLM_USAGE_MAX_FILE_BYTES"
 ENV_USAGE_MAX_FILE_AGE = "OTEL_LLM_USAGE_MAX_FILE_AGE"
+# Live counting (otel_llm/vllm/live.py): every this many seconds, requests in flight longer than that add
+# their tokens so far to the token counter and write a progress record to the spool; 0: off
+ENV_LIVE_INTERVAL = "OTEL_LLM_LIVE_INTERVAL"
 # Engine-side cost accounting in vLLM's engine core (otel_llm/vllm/engine_cost.py; needs ENV_USAGE_DIR):
 # on or off, and how often (seconds) an engine writes its busy / idle totals (engine_window records)
 ENV_ENGINE_COST = "OTEL_LLM_ENGINE_COST"
@@ -200,6 +203,7 @@ class Settings:
     usage_fsync_interval_s: float = _env(ENV_USAGE_FSYNC_INTERVAL, 1.0)
     usage_max_bytes: int = _env(ENV_USAGE_MAX_FILE_BYTES, 64 << 20)
     usage_max_age_s: float = _env(ENV_USAGE_MAX_FILE_AGE, 3600.0)
+    live_interval_s: float = _env(ENV_LIVE_INTERVAL, 5.0, minimum=0.0)
     engine_cost: bool = _env(ENV_ENGINE_COST, True)
     engine_cost_window_s: float = _env(ENV_ENGINE_COST_WINDOW, 60.0, minimum=0.1)
     capture_content: bool = False  # ENV_CAPTURE_CONTENT (capture_mode)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 
-from otel_llm import promql, rules, semconv
+from otel_llm import price_rules, promql, rules, semconv
 from otel_llm.rules import DURATION, MODEL, OUTCOME, REQUESTS, TENANT, TOKEN_TYPE, TOKENS, TPOT, TTFT
 
 SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
+COST_CENTER = semconv.prometheus_label(semconv.TENANT_COST_CENTER)
 VLLM_MODEL = semconv.VLLM_LABEL_MODEL
 # vLLM's per-request phase histograms
 PHASES = {"queue": semconv.VLLM_METRIC_QUEUE_TIME, "prefill": semconv.VLLM_METRIC_PREFILL_TIME,
@@ -28,23 +29,34 @@ COMPUTE = semconv.prometheus_metric(semconv.SERVER_COMPUTE_TIME)
 PROM = {"type": "prometheus", "uid": "${prometheus}"}
 TEMPO = {"type": "tempo", "uid": "${tempo}"}
 OURS = f'{MODEL}=~"$model", {TENANT}=~"$tenant", {SCENE}=~"$scene"'
+COSTS = f'{OURS}, {COST_CENTER}=~"$cost_center"'  # the cost dashboard's filters
 ENGINE = f'{VLLM_MODEL}=~"$model"'
 RI = "$__rate_interval"
 
 
 # --- builders -----------------------------------------------------------------------------
-def target(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False) -> dict:
-    return {"datasource": PROM, "expr": expr, "legendFormat": legend or "__auto", "refId": ref,
-            "exemplar": exemplar, "range": True}
+def target(expr: str, legend: str = "", ref: str = "A", exemplar: bool = False, instant: bool = False) -> dict:
+    """instant: one value at the panel's end (stat, bar gauge and table panels of a whole range)."""
+    t = {"datasource": PROM, "expr": expr, "legendFormat": legend or "__auto", "refId": ref,
+         "exemplar": exemplar, "range": not instant}
+    if instant:
+        t |= {"instant": True, "format": "table"}
+    return t
 
 
 def panel(title: str, targets: list[dict], unit: str = "short", kind: str = "timeseries",
-          w: int = 12, h: int = 8, datasource: dict = PROM, description: str = "") -> dict:
+          w: int = 12, h: int = 8, datasource: dict = PROM, description: str = "", options: dict | None = None,
+          time_from: str | None = None) -> dict:
+    """time_from: a relative time of the panel's own (Grafana's "now/d": today so far) instead of the
+    dashboard's."""
     for ref, t in zip("ABCDEFGHIJ", targets):
         t["refId"] = ref
-    return {"type": kind, "title": title, "description": description, "datasource": datasource,
-            "targets": targets, "w": w, "h": h,
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "options": {}}
+    out = {"type": kind, "title": title, "description": description, "datasource": datasource,
+           "targets": targets, "w": w, "h": h,
+           "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "options": options or {}}
+    if time_from:
+        out |= {"timeFrom": time_from, "hideTimeOverride": True}
+    return out
 
 
 def quantiles(metric: str, filters: str, exemplar: bool = True) -> list[dict]:
@@ -52,17 +64,19 @@ def quantiles(metric: str, filters: str, exemplar: bool = True) -> list[dict]:
                    f"P{int(q * 100)}", exemplar=exemplar) for q in rules.QUANTILES]
 
 
-def tokens(token_type: str, extra: str = "") -> str:
-    return f'{TOKENS}{{{OURS}, {TOKEN_TYPE}="{token_type}"{extra}}}'
+def tokens(token_type: str, filters: str = OURS) -> str:
+    return f'{TOKENS}{{{filters}, {TOKEN_TYPE}="{token_type}"}}'
 
 
 def variables(prices: bool = False) -> list[dict]:
+    """prices: the cost dashboard's, with the cost center filter and the price textboxes."""
     out = [{"name": "prometheus", "label": "Prometheus", "type": "datasource", "query": "prometheus",
             "current": {}, "hide": 0},
            {"name": "tempo", "label": "Tempo", "type": "datasource", "query": "tempo", "current": {}, "hide": 0}]
-    for name, label in (("model", MODEL), ("tenant", TENANT), ("scene", SCENE)):
+    filters = [("model", MODEL), ("tenant", TENANT), ("scene", SCENE)]
+    for name, label in filters + ([("cost_center", COST_CENTER)] if prices else []):
         query = f"label_values({TOKENS}, {label})"
-        out.append({"name": name, "label": name.capitalize(), "type": "query", "datasource": PROM,
+        out.append({"name": name, "label": name.replace("_", " ").capitalize(), "type": "query", "datasource": PROM,
                     "query": {"query": query, "refId": f"{name}-values"}, "definition": query,
                     "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "sort": 1,
                     "current": {"text": "All", "value": "$__all"}})
@@ -155,56 +169,99 @@ def latency() -> dict:
     return dashboard("otel-llm-latency", "otel-llm / Latency breakdown", panels)
 
 
+def priced(usage: str, token_type: str) -> str:
+    """`usage` (tokens, by model among other labels) times its model's price per million tokens: the
+    price file's (`otel-llm price-rules`), else the file's default model "*", else the dashboard's
+    price variable of that token type."""
+    price = f'{price_rules.PRICE}{{{TOKEN_TYPE}="{token_type}"}}'
+    default = f'max({price_rules.PRICE}{{{MODEL}="{price_rules.DEFAULT_MODEL}", {TOKEN_TYPE}="{token_type}"}})'
+    return (f"({usage} * on ({MODEL}) group_left () {price} "
+            f"or {usage} * scalar({default} or vector($price_{token_type})))")
+
+
+def cost_of(by: str, window: str = "$__range", fn: str = "increase") -> str:
+    """What the tokens cost (of the cost dashboard's filters), summed by `by` (labels; "" for a total), each
+    model at its own price. Per million tokens: `increase` gives the currency, `rate` the currency per second."""
+    keep = by if MODEL in by.split(", ") else ", ".join(filter(None, (by, MODEL)))
+
+    def used(token_type: str) -> str:
+        return f"sum by ({keep}) ({fn}({tokens(token_type, COSTS)}[{window}]))"
+
+    inputs = used(semconv.TOKEN_TYPE_INPUT)
+    cached = f"({used(semconv.TOKEN_TYPE_CACHED_INPUT)} or 0 * {inputs})"
+    # input includes cached_input: uncached input at the input price, cached at the cached price
+    per_model = (f"{priced(f'({inputs} - {cached})', semconv.TOKEN_TYPE_INPUT)} "
+                 f"+ {priced(cached, semconv.TOKEN_TYPE_CACHED_INPUT)} "
+                 f"+ {priced(used(semconv.TOKEN_TYPE_OUTPUT), semconv.TOKEN_TYPE_OUTPUT)}")
+    return f"sum{f' by ({by})' if by else ''} ({per_model}) / 1e6"
+
+
 def cost() -> dict:
     by = f"{TENANT}, {SCENE}, {MODEL}"
 
     def used(token_type: str, window: str = "$__range") -> str:
-        return f"sum by ({by}) (increase({tokens(token_type)}[{window}]))"
+        return f"sum by ({by}) (increase({tokens(token_type, COSTS)}[{window}]))"
 
-    def rate(token_type: str) -> str:
-        return f"sum by ({by}) (rate({tokens(token_type)}[{RI}]))"
-
-    inputs, output = used(semconv.TOKEN_TYPE_INPUT), used(semconv.TOKEN_TYPE_OUTPUT)
-    cached = f"({used(semconv.TOKEN_TYPE_CACHED_INPUT)} or 0 * {inputs})"
-    # input includes cached_input: uncached input at the input price, cached at the cached price
-    cost_expr = (f"(({inputs} - {cached}) * $price_input + {cached} * $price_cached_input "
-                 f"+ {output} * $price_output) / 1e6")
+    cached = f"({used(semconv.TOKEN_TYPE_CACHED_INPUT)} or 0 * {used(semconv.TOKEN_TYPE_INPUT)})"
+    savings = f"({priced(cached, semconv.TOKEN_TYPE_INPUT)} - {priced(cached, semconv.TOKEN_TYPE_CACHED_INPUT)}) / 1e6"
     legend = f"{{{{{TENANT}}}}} / {{{{{SCENE}}}}} / {{{{{MODEL}}}}}"
+    prices = ("Each model at its price of the price file (`otel-llm price-rules` recording rules), else the file's "
+              "default \"*\", else the dashboard's price variables; per million tokens")
+    stat = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value",
+            "graphMode": "none", "textMode": "value"}
+    bars = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "orientation": "horizontal",
+            "displayMode": "basic", "showUnfilled": True}
+
+    def total(title: str, time_from: str | None, description: str) -> dict:
+        return panel(title, [target(cost_of(""), "cost", instant=True)], "currencyUSD", kind="stat", w=8, h=5,
+                     options=stat, time_from=time_from, description=f"{description}. {prices}")
+
+    def bar(title: str, label: str) -> dict:
+        return panel(title, [target(f"sort_desc({cost_of(label)})", f"{{{{{label}}}}}", instant=True)],
+                     "currencyUSD", kind="bargauge", w=8, options=bars, description=prices)
+
     return dashboard("otel-llm-cost", "otel-llm / Cost and usage", [
+        total("Cost today", "now/d", "Since midnight (the browser's time zone), all filters applied"),
+        total("Cost this month", "now/M", "Since the first of the month (the browser's time zone)"),
+        total("Cost in range", None, "Over the dashboard's time range"),
+        bar("Cost in range by model", MODEL),
+        bar("Cost in range by tenant", TENANT),
+        bar("Cost in range by cost center", COST_CENTER),
+        panel("Top consumers in range (tenant / scene)", [target(
+            f"topk(10, {cost_of(f'{TENANT}, {SCENE}')})", f"{{{{{TENANT}}}}} / {{{{{SCENE}}}}}", instant=True)],
+              "currencyUSD", kind="table", w=24,
+              description=f"The 10 tenant and scene pairs that cost most over the dashboard's time range. {prices}"),
         panel("Tokens/s by tenant and type", [target(
-            f"sum by ({TENANT}, {TOKEN_TYPE}) (rate({TOKENS}{{{OURS}}}[{RI}]))",
+            f"sum by ({TENANT}, {TOKEN_TYPE}) (rate({TOKENS}{{{COSTS}}}[{RI}]))",
             f"{{{{{TENANT}}}}} {{{{{TOKEN_TYPE}}}}}")], w=12),
         panel("Tokens/s by tenant and type (recorded, 5m)", [target(
             f'{rules.TOKENS_BY_TENANT}{{{TENANT}=~"$tenant"}}', f"{{{{{TENANT}}}}} {{{{{TOKEN_TYPE}}}}}")], w=12),
         panel("Requests/s by tenant and outcome", [target(
-            f"sum by ({TENANT}, {OUTCOME}) (rate({REQUESTS}{{{OURS}}}[{RI}]))",
+            f"sum by ({TENANT}, {OUTCOME}) (rate({REQUESTS}{{{COSTS}}}[{RI}]))",
             f"{{{{{TENANT}}}}} {{{{{OUTCOME}}}}}")], "reqps", w=12),
         panel("Tokens in range by tenant, scene, model and type", [target(
-            f"sum by ({by}, {TOKEN_TYPE}) (increase({TOKENS}{{{OURS}}}[$__range]))", legend)], kind="table", w=12),
-        panel("Cost in range", [target(cost_expr, legend)], "currencyUSD", kind="table", w=12,
-              description="Prices are the dashboard variables, per million tokens"),
-        panel("Cache savings in range", [target(f"{cached} * ($price_input - $price_cached_input) / 1e6", legend)],
-              "currencyUSD", kind="table", w=12,
+            f"sum by ({by}, {TOKEN_TYPE}) (increase({TOKENS}{{{COSTS}}}[$__range]))", legend)], kind="table", w=12),
+        panel("Cost in range by tenant, scene and model", [target(cost_of(by), legend)], "currencyUSD", kind="table",
+              w=12, description=prices),
+        panel("Cache savings in range", [target(savings, legend)], "currencyUSD", kind="table", w=12,
               description="What the cached input tokens would have cost at the input price, minus what they cost"),
         panel("Engine compute cost in range (GPU time charged to requests)", [target(
-            f"sum by ({by}) (increase({COMPUTE}{{{OURS}}}[$__range])) * $gpu_usd_per_hour / 3600", legend)],
+            f"sum by ({by}) (increase({COMPUTE}{{{COSTS}}}[$__range])) * $gpu_usd_per_hour / 3600", legend)],
               "currencyUSD", kind="table", w=12,
               description="Each request's share of the engine's busy time (its scheduled tokens' share of each "
                           "step) at the instance price per hour; idle time is not in it. Bills: otel-llm report "
                           "--ledger ... --costs costs.yaml (exact, with idle rows)"),
         panel("Engine compute cost per 1M tokens by model", [target(
-            f"(sum by ({MODEL}) (increase({COMPUTE}{{{OURS}}}[$__range])) * $gpu_usd_per_hour / 3600) / "
-            f"((sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_INPUT)}[$__range])) + "
-            f"sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_OUTPUT)}[$__range]))) / 1e6)",
+            f"(sum by ({MODEL}) (increase({COMPUTE}{{{COSTS}}}[$__range])) * $gpu_usd_per_hour / 3600) / "
+            f"((sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_INPUT, COSTS)}[$__range])) + "
+            f"sum by ({MODEL}) (increase({tokens(semconv.TOKEN_TYPE_OUTPUT, COSTS)}[$__range]))) / 1e6)",
             f"{{{{{MODEL}}}}}")], "currencyUSD", kind="table", w=12,
               description="What a million tokens (input + output) cost in engine time, busy time only"),
         panel("Engine busy seconds per second by tenant", [target(
-            f"sum by ({TENANT}) (rate({COMPUTE}{{{OURS}}}[{RI}]))", f"{{{{{TENANT}}}}}")], w=24,
+            f"sum by ({TENANT}) (rate({COMPUTE}{{{COSTS}}}[{RI}]))", f"{{{{{TENANT}}}}}")], w=24,
               description="1 = one engine busy all the time on this tenant's requests"),
-        panel("Cost rate (per hour, upper bound)", [target(
-            f"({rate(semconv.TOKEN_TYPE_INPUT)} * $price_input + {rate(semconv.TOKEN_TYPE_OUTPUT)} * $price_output)"
-            " * 3600 / 1e6", legend)], "currencyUSD", w=24,
-              description="All input at the input price (cached input is cheaper: see cache savings)"),
+        panel("Cost rate (per hour)", [target(f"{cost_of(by, RI, 'rate')} * 3600", legend)], "currencyUSD", w=24,
+              description=prices),
     ], prices=True)
 
 
@@ -255,6 +312,7 @@ def problems(boards: dict[str, dict] | None = None) -> list[str]:
     metrics that are not ours (semconv.METRICS), vLLM's or a recording rule of otel_llm.rules, and
     TraceQL `span.X` attributes that semconv does not list as set on spans by vLLM or the client."""
     recorded = {r["record"] for g in rules.rules()["groups"] for r in g["rules"] if "record" in r}
+    recorded.add(price_rules.PRICE)  # otel-llm price-rules
     on_spans = {a.name for a in semconv.ATTRIBUTES.values() if a.emitted_by & {semconv.VLLM, semconv.CLIENT}}
     out = []
     for name, board in (boards or dashboards()).items():

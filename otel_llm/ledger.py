@@ -48,6 +48,8 @@ _STRING_FIELDS = {
     "tenant": semconv.TENANT_ID,
     "scene": semconv.TENANT_SCENE,
     "cost_center": semconv.TENANT_COST_CENTER,
+    "api_key": semconv.API_KEY_ID,
+    "user": semconv.USER_ID,
     "model": semconv.GEN_AI_REQUEST_MODEL,
     "served_model": semconv.GEN_AI_RESPONSE_MODEL,
     "operation": semconv.GEN_AI_OPERATION_NAME,
@@ -83,9 +85,9 @@ _WINDOW_FIELDS = {
     "window_kv_block_ns": semconv.ENGINE_KV_BLOCK_NS,
 }
 _UINT_FIELDS = {**_INT_FIELDS, **COST_FIELDS, **_WINDOW_FIELDS}
-# report --by dimension -> normalized column (`day` is computed from the end time)
-DIMENSIONS = ("tenant", "scene", "cost_center", "model", "served_model", "operation", "instance", "outcome",
-              "engine_instance")
+# report --by dimension -> normalized column (`day` and `hour` are computed from the end time)
+DIMENSIONS = ("tenant", "scene", "cost_center", "api_key", "user", "model", "served_model", "operation", "instance",
+              "outcome", "engine_instance")
 COLUMNS = (*_STRING_FIELDS, *_UINT_FIELDS, "engine_ids", "frontend_billed", "ts", "trace_id")
 # a bill's own columns come from the API server's record when there is one, else from the engine's;
 # its engine figures from the engine records joined to it
@@ -174,6 +176,8 @@ def _bills(source: str, start: float, end: float) -> str:
 def _dimension(name: str) -> str:
     if name == "day":
         return "toString(toDate(ts, 'UTC'))"
+    if name == "hour":  # the UTC hour the record ended in: 2026-12-01T08
+        return "formatDateTime(ts, '%Y-%m-%dT%H', 'UTC')"
     return f"if({name} = '', {_literal(UNSET)}, {name})"
 
 
@@ -231,6 +235,25 @@ def engine_check_sql(source: str, start: float, end: float) -> str:
             f"sum(toUInt128(if(is_engine AND ts <= covered, compute_ns, 0))) AS compute_ns, "
             f"sum(toUInt128(if(is_engine, 0, busy_ns))) AS busy_ns "
             f"FROM ({rows}) GROUP BY engine_instance ORDER BY engine_instance")
+
+
+def hourly_bills_sql(source: str, start: float, end: float) -> str:
+    """The budget tracker's first read: token sums of the bills ended in [start, end) per tenant, scene,
+    model and hour (`hour`: its start, Unix seconds)."""
+    return (f"SELECT tenant, scene, model, toUnixTimestamp(toStartOfHour(ts)) AS hour, "
+            f"{', '.join(f'sum({t}) AS {t}' for t in TOKEN_TYPES)} FROM ({_bills(source, start, end)}) "
+            f"GROUP BY tenant, scene, model, hour ORDER BY hour")
+
+
+def recent_records_sql(source: str, start: float) -> str:
+    """The budget tracker's polls: the records (bills, engine records, progress) written since start,
+    each as it arrived (duplicates included: the tracker skips those it counted)."""
+    kinds = ", ".join(_literal(k) for k in ("", semconv.USAGE_KIND_REQUEST, semconv.USAGE_KIND_ENGINE,
+                                              semconv.USAGE_KIND_PROGRESS))
+    return (f"SELECT key, kind, tenant, scene, model, {', '.join(TOKEN_TYPES)}, frontend_billed, pd_role, "
+            f"toUnixTimestamp64Nano(ts) AS t FROM ({source}) "
+            f"WHERE ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') AND key != '' AND kind IN ({kinds}) "
+            f"ORDER BY ts")
 
 
 # --- executors ------------------------------------------------------------------------------------

@@ -23,11 +23,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from otel_llm import budgets as budget_file
 from otel_llm import semconv
-from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, read_config
+from otel_llm.prices import Price, load_prices  # noqa: F401 - load_prices: part of the report's API
+from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError
 
 UNSET = "-"
 BASE_LOOKBACK = "35d"
@@ -88,34 +88,6 @@ def _day(ts: float) -> str:
 
 # --- prices -------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Price:
-    input: float  # per million tokens, for input tokens that were not cached
-    cached_input: float
-    output: float
-
-
-def load_prices(path: str | Path) -> tuple[dict[str, Price], str]:
-    """{"currency": "USD", "models": {"MODEL": {"input": .., "cached_input": .., "output": ..}}}
-    (per million tokens; a model "*" is the default). JSON, or YAML when PyYAML is installed."""
-    path = Path(path)
-    data = read_config(path, "price file")
-    if not isinstance(data, dict) or not isinstance(data.get("models"), dict) or not data["models"]:
-        raise ReportError(f'price file {path}: expected {{"models": {{"MODEL": {{"input": .., '
-                          f'"cached_input": .., "output": ..}}}}}}')
-    prices = {}
-    for model, entry in data["models"].items():
-        if not isinstance(entry, dict):
-            raise ReportError(f"price file {path}: model {model!r} needs input, cached_input and output prices")
-        values = {}
-        for key in ("input", "cached_input", "output"):
-            value = entry.get(key, entry.get("input") if key == "cached_input" else None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ReportError(f"price file {path}: model {model!r}: {key} must be a number >= 0, got {value!r}")
-            values[key] = float(value)
-        prices[str(model)] = Price(**values)
-    currency = data.get("currency", "USD")
-    return prices, str(currency)
 
 
 # --- Prometheus ---------------------------------------------------------------------------------
@@ -462,20 +434,49 @@ def price_rows(rows: dict[tuple, Row], by: list[str], prices: dict[str, Price]) 
             continue
         t = row.tokens
         uncached = t[semconv.TOKEN_TYPE_INPUT] - t[semconv.TOKEN_TYPE_CACHED_INPUT]
-        row.cost = (uncached * price.input + t[semconv.TOKEN_TYPE_CACHED_INPUT] * price.cached_input
-                    + t[semconv.TOKEN_TYPE_OUTPUT] * price.output) / 1e6
+        row.cost = price.cost(uncached, t[semconv.TOKEN_TYPE_CACHED_INPUT], t[semconv.TOKEN_TYPE_OUTPUT])
         row.savings = t[semconv.TOKEN_TYPE_CACHED_INPUT] * (price.input - price.cached_input) / 1e6
     return sorted(missing)
 
 
 # --- output -------------------------------------------------------------------------------------
 
+RANKS = ("tokens", "cost")
+
+
+def top_rows(rows: dict[tuple, Row], by: list[str], n: int, rank: str = "tokens") -> dict[tuple, Row]:
+    """The n rows that used the most, largest first (ties in key order): by tokens (input + output) or by
+    cost (the `cost` column: the engines' cost with --costs, else the tokens' price). The other rows are
+    summed into one last row, its first dimension `(K others)`."""
+    def used(row: Row) -> float:
+        if rank == "cost":
+            return _figures(row)["cost"] or 0.0
+        return row.tokens[semconv.TOKEN_TYPE_INPUT] + row.tokens[semconv.TOKEN_TYPE_OUTPUT]
+
+    ordered = sorted(rows.values(), key=lambda row: (-used(row), row.key))
+    top = {row.key: row for row in ordered[:n]}
+    rest = ordered[n:]
+    if rest:
+        from otel_llm.costs import add_row
+
+        key = (f"({len(rest)} others)", *[""] * (len(by) - 1))
+        others = top[key] = Row(key)
+        for row in rest:
+            add_row(others, row)
+        if all(row.requests is None for row in rest):  # from Prometheus: not known
+            others.requests = None
+        if any(row.engine_cost is not None and row.engine_cost_input is None for row in rest):
+            others.engine_cost_input = None  # an idle row among them: no input/output split
+    return top
+
+
 def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None, start: float, end: float,
-           priced: bool | None = None, costed: bool = False) -> str:
+           priced: bool | None = None, costed: bool = False, ranked: bool = False) -> str:
     """priced: with --prices (default: currency is set); costed: with --costs (then `cost` is what the
-    engines cost and `revenue` the tokens' price)."""
+    engines cost and `revenue` the tokens' price); ranked: rows in their given order (top_rows), else
+    in key order."""
     priced = currency is not None if priced is None else priced
-    ordered = [rows[k] for k in sorted(rows)]
+    ordered = list(rows.values()) if ranked else [rows[k] for k in sorted(rows)]
     columns = _figure_columns(priced, costed)
     header = [*by, *TOKEN_TYPES, *columns]
     total = Row(("TOTAL",), cost=0.0, savings=0.0)
@@ -590,16 +591,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--costs", help="cost file (JSON or YAML, with --ledger): engine instances' hourly rates, "
                                         "shared out over the requests by compute or KV share; adds compute_seconds, "
                                         "kv_block_seconds, cost (and with --prices revenue, margin) and idle rows")
-    parser.add_argument("--budgets", help="budget file: show consumption vs daily budget per tenant/scene "
-                                          "(window: the current UTC day unless --start/--range)")
+    parser.add_argument("--budgets", help="budget file (otel_llm/budgets.py): each budget's use in its current "
+                                          "period (UTC day, month, or since its prepaid balance began), as of --end "
+                                          "(or now), or over --start/--range; money budgets need --prices")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.add_argument("--top", type=int, metavar="N",
+                        help="the N rows that used the most, largest first (see --rank); the rest summed in one "
+                             "row `(K others)`")
+    parser.add_argument("--rank", choices=RANKS, default="tokens",
+                        help="what --top ranks by: tokens (input + output) or cost (needs --prices or --costs) "
+                             "(default %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus query")
 
 
 def _all_dimensions() -> list[str]:
     from otel_llm import ledger
 
-    return [*dict.fromkeys([*DIMENSIONS, *ledger.DIMENSIONS]), "day"]
+    return [*dict.fromkeys([*DIMENSIONS, *ledger.DIMENSIONS]), "day", "hour"]
 
 
 def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple[str, ...], Row]:
@@ -633,6 +641,11 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
             raise ReportError(f"--by {args.by!r}: choose from {', '.join(_all_dimensions())}")
         if getattr(args, "budgets", None):
             return _budget_view(args, now, out, err)
+        top, rank = getattr(args, "top", None), getattr(args, "rank", "tokens")
+        if top is not None and top < 1:
+            raise ReportError(f"--top {top}: give a number of rows, 1 or more")
+        if top is not None and rank == "cost" and not (args.prices or getattr(args, "costs", None)):
+            raise ReportError("--rank cost needs --prices or --costs")
         start, end = time_range(args.start, args.end, args.range_, now)
         prices, currency = load_prices(args.prices) if args.prices else ({}, None)
         costs = _load_costs(args, currency)
@@ -657,8 +670,10 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         for idle in idle_rows:  # no tokens, so no revenue
             idle.cost, idle.savings = (0.0, 0.0) if prices else (None, None)
             cost_file.add_row(rows.setdefault(idle.key, Row(idle.key)), idle)
+        if top is not None:
+            rows = top_rows(rows, by, top, rank)
         out.write(render(rows, by, args.format, costs.currency if costs else currency, start, end,
-                         priced=bool(prices), costed=costs is not None) + "\n")
+                         priced=bool(prices), costed=costs is not None, ranked=top is not None) + "\n")
         return 0
     except ReportError as exc:
         err.write(f"otel-llm report: {exc}\n")
@@ -699,26 +714,35 @@ def _progress(err):
 
 def _budget_view(args, now: float, out, err) -> int:
     budgets = budget_file.load(args.budgets)
-    if args.start or args.range_:
-        start, end = time_range(args.start, args.end, args.range_, now)
-    else:
-        end = parse_time(args.end) if args.end else now
-        start = end - end % _DAY  # the current UTC day
-    rows = usage_rows(args, start, end, ["tenant", "scene"], err)
-    _warn(args, start, end, err)
-    result = budget_file.status(budgets, rows)
-    columns = ["tenant", "scene", "used", "budget", "share", "state"]
+    prices, currency = load_prices(args.prices) if args.prices else ({}, None)
+    budget_file.check_watchable(budgets, prices)
+    end = parse_time(args.end) if args.end else now
+    window_start = time_range(args.start, args.end, args.range_, now)[0] if args.start or args.range_ else None
+
+    def usage_since(start: float) -> dict:
+        start = start if window_start is None else window_start  # --start / --range: one window for all
+        rows = usage_rows(args, start, end, ["tenant", "scene", "model"], err)
+        _warn(args, start, end, err)
+        return {tuple(None if v == UNSET else v for v in key): row.tokens for key, row in rows.items()}
+
+    result = budget_file.status(budgets, usage_since, prices, end, currency)
+    for row in result:
+        row["resets"] = _iso(row["resets"]) if row["resets"] else ""
+    columns = ["tenant", "scene", "period", "unit", "used", "limit", "share", "state", "resets"]
     if args.format == "json":
-        out.write(json.dumps({"start": _iso(start), "end": _iso(end), "budgets": result}, indent=2) + "\n")
+        out.write(json.dumps({"at": _iso(end), "budgets": result}, indent=2) + "\n")
     elif args.format == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, columns, lineterminator="\n")
+        writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(result)
         out.write(buffer.getvalue())
     else:
         table = [columns] + [[str(r[c]) if c != "share" else f"{r[c]:.1%}" for c in columns] for r in result]
         widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-        out.write(f"daily token budgets {_iso(start)} .. {_iso(end)}\n")
+        out.write(f"budgets at {_iso(end)} (each over its current period)\n")
         out.write("\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in table) + "\n")
+        unpriced = sum(r["unpriced_tokens"] for r in result)
+        if unpriced:
+            err.write(f"warning: {unpriced} tokens of money-budgeted tenants have no price (not counted)\n")
     return 1 if any(r["state"] == "over" for r in result) else 0

@@ -9,6 +9,8 @@ makes those from a budget file.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, fields
 
 from otel_llm import promql, semconv
@@ -27,6 +29,8 @@ EXPORT_DROPPED = semconv.prometheus_metric(semconv.EXPORT_DROPPED)
 ERROR_TYPE = semconv.prometheus_label(semconv.ERROR_TYPE)
 FAILURES = semconv.prometheus_metric(semconv.INSTRUMENTATION_FAILURES)
 FAILURE_POINT = semconv.prometheus_label(semconv.FAILURE_POINT)
+SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
+VLLM_MODEL = semconv.VLLM_LABEL_MODEL
 
 # Recording rule names (level:metric:operations)
 HIT_RATIO = "otel_llm:prefix_cache_hit_ratio:rate5m"
@@ -34,6 +38,28 @@ HIT_RATIO_BY_MODEL = f"{MODEL}:otel_llm_prefix_cache_hit_ratio:rate5m"
 TOKENS_BY_TENANT = f"{TENANT}_{TOKEN_TYPE}:{TOKENS.removesuffix('_total')}:rate5m"
 TOKENS_RATE_1H = f"otel_llm:{TOKENS.removesuffix('_total')}:rate1h"
 QUANTILES = (0.5, 0.95, 0.99)
+# per tenant and scene, recorded only while > 0 (so that a mean over time is the mean of its active time)
+TENANT_REQUESTS = f"{TENANT}_{SCENE}:{REQUESTS.removesuffix('_total')}:rate5m"
+TENANT_TOKENS = f"{TENANT}_{SCENE}_{TOKEN_TYPE}:{TOKENS.removesuffix('_total')}:rate5m"
+ANOMALY_WINDOW_SECONDS = 300  # of the two rates above
+# Multi-window multi-burn-rate alerts of the time-to-first-token objective (Google SRE workbook,
+# "Alerting on SLOs", for a 30-day objective): (alert, severity, for, [(burn rate, long window,
+# short window), ...]). Burn rate 14.4 over 1 h spends 2 % of a 30-day error budget, 6 over 6 h 5 %,
+# 3 over 1 d 10 %, 1 over 3 d 10 %; the short window ends the alert soon after the burn stops.
+BURN_ALERTS = (
+    ("LLMTimeToFirstTokenBudgetBurnFast", "critical", "2m", ((14.4, "1h", "5m"), (6, "6h", "30m"))),
+    ("LLMTimeToFirstTokenBudgetBurnSlow", "warning", "15m", ((3, "1d", "2h"), (1, "3d", "6h"))),
+)
+SLO_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+# the anomaly baseline leaves out the last hour: a change is flagged for at least that long before it
+# starts to become the tenant's new normal
+ANOMALY_BASELINE_OFFSET = "1h"
+INSTANCE_MEMORY = "1h"  # how long a vanished vLLM instance is remembered (and alerted on)
+
+
+def slo_miss_rule(window: str) -> str:
+    """Recorded share of requests whose time to first token was over the objective, by model."""
+    return f"{MODEL}:{TTFT}:slo_miss_ratio_rate{window}"
 
 
 
@@ -58,10 +84,43 @@ class Params:
     prefix_cache_hit_floor: float = 0.2
     # input tokens/s (5 min rate, per model) below which the hit-rate alert stays quiet
     prefix_cache_min_input_rate: float = 1.0
+    # Anomalies of one tenant and scene against its own anomaly_baseline_hours before the last hour
+    # (whatever history it has: from its second hour on): request rate over request_rate_factor x its
+    # mean while active, tokens (or output tokens) per request over request_size_factor x its mean,
+    # each only with at least anomaly_min_requests requests in the last 5 min. watch_tenants
+    # (comma-separated tenant ids) restricts them to those tenants; default every tenant label
+    # (capped in the process, so the series are bounded).
+    watch_tenants: str = ""
+    anomaly_baseline_hours: int = 24
+    request_rate_factor: float = 3.0
+    request_size_factor: float = 2.0
+    anomaly_min_requests: int = 10
+    # requests running in an engine that generated no token for this long: stalled
+    stall_seconds: int = 120
+    # an instance's generation tokens/s of the last 10 min under this share of the hour before, when
+    # that hour averaged over throughput_min_rate tokens/s
+    throughput_drop_ratio: float = 0.5
+    throughput_min_rate: float = 1.0
+    # objective: ttft_slo_ratio of requests get their first token within ttft_slo_seconds (a bucket
+    # bound of the time-to-first-token histogram, semconv.TTFT_BUCKETS)
+    ttft_slo_seconds: float = 2.5
+    ttft_slo_ratio: float = 0.99
+
+    def __post_init__(self):
+        if self.ttft_slo_seconds not in semconv.TTFT_BUCKETS:
+            raise ValueError(f"ttft_slo_seconds {self.ttft_slo_seconds:g} is not a bucket bound of the time to "
+                             f"first token histogram: one of {', '.join(f'{b:g}' for b in semconv.TTFT_BUCKETS)}")
+        for name in ("ttft_slo_ratio", "throughput_drop_ratio"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be between 0 and 1, not {getattr(self, name):g}")
 
     @property
     def near_max_len_bucket(self) -> int:
         return int(self.max_model_len * self.context_ratio)
+
+    @property
+    def watched_tenants(self) -> tuple[str, ...]:
+        return tuple(t for t in (t.strip() for t in self.watch_tenants.split(",")) if t)
 
 
 def option(field_name: str) -> str:
@@ -92,6 +151,34 @@ def _rate(selector: str, window: str = "5m") -> str:
     return f"rate({selector}[{window}])"
 
 
+def _duration(seconds: int) -> str:
+    """A PromQL duration: 120 -> 2m, 90 -> 90s."""
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def _number(x: float) -> str:
+    return f"{round(x, 10):g}"
+
+
+def _le(bound: float) -> str:
+    """Matcher of a histogram bucket: exporters write a whole bound as "10" or "10.0"."""
+    return f'le=~"{bound:g}(\\\\.0)?"' if bound == int(bound) else f'le="{bound:g}"'
+
+
+def _selector(metric: str, *matchers: str) -> str:
+    """`metric{a="1",b="2"}` of the non-empty matchers (just `metric` without any)."""
+    matchers = [m for m in matchers if m]
+    return metric + (f"{{{','.join(matchers)}}}" if matchers else "")
+
+
+def _tenant_matcher(p: Params) -> str:
+    """`tenant_id=~"a|b"` for the watched tenants (regex-escaped, in a PromQL string); "" for all."""
+    if not p.watched_tenants:
+        return ""
+    alternatives = "|".join(re.escape(t) for t in p.watched_tenants)
+    return f'{TENANT}=~{json.dumps(alternatives)}'
+
+
 def _quantile_rules(metric: str) -> list[dict]:
     return [{
         "record": quantile_rule(metric),
@@ -100,7 +187,26 @@ def _quantile_rules(metric: str) -> list[dict]:
     } for q in QUANTILES]
 
 
-def recording_rules() -> list[dict]:
+def _tenant_rules(p: Params) -> list[dict]:
+    by = f"{TENANT}, {SCENE}"
+    billed = f'{TOKEN_TYPE}=~"{semconv.TOKEN_TYPE_INPUT}|{semconv.TOKEN_TYPE_OUTPUT}"'  # input includes cached
+    window = _duration(ANOMALY_WINDOW_SECONDS)
+    requests = _selector(REQUESTS, _tenant_matcher(p))
+    tokens = _selector(TOKENS, billed, _tenant_matcher(p))
+    return [
+        {"record": TENANT_REQUESTS, "expr": f"sum by ({by}) ({_rate(requests, window)}) > 0"},
+        {"record": TENANT_TOKENS, "expr": f"sum by ({by}, {TOKEN_TYPE}) ({_rate(tokens, window)}) > 0"},
+    ]
+
+
+def _slo_rules(p: Params) -> list[dict]:
+    within = f"{TTFT}_bucket{{{_le(p.ttft_slo_seconds)}}}"
+    return [{"record": slo_miss_rule(w),
+             "expr": f"1 - sum by ({MODEL}) ({_rate(within, w)}) / sum by ({MODEL}) ({_rate(TTFT + '_count', w)})"}
+            for w in SLO_WINDOWS]
+
+
+def recording_rules(p: Params = Params()) -> list[dict]:
     cached = f'{TOKENS}{{{TOKEN_TYPE}="{semconv.TOKEN_TYPE_CACHED_INPUT}"}}'
     inputs = f'{TOKENS}{{{TOKEN_TYPE}="{semconv.TOKEN_TYPE_INPUT}"}}'
     # input includes cached_input, so input + output is every token once
@@ -117,6 +223,8 @@ def recording_rules() -> list[dict]:
         *_quantile_rules(TTFT),
         *_quantile_rules(TPOT),
         *_quantile_rules(DURATION),
+        *_tenant_rules(p),
+        *_slo_rules(p),
     ]
 
 
@@ -199,7 +307,101 @@ def alerts(p: Params = Params()) -> list[Alert]:
               f"otel-llm's {{{{ $labels.{FAILURE_POINT} }}}} failed on {{{{ $labels.instance }}}} in the last 15 min",
               "A function of otel-llm that vLLM, FastAPI, uvicorn or OpenTelemetry calls raised: the requests "
               "were served, their spans, metrics or usage events may be incomplete."),
+        *_anomaly_alerts(p),
+        *_health_alerts(p),
+        *_burn_alerts(p),
     ]
+
+
+def _anomaly_alerts(p: Params) -> list[Alert]:
+    """One tenant and scene against its own anomaly_baseline_hours before the last hour: the recorded
+    rates exist only while it is active, so the baseline is its mean while active (idle nights do not
+    lower it), from whatever history it has (on its first day: from its second hour)."""
+    req, tok = TENANT_REQUESTS, TENANT_TOKENS
+
+    def before(function: str, recorded: str) -> str:  # over the baseline hours before the last hour
+        return f"{function}({recorded}[{p.anomaly_baseline_hours}h] offset {ANOMALY_BASELINE_OFFSET})"
+
+    by = f"sum by ({TENANT}, {SCENE})"
+    enough = f"{req} * {ANOMALY_WINDOW_SECONDS} >= {p.anomaly_min_requests}"
+    output = f'{tok}{{{TOKEN_TYPE}="{semconv.TOKEN_TYPE_OUTPUT}"}}'
+
+    def per_request(tokens: str) -> str:  # tokens per request now / the same over the baseline window
+        usual = f"{by} ({before('sum_over_time', tokens)}) / {before('sum_over_time', req)}"
+        return f"({by} ({tokens}) / {req}) / ({usual})"
+
+    who = f"tenant {{{{ $labels.{TENANT} }}}} (scene {{{{ $labels.{SCENE} }}}})"
+    usual = "{{ $value | humanize }}x its usual"
+    window = f"in the {p.anomaly_baseline_hours} h before the last hour"
+    rate, size = f"over {p.request_rate_factor:g}x", f"over {p.request_size_factor:g}x"
+    return [
+        Alert("LLMTenantRequestRateHigh", f"{req} / {before('avg_over_time', req)} > {p.request_rate_factor:g} "
+              f"and {enough}", "10m", "warning",
+              f"{who} sends {usual} requests/s ({rate} its mean while active {window}, for 10 min)",
+              "One tenant and scene sends far more requests than in its own recent history: a looping client, "
+              "a retry storm, a test script or a new integration."),
+        Alert("LLMTenantTokensPerRequestHigh", f"{per_request(tok)} > {p.request_size_factor:g} and {enough}",
+              "10m", "warning",
+              f"{who} uses {usual} tokens per request (input + output; {size} its mean {window}, for 10 min)",
+              "One tenant and scene's requests are much larger than in its own recent history: prompts that "
+              "grow (chat history not trimmed, more retrieved context), a changed client or prompt template."),
+        Alert("LLMTenantOutputLengthHigh", f"{per_request(output)} > {p.request_size_factor:g} and {enough}",
+              "10m", "warning",
+              f"{who} gets {usual} output tokens per request ({size} its mean {window}, for 10 min)",
+              "One tenant and scene's responses are much longer than in its own recent history: a changed "
+              "prompt or max_tokens, or generation that runs on to the limit (no stop sequence, repetition)."),
+    ]
+
+
+def _health_alerts(p: Params) -> list[Alert]:
+    instance = f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{VLLM_MODEL} }}}})"
+    stall = _duration(p.stall_seconds)
+    by_instance = f"sum by (job, instance, {VLLM_MODEL})"
+    generated = semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL
+    drop = f"{p.throughput_drop_ratio:.0%}"
+    return [
+        # a request in prefill has produced no generation token yet: prompt tokens count as progress
+        Alert("LLMEngineStalled",
+              f"{semconv.VLLM_METRIC_RUNNING} > 0 and increase({generated}[{stall}]) == 0 "
+              f"and increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[{stall}]) == 0", "1m", "critical",
+              f"{{{{ $value }}}} requests are running in {instance}, which computed no token in {stall}",
+              "vLLM's engine stopped producing tokens while requests run: a hung engine core or GPU (driver, "
+              "collective, deadlock) or a stopped process. Streams hang open without an error."),
+        # its series went stale (scrape failing) or away (gone from service discovery); remembered for
+        # INSTANCE_MEMORY, then the alert resolves by itself
+        Alert("LLMInstanceDown",
+              f"group by (job, instance) (max_over_time({semconv.VLLM_METRIC_RUNNING}[{INSTANCE_MEMORY}])) "
+              f"unless on (job, instance) {semconv.VLLM_METRIC_RUNNING}", "5m", "critical",
+              "vLLM {{ $labels.instance }} (job {{ $labels.job }}) served no metrics for 5 min",
+              f"A vLLM instance Prometheus scraped in the last {INSTANCE_MEMORY} is down, unreachable or gone "
+              "from service discovery."),
+        Alert("LLMThroughputDropped",
+              f"{by_instance} (rate({generated}[10m])) < {p.throughput_drop_ratio:g} * "
+              f"({by_instance} (rate({generated}[1h] offset 10m)) > {p.throughput_min_rate:g})", "10m", "warning",
+              f"{instance} generates {{{{ $value | humanize }}}} tokens/s, under {drop} of its mean of the hour "
+              f"before (for 10 min)",
+              "An instance produces far fewer tokens than an hour ago: the engine slowed down (GPU throttling, "
+              "preemptions, long prompts) or fewer requests reach it (load balancer, gateway, a client gone)."),
+    ]
+
+
+def _burn_alerts(p: Params) -> list[Alert]:
+    """The error budget is the share of requests that may miss the objective (1 - ttft_slo_ratio)."""
+    budget = 1 - p.ttft_slo_ratio
+    objective = f"{p.ttft_slo_ratio * 100:g}% within {p.ttft_slo_seconds:g} s"
+    made = []
+    outlook = {"critical": "gone in under 2 days", "warning": "gone before the 30 days end"}
+    for name, severity, for_, conditions in BURN_ALERTS:
+        expr = " or ".join(" and ".join(f"{slo_miss_rule(w)} > {_number(burn * budget)}" for w in (long, short))
+                           for burn, long, short in conditions)
+        windows = " or ".join(f"{burn:g}x ({long} and {short} windows)" for burn, long, short in conditions)
+        made.append(Alert(
+            name, expr, for_, severity,
+            f"{{{{ $value | humanizePercentage }}}} of requests to model {{{{ $labels.{MODEL} }}}} waited over "
+            f"{p.ttft_slo_seconds:g} s for their first token (objective: {objective})",
+            f"The time-to-first-token objective's error budget burns at over {windows} the rate that "
+            f"spends it in 30 days: {outlook[severity]}."))
+    return made
 
 
 ALERTS = tuple(a.name for a in alerts())
@@ -207,7 +409,7 @@ ALERTS = tuple(a.name for a in alerts())
 
 def rules(p: Params = Params()) -> dict:
     return {"groups": [
-        {"name": "otel-llm-recording", "interval": "1m", "rules": recording_rules()},
+        {"name": "otel-llm-recording", "interval": "1m", "rules": recording_rules(p)},
         {"name": "otel-llm-alerts", "interval": "1m", "rules": [a.rule() for a in alerts(p)]},
     ]}
 

@@ -29,6 +29,7 @@ USAGE = "usage"  # field of a usage (billing) record (otel_llm/usage.py)
 RESOURCE = "resource"  # resource attribute otel-llm sets (otel_llm/distro.py)
 COLLECTOR = "collector"  # only read or removed by collector-config/, set by the collector or peers
 GATEWAY = "gateway"  # the example gateway's metering (examples/gateway)
+BUDGETS = "budgets"  # the budget tracker's metrics (otel_llm/budget_tracker.py) and the gateway's refusals
 
 STRING, INT, DOUBLE, BOOLEAN, STRING_ARRAY = "string", "int", "double", "boolean", "string[]"
 PYTHON_TYPES = {STRING: (str,), INT: (int,), DOUBLE: (float, int), BOOLEAN: (bool,), STRING_ARRAY: (list, tuple)}
@@ -52,6 +53,7 @@ def _attribute(name: str, type_: str, *emitted_by: str, convention: bool = False
 
 
 HISTOGRAM, COUNTER, OBSERVABLE_COUNTER = "histogram", "counter", "observable_counter"
+VALUE = "value"  # a current value (Prometheus gauge), served by the budget tracker's own exposition
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class MetricSpec:
         name = self.name.replace(".", "_")
         if self.unit == UNIT_SECONDS:
             name += "_seconds"
-        if self.kind != HISTOGRAM:
+        if self.kind not in (HISTOGRAM, VALUE):
             name += "_total"
         return name
 
@@ -230,6 +232,11 @@ TENANT_ID = _attribute("tenant.id", STRING, VLLM, METRIC, USAGE, GATEWAY)
 TENANT_SCENE = _attribute("tenant.scene", STRING, VLLM, METRIC, USAGE, GATEWAY)
 TENANT_COST_CENTER = _attribute("tenant.cost_center", STRING, VLLM, METRIC, USAGE)
 LABEL_OTHER = "other"
+# Below the tenant, on spans and usage records only (unbounded: never metric labels): the id the API-key
+# map (OTEL_LLM_API_KEYS_FILE) gives the request's key (never the key, nor its hash), and the end user
+# the OpenAI request names (its `safety_identifier`, else `user`), as the client sent it
+API_KEY_ID = _attribute("otel_llm.api_key.id", STRING, VLLM, USAGE)
+USER_ID = _attribute("user.id", STRING, VLLM, USAGE, convention=True)
 
 SERVICE_NAME_DEFAULT = "vllm"
 
@@ -251,9 +258,12 @@ USAGE_SCHEMA_VERSION = _attribute("otel_llm.usage.schema", INT, USAGE)
 USAGE_SCHEMA = 2
 # which process wrote a record: absent (or "request") for the API server's bill of one logical request;
 # "engine" for one engine request's record written by vLLM's engine core (otel_llm/vllm/engine_cost.py);
-# "engine_window" for an engine's busy and idle time over a window (its rows tile the engine's wall time)
+# "engine_window" for an engine's busy and idle time over a window (its rows tile the engine's wall time);
+# "progress" for the tokens so far of a request still in flight (API server, spool only, every
+# OTEL_LLM_LIVE_INTERVAL): cumulative, superseded by the bill with its USAGE_ID, never billed
 USAGE_KIND = _attribute("otel_llm.usage.kind", STRING, USAGE)
 USAGE_KIND_REQUEST = "request"
+USAGE_KIND_PROGRESS = "progress"
 USAGE_KIND_ENGINE = "engine"
 USAGE_KIND_ENGINE_WINDOW = "engine_window"
 # an API-server record: vLLM's internal ids of the engine requests it bills (n > 1: one per choice)
@@ -411,6 +421,31 @@ GATEWAY_TOKEN_USAGE = _metric(
     "otel_llm.gateway.token.usage", COUNTER, UNIT_TOKEN,
     "Tokens billed by the gateway, from the upstream response's usage", GATEWAY)
 GATEWAY_SERVICE_NAME = "llm-gateway"
+
+# Budgets (otel_llm/budgets.py): the budget tracker counts every budget of its budget file exactly, from
+# the usage ledger (no metric label cap applies), and serves these for Prometheus (`otel-llm budget-server`)
+BUDGET_PERIOD = _attribute("otel_llm.budget.period", STRING, BUDGETS)
+BUDGET_PERIOD_DAY, BUDGET_PERIOD_MONTH, BUDGET_PERIOD_PREPAID = "day", "month", "prepaid"  # UTC calendar periods
+BUDGET_UNIT = _attribute("otel_llm.budget.unit", STRING, BUDGETS)  # "tokens", or the price file's currency
+BUDGET_UNIT_TOKENS = "tokens"
+BUDGET_STATE = _attribute("otel_llm.budget.state", STRING, GATEWAY)  # on the span of a request the gateway checked
+BUDGET_STATE_OK, BUDGET_STATE_NEAR, BUDGET_STATE_OVER = "ok", "near", "over"
+ERROR_BUDGET_EXCEEDED = "budget_exceeded"  # error.type (and the OpenAI-style error code) of a refused request
+BUDGET_USED = _metric(
+    "otel_llm.budget.used", VALUE, "1",
+    "What a budget's tenant (and scene) used in its current period (tokens, or money at the price file's prices), "
+    "from the usage ledger, streams in flight included.", BUDGETS)
+BUDGET_LIMIT = _metric(
+    "otel_llm.budget.limit", VALUE, "1",
+    "A budget's limit in its current period (a prepaid balance: its amount plus the top-ups made so far).", BUDGETS)
+BUDGET_WARN_RATIO = _metric(
+    "otel_llm.budget.warn_ratio", VALUE, "1", "The share of a budget's limit over which it is near.", BUDGETS)
+BUDGET_TRACKER_LAG = _metric(
+    "otel_llm.budget.tracker.lag", VALUE, UNIT_SECONDS,
+    "Seconds since the budget tracker last read its ledger through (its figures are this old).", BUDGETS)
+BUDGET_UNPRICED_TOKENS = _metric(
+    "otel_llm.budget.unpriced.tokens", VALUE, UNIT_TOKEN,
+    "Tokens of money-budgeted tenants whose model the price file does not price (not counted in money).", BUDGETS)
 
 
 # --- Set by the OpenTelemetry Collector, not by otel-llm (collector-config/) -------------------

@@ -1,7 +1,9 @@
 """The billing ledger's writing side: one usage record per request that reached the engine.
 
 A record is written when the request ends (finished, aborted by the client, or failed after the
-engine accepted it), before its span ends, whether or not the trace is sampled. It goes to
+engine accepted it), before its span ends, whether or not the trace is sampled. (A request running
+longer than OTEL_LLM_LIVE_INTERVAL also gets progress records, its tokens so far, in the spool
+only: `write_progress`, otel_llm/vllm/live.py; never billed.) It goes to
 
 - the spool (`OTEL_LLM_USAGE_DIR`): each process appends JSON lines to its own file,
   `usage-<host>-<pid>-<start ms>-<seq>.jsonl`, with one `os.write` per record. Once `write`
@@ -242,18 +244,31 @@ class UsageLedger:
     def write(self, fields: dict[str, Any], end_ns: int, span_context, context=None) -> None:
         try:
             if self.spool is not None:
-                line = dict(fields)
-                line[semconv.USAGE_TIME] = end_ns
-                if span_context is not None and span_context.is_valid:
-                    line[semconv.USAGE_TRACE_ID] = format(span_context.trace_id, "032x")
-                    line[semconv.USAGE_SPAN_ID] = format(span_context.span_id, "016x")
-                self.spool.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+                self._write_line(fields, end_ns, span_context)
             if self._event_logger is not None:
                 self._event_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
                                         event_name=semconv.USAGE_EVENT, attributes=fields)
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
             self.count_drop(semconv.DROP_ERROR)
             self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
+
+    def write_progress(self, fields: dict[str, Any], time_ns: int, span_context) -> None:
+        """A progress record of a request in flight (otel_llm/vllm/live.py): to the spool only; the
+        request's OTLP usage event is its bill."""
+        try:
+            if self.spool is not None:
+                self._write_line(fields, time_ns, span_context)
+        except Exception:  # noqa: BLE001 - a usage record never breaks serving
+            self.count_drop(semconv.DROP_ERROR)
+            self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
+
+    def _write_line(self, fields: dict[str, Any], time_ns: int, span_context) -> None:
+        line = dict(fields)
+        line[semconv.USAGE_TIME] = time_ns
+        if span_context is not None and span_context.is_valid:
+            line[semconv.USAGE_TRACE_ID] = format(span_context.trace_id, "032x")
+            line[semconv.USAGE_SPAN_ID] = format(span_context.span_id, "016x")
+        self.spool.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
 
     def close(self) -> None:
         if self.spool is not None:

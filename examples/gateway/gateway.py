@@ -1,4 +1,7 @@
-"""A small OpenAI-compatible gateway in front of vLLM: API key -> tenant, W3C baggage, token metering.
+"""A small OpenAI-compatible gateway in front of vLLM: API key -> tenant, W3C baggage, token metering,
+and budgets enforced before a request reaches the engine (with GATEWAY_BUDGETS_URL: the URL of
+`otel-llm budget-server`; a tenant over one of its budgets gets 429 with an OpenAI-style error and
+Retry-After).
 
 Run it under auto-instrumentation (see README.md); this file does no OpenTelemetry setup:
 
@@ -12,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import sys
+import urllib.parse
 from contextlib import asynccontextmanager
 
 import anyio
@@ -33,6 +38,7 @@ DROPPED_HEADERS = {
     "transfer-encoding", "upgrade", "accept-encoding", "x-tenant-id", "x-scene", "x-cost-center",
 }
 
+log = logging.getLogger("gateway")
 meter = metrics.get_meter("otel_llm.examples.gateway")
 token_usage = semconv.create_instrument(meter, semconv.GATEWAY_TOKEN_USAGE)
 
@@ -51,8 +57,11 @@ def load_keys(path: str) -> list[tuple[bytes, str, str | None]]:
 async def lifespan(app: FastAPI):
     app.state.keys = load_keys(os.environ["GATEWAY_KEYS_FILE"])
     timeout = httpx.Timeout(float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")), connect=10.0)
-    async with httpx.AsyncClient(base_url=os.environ["GATEWAY_UPSTREAM_URL"], timeout=timeout) as client:
+    budgets_url = os.environ.get("GATEWAY_BUDGETS_URL")
+    async with httpx.AsyncClient(base_url=os.environ["GATEWAY_UPSTREAM_URL"], timeout=timeout) as client, \
+            httpx.AsyncClient(base_url=budgets_url or "http://unused", timeout=2.0) as budgets:
         app.state.client = client
+        app.state.budgets = budgets if budgets_url else None
         yield
 
 
@@ -73,6 +82,34 @@ def authenticate(keys, authorization: str | None) -> tuple[str, str | None] | No
 
 def error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+BUDGET_CHECK_PATH = "/v1/budgets/check"  # otel_llm/budget_server.py
+
+
+async def over_budget(budgets: httpx.AsyncClient | None, tenant: str, scene: str | None, span):
+    """A 429 response when the budget server says the tenant (scene) is over a budget, else None.
+    The budget server unreachable: the request goes on (fail open), logged."""
+    if budgets is None:
+        return None
+    query = urllib.parse.urlencode({"tenant": tenant, **({"scene": scene} if scene else {})})
+    try:
+        response = await budgets.get(f"{BUDGET_CHECK_PATH}?{query}")
+        response.raise_for_status()
+        decision = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("budget check failed (%s): request let through", type(exc).__name__)
+        return None
+    span.set_attribute(semconv.BUDGET_STATE, decision.get("state", ""))
+    if decision.get("allowed", True):
+        return None
+    span.set_attribute(semconv.ERROR_TYPE, semconv.ERROR_BUDGET_EXCEEDED)
+    over = [b for b in decision.get("budgets", []) if b.get("state") == semconv.BUDGET_STATE_OVER]
+    what = "; ".join(f"{b['period']} {b['unit']} budget: used {b['used']:g} of {b['limit']:g}" for b in over)
+    retry = decision.get("retry_after")
+    body = {"error": {"message": f"Budget exceeded for this API key's tenant ({what}).",
+                      "type": "insufficient_quota", "param": None, "code": semconv.ERROR_BUDGET_EXCEEDED}}
+    return JSONResponse(body, status_code=429, headers={"retry-after": str(retry)} if retry else None)
 
 
 def record_usage(usage, model, tenant: str, scene: str | None) -> None:
@@ -147,6 +184,9 @@ async def proxy(request: Request) -> Response:
     span.set_attribute(semconv.TENANT_ID, tenant)
     if scene:
         span.set_attribute(semconv.TENANT_SCENE, scene)
+    refused = await over_budget(request.app.state.budgets, tenant, scene, span)
+    if refused is not None:
+        return refused
 
     body = await request.body()
     try:

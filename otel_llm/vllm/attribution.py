@@ -1,6 +1,7 @@
 """Which tenant, scene and cost center a request belongs to: the API key's entry in
-OTEL_LLM_API_KEYS_FILE (stored hashed), else request headers, else W3C baggage; and the label guards
-that keep those values low-cardinality on metrics (spans and usage records keep the full value).
+OTEL_LLM_API_KEYS_FILE (stored hashed), else request headers, else W3C baggage; the key's id from that
+entry and the end user the request names, below the tenant; and the label guards that keep tenant
+values low-cardinality on metrics (spans and usage records keep the full value).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from opentelemetry import baggage
 
@@ -17,8 +19,31 @@ from otel_llm.config import ENV_API_KEYS_FILE, ENV_ATTRIBUTION_MAX_LENGTH, Setti
 from otel_llm.warn import WarnOnce, warn_once
 
 
+class ApiKey(NamedTuple):
+    """An API key's entry in the key map."""
+
+    tenant: str
+    scene: str | None
+    cost_center: str | None
+    id: str  # the key's name in telemetry: the entry's "id", else the first KEY_ID_LENGTH hex of its sha256
+
+
+# a default key id: enough of the hash to find the entry in the key map, never enough to matter (the
+# hash of a random key reveals nothing; what is exported is a prefix of it)
+KEY_ID_LENGTH = 12
+
+
+class Caller(NamedTuple):
+    """Who a request is billed to: its tenant, scene, cost center, and the id of its API key."""
+
+    tenant: str | None
+    scene: str | None
+    cost_center: str | None
+    api_key_id: str | None
+
+
 class Attribution:
-    """(tenant, scene, cost center) of a request, each None when unknown."""
+    """(tenant, scene, cost center) of a request, each None when unknown; `caller` adds its API key's id."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -29,18 +54,23 @@ class Attribution:
         """Per field, the values the API-key map names (None: no map, any value may get a label)."""
         if not self.api_keys:
             return [None, None, None]
-        return [frozenset(v for v in values if v) for values in zip(*self.api_keys.values())]
+        return [frozenset(v for v in values if v) for values in list(zip(*self.api_keys.values()))[:3]]
 
     def __call__(self, headers, ctx=None) -> tuple[str | None, str | None, str | None]:
         """(tenant, scene, cost center): from the API key map, else request headers (first match),
         else W3C baggage."""
+        return self.caller(headers, ctx)[:3]
+
+    def caller(self, headers, ctx=None) -> Caller:
+        """The request's Caller: an API key the map names gives all four; else tenant, scene and cost
+        center from the request headers (first match), else W3C baggage, and no key id."""
         found: list[str | None] = [None, None, None]
         if self.api_keys and headers is not None:
             scheme, _, key = (headers.get("authorization") or "").partition(" ")
             if scheme.lower() == "bearer" and key.strip():
                 entry = self.api_keys.get(hashlib.sha256(key.strip().encode()).hexdigest())
                 if entry is not None:
-                    return entry
+                    return Caller(*entry)
         settings = self.settings
         limit = settings.attribution_max_length
         header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
@@ -54,7 +84,23 @@ class Attribution:
                 for index, keys in enumerate(baggage_keys):
                     if found[index] is None:
                         found[index] = self._valid(_first_baggage(entries, keys), limit)
-        return found[0], found[1], found[2]
+        return Caller(found[0], found[1], found[2], None)
+
+    def end_user(self, get) -> str | None:
+        """The end user a request names, get(name) giving its fields: OpenAI's `safety_identifier`, else
+        its older `user`. Checked as a tenant value is (attribution_value: the client sets it) and kept
+        as sent: the client's own identifier (OpenAI asks for a hash of the user's name or email)."""
+        raw = get("safety_identifier")
+        if raw is None:
+            raw = get("user")
+        if raw is None:
+            return None
+        value = attribution_value(raw, self.settings.attribution_max_length)
+        if value is None:
+            self._warn("invalid user", "otel-llm: a request's `user` / `safety_identifier` was ignored (not a "
+                       "string, over %d characters, or control characters; %s). Further ones are not logged.",
+                       self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
+        return value
 
     def _valid(self, raw: str | None, limit: int) -> str | None:
         if raw is None:
@@ -147,8 +193,8 @@ class LabelGuard:
         return semconv.LABEL_OTHER
 
 
-def load_api_keys(path: str) -> dict[str, tuple[str, str | None, str | None]]:
-    """sha256 hex digest of an API key -> (tenant, scene, cost center). Raises ValueError."""
+def load_api_keys(path: str) -> dict[str, ApiKey]:
+    """sha256 hex digest of an API key -> its ApiKey (tenant, scene, cost center, id). Raises ValueError."""
     with open(path) as f:
         entries = json.load(f)["keys"]
     keys = {}
@@ -156,5 +202,10 @@ def load_api_keys(path: str) -> dict[str, tuple[str, str | None, str | None]]:
         digest = str(entry["sha256"]).lower()
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"not a sha256 hex digest: {digest[:12]}...")
-        keys[digest] = (str(entry["tenant"]), entry.get("scene"), entry.get("cost_center"))
+        key_id = entry.get("id") or digest[:KEY_ID_LENGTH]
+        if not isinstance(key_id, str) or not key_id.isprintable() or key_id.strip() != key_id:
+            raise ValueError(f"the id of key {digest[:KEY_ID_LENGTH]}... is not a printable string")
+        if hashlib.sha256(key_id.encode()).hexdigest() == digest:  # it would be exported
+            raise ValueError(f"the id of key {digest[:KEY_ID_LENGTH]}... is the key itself")
+        keys[digest] = ApiKey(str(entry["tenant"]), entry.get("scene"), entry.get("cost_center"), key_id)
     return keys

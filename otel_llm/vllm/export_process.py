@@ -2,7 +2,8 @@
 
 Started by otel_llm/vllm/offload.py with one end of a Unix socket. The first message holds the
 API server's resource, our version and which signals come here; then one message per request
-(its finished spans, its metric Measurement, its usage event). Exporters are made from the
+(its finished spans, its metric Measurement, its usage event), and one per live sweep (the token
+counter's increments of the requests in flight, otel_llm/vllm/live.py). Exporters are made from the
 same OTEL_* environment, as the SDK's configurator makes them for `opentelemetry-instrument`;
 spans become the SDK's `ReadableSpan`s (span limits from the environment as in the server), so
 the exported telemetry is what the SDK would have exported from the API server.
@@ -33,7 +34,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import config, semconv, shutdown
-from otel_llm.vllm.offload import BYE, CONFIG, FIRST, LAST, REPORT, REQUEST, WHOLE
+from otel_llm.vllm.offload import BYE, CONFIG, FIRST, LAST, PROGRESS, REPORT, REQUEST, WHOLE
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 
 _log = logging.getLogger("otel_llm.vllm.export")
@@ -138,6 +139,12 @@ class Exporter:
             self.usage_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
                                    event_name=semconv.USAGE_EVENT, attributes=fields)
 
+    def count_progress(self, increments) -> None:
+        """A live sweep's token counter increments (otel_llm/vllm/live.py)."""
+        if self.metrics is not None:
+            for key, tokens in increments:
+                self.metrics.add_tokens(tuple(key), tuple(tokens))
+
     def _scope(self, scope: tuple) -> InstrumentationScope:
         found = self._scopes.get(scope[:3])
         if found is None:
@@ -203,6 +210,11 @@ def main(argv: list[str]) -> int:
                     exporter.handle(payload)
                 except Exception:  # noqa: BLE001 - one bad message must not stop the others
                     _log.warning("otel-llm: could not export one request's telemetry", exc_info=True)
+            elif kind == PROGRESS:
+                try:
+                    exporter.count_progress(payload)
+                except Exception:  # noqa: BLE001
+                    _log.warning("otel-llm: could not count the tokens of requests in flight", exc_info=True)
     except (_Stop, StopIteration):
         pass
     finally:

@@ -48,8 +48,9 @@ from otel_llm.warn import WarnOnce, entry, failed, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
 
-# message kinds (the first element of each message); REPORT goes back: what the flush lost
-CONFIG, REQUEST, BYE, REPORT = "config", "request", "bye", "report"
+# message kinds (the first element of each message); REPORT goes back: what the flush lost; PROGRESS: a
+# live sweep's token counter increments (otel_llm/vllm/live.py)
+CONFIG, REQUEST, BYE, REPORT, PROGRESS = "config", "request", "bye", "report", "progress"
 # frame header: one byte; a message larger than one frame goes as first .. last
 FIRST, LAST = 1, 2
 WHOLE = FIRST | LAST
@@ -515,6 +516,10 @@ class ExportChannel:
             self.sent += 1
             return True
 
+    def send_progress(self, increments: list[tuple]) -> bool:
+        """One live sweep's token counter increments: [(metric key, (input, cached input, output))]."""
+        return self.send((PROGRESS, increments))
+
     def _send_frames(self, data: bytes) -> None:
         frame, sock = self._frame, self._sock
         if len(data) < frame:
@@ -637,6 +642,8 @@ def _plain(message: tuple) -> tuple:
         return dict(BoundedAttributes(attributes=attributes))
 
     kind, parts = message
+    if kind != REQUEST:  # (a live sweep's increments: label values and counts)
+        return _base_types(message)
     plain = []
     for spans, measurement, usage_event, exemplar, scope in parts:
         spans = [(*s[:11], clean(s[11]), s[12], [(*link[:5], clean(link[5])) for link in s[13]],

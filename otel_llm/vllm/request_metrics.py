@@ -39,7 +39,9 @@ class RequestMetrics:
         self.time_to_first_token = semconv.create_instrument(meter, semconv.SERVER_TIME_TO_FIRST_TOKEN)
         self.time_per_output_token = semconv.create_instrument(meter, semconv.SERVER_TIME_PER_OUTPUT_TOKEN)
         # Token totals are summed here and read by the SDK at collection time: three synchronous
-        # counter adds per request cost more than all our spans' attributes together.
+        # counter adds per request cost more than all our spans' attributes together. Requests in
+        # flight add theirs as they grow (add_tokens from a live sweep, otel_llm/vllm/live.py), and
+        # their Measurement the rest: every add is >= 0, so the counter never dips.
         self._token_totals: dict[tuple, int] = {}
         self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
         self._compute_totals: dict[tuple, float] = {}

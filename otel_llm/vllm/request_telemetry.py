@@ -60,6 +60,8 @@ class RequestInfo:
     tenant: str | None = None
     scene: str | None = None
     cost_center: str | None = None
+    api_key_id: str | None = None  # the id the API-key map gives the request's key
+    user: str | None = None  # the end user the request names (safety_identifier, else user)
     api_type: str | None = None  # openai.api.type: set for the Responses API
     # beam search: one engine request per beam per step, so usage is what vLLM reports, not a sum
     beam_search: bool = False
@@ -88,6 +90,8 @@ class RequestInfo:
             (semconv.TENANT_ID, self.tenant),
             (semconv.TENANT_SCENE, self.scene),
             (semconv.TENANT_COST_CENTER, self.cost_center),
+            (semconv.API_KEY_ID, self.api_key_id),
+            (semconv.USER_ID, self.user),
             (semconv.OPENAI_API_TYPE, self.api_type),
         )
         for key, value in optional:
@@ -100,8 +104,8 @@ class RequestInfo:
         return attrs
 
 
-def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=None, api_type=None,
-                 request=None) -> RequestInfo:
+def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=None, api_key_id=None, user=None,
+                 api_type=None, request=None) -> RequestInfo:
     """RequestInfo from a request's parameters, get(name) giving each or None: a handler's request
     object, or a route's JSON body. The first of max_completion_tokens / max_tokens /
     max_output_tokens (Responses API) is the request's max tokens."""
@@ -128,6 +132,8 @@ def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=No
         tenant=tenant,
         scene=scene,
         cost_center=cost_center,
+        api_key_id=api_key_id,
+        user=user,
         api_type=api_type,
         beam_search=get("use_beam_search") is True,
         request=request,
@@ -151,6 +157,7 @@ class RequestTelemetry:
         "metadata",
         "engine_aborted",
         "pd_role",
+        "live_counted",
     )
 
     def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False,
@@ -177,11 +184,14 @@ class RequestTelemetry:
         self.metadata: Any = None  # vLLM's RequestResponseMetadata of the HTTP request, if any
         self.engine_aborted = False  # vLLM aborted one of its engine requests (the client left)
         self.pd_role: str | None = None  # the P/D leg this node served (semconv.PD_ROLE_*), if any
+        # (input, cached input, output) tokens counted while in flight (otel_llm/vllm/live.py), if any
+        self.live_counted: tuple[int, int, int] | None = None
 
     # --- engine events (API-server process, output handler task) ---------------------------
     def attach_engine_request(self, req_state) -> None:
         self.engine_states.append(req_state)
         self.telemetry.track_engine_request(contract.read_state_id(req_state), self)
+        self.telemetry.live.track(self)
 
     def on_engine_finished(self, req_state, finish_reason) -> None:
         engine_id = contract.read_state_id(req_state)
@@ -203,9 +213,12 @@ class RequestTelemetry:
         response: Any = None,
     ) -> None:
         """End the span and record metrics, exactly once. Never raises."""
-        if self.ended:
-            return
-        self.ended = True
+        live = self.telemetry.live
+        with live.lock:  # after a progress record being written (the finalizer thread ends requests too)
+            if self.ended:
+                return
+            self.ended = True
+        live.untrack(self)
         try:
             self._end(error_type, error_message, aborted, response)
         except Exception:  # instrumentation must never break serving
@@ -336,6 +349,8 @@ class RequestTelemetry:
             (semconv.TENANT_ID, info.tenant),
             (semconv.TENANT_SCENE, info.scene),
             (semconv.TENANT_COST_CENTER, info.cost_center),
+            (semconv.API_KEY_ID, info.api_key_id),
+            (semconv.USER_ID, info.user),
             (semconv.ERROR_TYPE, error_type),
             (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
             (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens),
@@ -474,16 +489,64 @@ class RequestTelemetry:
     def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float,
                         request_model: str | None, compute: float | None = None) -> None:
         tel = self.telemetry
-        info = self.info
-        # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
-        model = request_model if error_type is None else tel.label_failed_model(request_model)
-        key = (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
-               tel.label_cost_center(info.cost_center))
+        key = self._metric_key(error_type, request_model, response_model)
         # (usage None: a P/D prefill leg, counted on its decode node)
         tokens = (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) \
             if self.engine_states and usage is not None else None
+        if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
+            tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
         tel.record_request(self.span, self.context, Measurement(key, error_type, timing.ttft, timing.tpot, duration,
                                                                 tokens, compute))
+
+    def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> tuple:
+        """The request's metric series (request_metrics.Measurement.key), label values guarded."""
+        tel = self.telemetry
+        info = self.info
+        # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
+        model = request_model if error_type is None else tel.label_failed_model(request_model)
+        return (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
+                tel.label_cost_center(info.cost_center))
+
+    # --- live counting (otel_llm/vllm/live.py; on the event loop, under its lock) ----------
+    def progress(self, now_ns: int) -> tuple | None:
+        """While in flight, when its tokens so far grew since the last sweep: a progress record of them
+        (cumulative) in the spool, and (metric key, tokens added since) for the token counter. None
+        when nothing grew, or for a P/D prefill leg (counted and billed on its decode node)."""
+        if not self.engine_states or self.pd_role == semconv.PD_ROLE_PREFILL:
+            return None
+        engines = [contract.read_engine_request(state) for state in self.engine_states]
+        usage = self._usage(engines)
+        tokens = (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens)
+        counted = self.live_counted or (0, 0, 0)
+        if all(now <= before for now, before in zip(tokens, counted)):
+            return None
+        self.live_counted = tuple(max(now, before) for now, before in zip(tokens, counted))
+        if self.telemetry.ledger.spool is not None:
+            self._write_progress(engines[0], usage, now_ns)
+        added = tuple(after - before for after, before in zip(self.live_counted, counted))
+        return self._metric_key(None, self.info.model, self.info.model), added
+
+    def _write_progress(self, first: contract.EngineRequest, usage: Usage, now_ns: int) -> None:
+        """A progress record: the fields a budget needs, with the USAGE_ID its bill will have."""
+        info = self.info
+        ledger = self.telemetry.ledger
+        fields: dict[str, Any] = {
+            semconv.USAGE_KIND: semconv.USAGE_KIND_PROGRESS,
+            semconv.USAGE_ID: ledger.key(first.prompt_id),
+            semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
+            semconv.SERVICE_NAME: ledger.service,
+            semconv.SERVICE_INSTANCE_ID: ledger.instance,
+            semconv.GEN_AI_OPERATION_NAME: info.operation,
+            semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+        }
+        for key, value in ((semconv.GEN_AI_REQUEST_MODEL, info.model), (semconv.TENANT_ID, info.tenant),
+                           (semconv.TENANT_SCENE, info.scene), (semconv.TENANT_COST_CENTER, info.cost_center),
+                           (semconv.API_KEY_ID, info.api_key_id), (semconv.USER_ID, info.user)):
+            if value is not None:
+                fields[key] = value
+        ledger.write_progress(fields, now_ns, self.span.get_span_context())
 
 
 def _reasoning_tokens(response) -> int | None:

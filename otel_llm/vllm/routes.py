@@ -219,13 +219,15 @@ def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> Req
     from starlette.datastructures import Headers
 
     try:
-        tenant, scene, cost_center = tel.attribution(Headers(scope=state.scope))
+        tenant, scene, cost_center, api_key_id = tel.attribution.caller(Headers(scope=state.scope))
     except Exception:  # the request still gets its span and bill, attributed to no tenant
         failed("reading a request's tenant")
-        tenant = scene = cost_center = None
+        tenant = scene = cost_center = api_key_id = None
     route = state.route
-    info = request_info(route.operation or semconv.OP_TEXT_COMPLETION, _body_params(_json_body(state)),
-                        tenant=tenant, scene=scene, cost_center=cost_center, api_type=route.api_type)
+    body = _json_body(state)
+    info = request_info(route.operation or semconv.OP_TEXT_COMPLETION, _body_params(body),
+                        tenant=tenant, scene=scene, cost_center=cost_center, api_key_id=api_key_id,
+                        user=tel.attribution.end_user(body.get), api_type=route.api_type)
     return start_request(tel, info, start_ns=state.start_ns, engine_owned=engine_owned)
 
 

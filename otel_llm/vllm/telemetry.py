@@ -17,6 +17,7 @@ from otel_llm import content, semconv, warn
 from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
+from otel_llm.vllm.live import LiveCounter
 from otel_llm.vllm.offload import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 
@@ -74,6 +75,8 @@ class Telemetry:
         self.reads_final_outputs = False
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
+        # long requests' tokens so far, every OTEL_LLM_LIVE_INTERVAL (otel_llm/vllm/live.py)
+        self.live = LiveCounter(settings.live_interval_s, self.count_progress)
 
     def record_request(self, span, context, measurement: Measurement) -> None:
         """A request's metrics: recorded now, or handed over with its spans."""
@@ -81,6 +84,15 @@ class Telemetry:
             self.metrics.record(measurement, context=context)
         elif isinstance(span, DeferredSpan):
             span.outbox.measurement = tuple(measurement)
+
+    def count_progress(self, increments: list[tuple]) -> None:
+        """A live sweep's token counter increments, (metric key, (input, cached input, output)) each:
+        added here, or sent to the export process in one message."""
+        if self.metrics is not None:
+            for key, tokens in increments:
+                self.metrics.add_tokens(key, tokens)
+        elif self.channel is not None:
+            self.channel.send_progress(increments)
 
     def finish(self, span) -> None:
         """The request is done: hand what it exports to the export process (when there is one),

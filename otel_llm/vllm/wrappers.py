@@ -22,12 +22,15 @@ from otel_llm.warn import guard as _safe
 
 
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
-    tenant, scene, cost_center = tel.attribution(getattr(raw_request, "headers", None))
+    caller = tel.attribution.caller(getattr(raw_request, "headers", None))
     # a pydantic request's fields from its __dict__: getattr warns on deprecated ones (max_tokens), per request
     fields = getattr(request, "__dict__", None) or {}
-    return request_info(operation, lambda name: fields[name] if name in fields else getattr(request, name, None),
-                        tenant=tenant, scene=scene,
-                        cost_center=cost_center, api_type=api_type,
+
+    def get(name):
+        return fields[name] if name in fields else getattr(request, name, None)
+
+    return request_info(operation, get, tenant=caller.tenant, scene=caller.scene, cost_center=caller.cost_center,
+                        api_key_id=caller.api_key_id, user=tel.attribution.end_user(get), api_type=api_type,
                         request=request if tel.capture is not None else None)
 
 
@@ -300,9 +303,9 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
         if route is None or getattr(request.state, "otel_llm_traced", False):
             return
         operation = route.operation or semconv.OP_TEXT_COMPLETION
-        tenant, scene, cost_center = tel.attribution(request.headers)
+        tenant, scene, cost_center, api_key_id = tel.attribution.caller(request.headers)
         record = start_request(tel, RequestInfo(operation=operation, tenant=tenant, scene=scene,
-                                                cost_center=cost_center,
+                                                cost_center=cost_center, api_key_id=api_key_id,
                                        api_type=route.api_type))
         error_type = str(getattr(response, "status_code", "400"))
         if by_exception and exc is not None:

@@ -17,10 +17,14 @@ from helpers import LONG_PROMPT, start_server
 
 from devkit.devserver import PrometheusServer
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import dashboards, rules, semconv
+from otel_llm import dashboards, price_rules, rules, semconv
+from otel_llm.report import load_prices
 
-VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "__rate_interval": "1m", "__range": "5m",
-          "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}
+VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "cost_center": ".*", "__rate_interval": "1m",
+          "__range": "5m", "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}
+# A second name of the served model, which the price file does not price: the dashboard's price variables
+UNPRICED_MODEL = f"{MODEL_NAME}-unpriced"
+FILE_PRICES = {"input": 1.0, "cached_input": 0.25, "output": 4.0}  # MODEL_NAME's, half the variables' defaults
 
 # Alerts whose left-hand side returns nothing here, and why; the listed expressions stand in for it.
 NO_DATA = {
@@ -35,6 +39,14 @@ NO_DATA = {
     # expression must parse; promtool fires it (tests/operator/test_prometheus_rules.py) and the
     # fault run counts failures on the real server (tests/e2e/reliability/test_faults_e2e.py)
     "LLMInstrumentationFailing": [],
+    # the tenant anomaly baselines end an hour ago, before this server started: the recorded
+    # current rates stand in (promtool fires them, tests/operator/test_prometheus_rules.py)
+    **{name: [rules.TENANT_REQUESTS, rules.TENANT_TOKENS] for name in (
+        "LLMTenantRequestRateHigh", "LLMTenantTokensPerRequestHigh", "LLMTenantOutputLengthHigh")},
+    # a running engine: the token counters grew, and the instance has not vanished
+    "LLMEngineStalled": [semconv.VLLM_METRIC_RUNNING, f"increase({semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL}[2m])",
+                         f"increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[2m])"],
+    "LLMInstanceDown": [f"group by (job, instance) (max_over_time({semconv.VLLM_METRIC_RUNNING}[1h]))"],
 }
 
 
@@ -51,7 +63,8 @@ def alert_sides(expr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
     # a usage spool: the engine core accounts each request's compute (the cost dashboard's GPU panels)
-    srv = start_server(receiver, tmp_path_factory, "dashboards", extra_args=["--enable-prompt-tokens-details"],
+    srv = start_server(receiver, tmp_path_factory, "dashboards",
+                       extra_args=["--enable-prompt-tokens-details", "--served-model-name", MODEL_NAME, UNPRICED_MODEL],
                        env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50",
                             "OTEL_LLM_USAGE_DIR": str(tmp_path_factory.mktemp("usage"))})
     yield srv
@@ -71,16 +84,28 @@ def rules_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prometheus(vllm, rules_file, tmp_path_factory):
+def prices_file(tmp_path_factory):
+    """`otel-llm price-rules` of a price file that prices MODEL_NAME only (evaluated every 2 s)."""
+    directory = tmp_path_factory.mktemp("prices")
+    (directory / "prices.json").write_text(json.dumps({"models": {MODEL_NAME: FILE_PRICES}}))
+    data = yaml.safe_load(price_rules.render(*load_prices(directory / "prices.json"), "prices.json"))
+    data["groups"][0]["interval"] = "2s"
+    (directory / "prices.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return directory / "prices.yml"
+
+
+@pytest.fixture(scope="module")
+def prometheus(vllm, rules_file, prices_file, tmp_path_factory):
     prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"),
-                            rule_files=[rules_file])
+                            rule_files=[rules_file, prices_file])
     prom.start()
     yield prom
     prom.stop()
 
 
-def query(prometheus, expr: str) -> dict:
-    url = f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+def query(prometheus, expr: str, at: float | None = None) -> dict:
+    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+    url = f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode(params)}"
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
             return json.load(r)
@@ -97,9 +122,9 @@ def traffic(vllm, prometheus):
     started = time.monotonic()
     client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-dashboards", max_retries=0)
 
-    def chat(tenant, scene, content, max_tokens=8, stream=False):
-        headers = {"x-tenant-id": tenant, "x-scene": scene}
-        kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
+    def chat(tenant, scene, content, max_tokens=8, stream=False, model=MODEL_NAME):
+        headers = {"x-tenant-id": tenant, "x-scene": scene, **({"x-cost-center": "cc-rd"} if tenant == "alpha" else {})}
+        kwargs = dict(model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
                       extra_headers=headers)
         if stream:
             return list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
@@ -127,8 +152,9 @@ def traffic(vllm, prometheus):
     with ThreadPoolExecutor(12) as pool:
         list(pool.map(lambda i: chat(f"tenant-{i % 4}", "batch", f"concurrent {i} " * 20, max_tokens=24,
                                      stream=i % 3 == 0), range(24)))
-    while time.monotonic() - started < 30:  # keep a trickle going for ~30 s
+    while time.monotonic() - started < 30:  # keep a trickle going for ~30 s, on both model names
         chat("alpha", "search", "trickle", max_tokens=4)
+        chat("gamma", "chatbot", "unpriced trickle", max_tokens=5, model=UNPRICED_MODEL)
     time.sleep(5)  # a few scrapes and rule evaluations after the last request
 
 
@@ -149,16 +175,25 @@ def test_every_dashboard_query_parses_and_returns_data(prometheus, traffic):
     assert len(dashboard_queries()) > 40
 
 
-def panel_values(prometheus, title, **values):
+def panel_series(prometheus, title, at=None, **values) -> list[tuple[dict, float]]:
     [expr] = [e for _, t, e in dashboard_queries() if t == title][:1]
+    return evaluate(prometheus, expr, at, **values)
+
+
+def evaluate(prometheus, expr, at=None, **values) -> list[tuple[dict, float]]:
+    """expr's series and values, its variables from VALUES and `values`."""
     old = dict(VALUES)
     VALUES.update(values)
     try:
-        body = query(prometheus, substitute(expr))
+        body = query(prometheus, substitute(expr), at)
     finally:
         VALUES.clear()
         VALUES.update(old)
-    return [float(r["value"][1]) for r in body["data"]["result"]]
+    return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
+
+
+def panel_values(prometheus, title, **values):
+    return [value for _, value in panel_series(prometheus, title, **values)]
 
 
 def test_panels_show_the_traffic(prometheus, traffic):
@@ -173,6 +208,47 @@ def test_panels_show_the_traffic(prometheus, traffic):
     assert panel_values(prometheus, "Error rate", model=".*")[0] > 0
     # both causes are shown, at 0: the export process kept up with the traffic
     assert panel_values(prometheus, "Telemetry dropped/s") == [0, 0]
+
+
+def test_each_model_at_its_price(prometheus, traffic):
+    """MODEL_NAME at the price file's prices (the recorded price series), UNPRICED_MODEL at the dashboard's
+    price variables: each panel's cost equals the model's token counts (same window, same instant) at them."""
+    model, token_type = dashboards.MODEL, dashboards.TOKEN_TYPE
+    recorded = query(prometheus, price_rules.PRICE)["data"]["result"]
+    assert {(r["metric"][model], r["metric"][token_type], float(r["value"][1])) for r in recorded} == {
+        (MODEL_NAME, t, price) for t, price in FILE_PRICES.items()}
+    variables = {t: float(VALUES[f"price_{t}"]) for t in FILE_PRICES}
+    assert variables == {t: 2 * price for t, price in FILE_PRICES.items()}  # the two must differ
+    at = time.time()
+    used = {}
+    for r in query(prometheus, f"sum by ({model}, {token_type}) (increase({dashboards.TOKENS}[5m]))", at)[
+            "data"]["result"]:
+        used[r["metric"][model], r["metric"][token_type]] = float(r["value"][1])
+    assert used[UNPRICED_MODEL, semconv.TOKEN_TYPE_INPUT] > 0 and used[MODEL_NAME, semconv.TOKEN_TYPE_CACHED_INPUT] > 0
+
+    def expected(name, prices):
+        tokens = {t: used.get((name, t), 0.0) for t in FILE_PRICES}
+        uncached = tokens[semconv.TOKEN_TYPE_INPUT] - tokens[semconv.TOKEN_TYPE_CACHED_INPUT]
+        return (uncached * prices[semconv.TOKEN_TYPE_INPUT] + tokens[semconv.TOKEN_TYPE_OUTPUT] *
+                prices[semconv.TOKEN_TYPE_OUTPUT] + tokens[semconv.TOKEN_TYPE_CACHED_INPUT] *
+                prices[semconv.TOKEN_TYPE_CACHED_INPUT]) / 1e6
+
+    costs = {m[model]: v for m, v in panel_series(prometheus, "Cost in range by model", at, model=".*")}
+    want = {MODEL_NAME: expected(MODEL_NAME, FILE_PRICES), UNPRICED_MODEL: expected(UNPRICED_MODEL, variables)}
+    assert costs == pytest.approx(want, rel=1e-9) and all(v > 0 for v in want.values())
+    [(_, total)] = panel_series(prometheus, "Cost in range", at, model=".*")
+    assert total == pytest.approx(sum(want.values()), rel=1e-9)
+    # alpha's requests carry cost center cc-rd; the others none
+    by_center = {m.get(dashboards.COST_CENTER): v for m, v in panel_series(
+        prometheus, "Cost in range by cost center", at, model=".*")}
+    assert set(by_center) == {"cc-rd", None} and sum(by_center.values()) == pytest.approx(total, rel=1e-9)
+    [(_, rd)] = panel_series(prometheus, "Cost in range", at, model=".*", cost_center="cc-rd")
+    assert rd == pytest.approx(by_center["cc-rd"], rel=1e-9) and 0 < rd < total
+    # 11 tenant / scene pairs sent requests: the table shows the 10 that cost most
+    pairs = evaluate(prometheus, dashboards.cost_of(f"{dashboards.TENANT}, {dashboards.SCENE}"), at, model=".*")
+    top = panel_series(prometheus, "Top consumers in range (tenant / scene)", at, model=".*")
+    assert len(pairs) >= 11 and len(top) == 10
+    assert sorted(v for _, v in top) == sorted(v for _, v in pairs)[-10:]
 
 
 def test_every_rule_parses_and_returns_data(prometheus, traffic):

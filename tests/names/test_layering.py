@@ -13,7 +13,8 @@ import otel_llm
 
 PACKAGE = Path(otel_llm.__file__).parent
 OPERATOR_TOOLS = {"otel_llm." + m for m in (
-    "cli", "doctor", "report", "budgets", "promql", "rules", "dashboards", "ledger", "reconcile", "billing_export")}
+    "cli", "doctor", "report", "budgets", "budget_tracker", "budget_server", "prices", "price_rules", "promql",
+    "rules", "dashboards", "ledger", "reconcile", "billing_export")}
 
 
 def module_name(path: Path) -> str:

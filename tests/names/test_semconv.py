@@ -19,6 +19,7 @@ PACKAGE = Path(semconv.__file__).parent
 EMITTERS = {
     semconv.VLLM: ["vllm", "content.py"], semconv.CLIENT: ["openai", "content.py"], semconv.USAGE: ["usage.py", "vllm"],
     semconv.RESOURCE: ["distro.py"], semconv.METRIC: ["vllm", "openai", "usage.py", "content.py"],
+    semconv.BUDGETS: ["budgets.py", "budget_tracker.py"],
 }
 OURS = ("vllm.", "tenant.", "otel_llm.")
 
@@ -86,7 +87,7 @@ def test_every_name_a_layer_is_said_to_emit_is_used_by_its_code(layer):
 
 
 def test_every_metric_is_created_by_some_layer():
-    used = _references(["vllm", "openai", "usage.py", "content.py"]) | _references_in_examples()
+    used = _references(["vllm", "openai", "usage.py", "content.py", "budget_tracker.py"]) | _references_in_examples()
     unused = [m.name for m in semconv.METRICS.values() if not set(_constant_name(m.name)) & used]
     assert unused == []
 

@@ -9,13 +9,18 @@ import sys
 import pytest
 import yaml
 
-from otel_llm import budgets, promql, semconv
+from otel_llm import budgets, semconv
 from otel_llm.promql import ReportError
 
 TOKENS = semconv.prometheus_metric(semconv.SERVER_TOKEN_USAGE)
 TENANT = semconv.prometheus_label(semconv.TENANT_ID)
 SCENE = semconv.prometheus_label(semconv.TENANT_SCENE)
 TYPE = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
+PERIOD = semconv.prometheus_label(semconv.BUDGET_PERIOD)
+UNIT = semconv.prometheus_label(semconv.BUDGET_UNIT)
+USED = semconv.prometheus_metric(semconv.BUDGET_USED)
+LIMIT = semconv.prometheus_metric(semconv.BUDGET_LIMIT)
+LAG = semconv.prometheus_metric(semconv.BUDGET_TRACKER_LAG)
 PROMTOOL = shutil.which("promtool")
 BUDGETS = {"budgets": [
     {"tenant": "acme", "tokens_per_day": 1000},
@@ -39,21 +44,32 @@ def write(tmp_path, data, name="budgets.json"):
     ({"budgets": [{"tenant": "a", "tokens_per_day": 5, "warn_ratio": 1.2}]}, "warn_ratio must be between 0 and 1"),
     ({"budgets": [{"tenant": "a", "tokens_per_day": 5, "token_types": ["prompt"]}]}, "token_types must be among"),
     ({"budgets": [{"tenant": "a", "tokens_per_day": 5}, {"tenant": "a", "tokens_per_day": 6}]},
-     "a has a budget already"),
+     "a day tokens has a budget already"),
 ])
 def test_malformed_budget_files(tmp_path, data, message):
     with pytest.raises(ReportError, match=message):
         budgets.load(write(tmp_path, data))
 
 
-def test_rules_select_the_tenant_scene_and_token_types(tmp_path):
+def test_rules_read_the_trackers_series_of_each_budget(tmp_path):
     rules = budgets.rules(budgets.load(write(tmp_path, BUDGETS)))["groups"][0]["rules"]
-    assert [(r["alert"], r["labels"]["severity"]) for r in rules[:2]] == [
-        (budgets.ALERT_NEAR, "warning"), (budgets.ALERT_OVER, "critical")]
-    assert rules[0]["expr"] == (f'sum(increase({TOKENS}{{{TENANT}="acme",{TYPE}=~"input|output"}}[1d])) '
-                                f'> 0.8 * 1000')
-    assert rules[3]["expr"] == f'sum(increase({TOKENS}{{{TENANT}="acme",{SCENE}="batch",{TYPE}=~"output"}}[1d])) > 500'
-    assert rules[3]["labels"] == {"tenant": "acme", "scene": "batch", "severity": "critical"}
+    assert [(r["alert"], r["labels"]["severity"]) for r in rules[:3]] == [
+        (budgets.ALERT_NEAR, "warning"), (budgets.ALERT_OVER, "critical"), (budgets.ALERT_UNWATCHED, "critical")]
+    acme = f'{{{TENANT}="acme",{SCENE}="",{PERIOD}="day",{UNIT}="tokens"}}'
+    assert rules[0]["expr"] == f"{USED}{acme} / {LIMIT}{acme} > 0.8"
+    assert rules[1]["expr"] == f"{USED}{acme} / {LIMIT}{acme} >= 1"
+    assert rules[2]["expr"] == f"absent({LIMIT}{acme})"
+    batch = f'{{{TENANT}="acme",{SCENE}="batch",{PERIOD}="day",{UNIT}="tokens"}}'
+    assert rules[3]["expr"] == f"{USED}{batch} / {LIMIT}{batch} > 0.9"
+    assert rules[4]["labels"] == {"tenant": "acme", "scene": "batch", "period": "day", "severity": "critical"}
+    assert rules[-1]["alert"] == budgets.ALERT_TRACKER_BEHIND
+
+
+def test_money_budgets_are_labelled_with_the_price_files_currency(tmp_path):
+    (budget,) = budgets.load(write(tmp_path, {"budgets": [{"tenant": "a", "period": "month", "cost": 5}]}))
+    assert budgets.labels(budget, "EUR")[UNIT] == "EUR"
+    with pytest.raises(ReportError, match="money budgets need the price file"):
+        budgets.check_watchable([budget], {})
 
 
 def test_budget_rules_cli(tmp_path):
@@ -73,12 +89,12 @@ def test_budgets_do_not_import_the_report():
 
 
 def test_any_tenant_name_survives_the_rule_file(tmp_path):
-    names = ['a "quoted" \\ one', "it's", "yes", "x: y", "日本", "tab\there", "#1"]
+    names = ['a "quoted" \\ one', "it's", "yes", "x: y", "日本", "#1", "{{ $value }}"]
     data = {"budgets": [{"tenant": n, "tokens_per_day": 10} for n in names]}
     text = budgets.rules_yaml(budgets.load(write(tmp_path, data)))
     loaded = yaml.safe_load(text)
     assert loaded == budgets.rules(budgets.load(tmp_path / "budgets.json"))
-    assert [r["labels"]["tenant"] for r in loaded["groups"][0]["rules"][::2]] == names
+    assert [r["labels"]["tenant"] for r in loaded["groups"][0]["rules"][:-1:3]] == names
     if PROMTOOL:
         (tmp_path / "rules.yml").write_text(text)
         check = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
@@ -88,47 +104,65 @@ def test_any_tenant_name_survives_the_rule_file(tmp_path):
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is installed by `make test`")
 def test_promtool_checks_and_unit_tests_the_rules(tmp_path):
-    (tmp_path / "rules.yml").write_text(budgets.rules_yaml(budgets.load(write(tmp_path, BUDGETS))))
+    """120 tenants, far beyond the metric label cap (50): each budget's alerts fire on its own series."""
+    data = {"budgets": [{"tenant": f"tenant-{i:03d}", "tokens": 1000} for i in range(120)]
+            + [{"tenant": "acme", "scene": "batch", "period": "month", "cost": 10, "warn_ratio": 0.5},
+               {"tenant": "unserved", "tokens": 10}]}
+    loaded = budgets.load(write(tmp_path, data))
+    (tmp_path / "rules.yml").write_text(budgets.rules_yaml(loaded, "USD"))
     check = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 6 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and f"SUCCESS: {3 * len(loaded) + 1} rules found" in check.stdout, check.stdout
 
-    def series(tenant, token_type, values, scene="support"):
-        return {"series": f'{TOKENS}{{{TENANT}="{tenant}",{SCENE}="{scene}",{TYPE}="{token_type}"}}',
-                "values": values}
+    def series(metric, budget, values):
+        labels = ",".join(f'{k}="{v}"' for k, v in budgets.labels(budget, "USD").items())
+        return {"series": f'{metric}{{{labels},instance="b:9470",job="budgets"}}', "values": values}
 
-    def alert(name, labels, value, budget, ratio=None, types="input+output"):
-        who = labels["tenant"] + (f"/{labels['scene']}" if "scene" in labels else "")
-        over = f"over {ratio} of its daily budget of {budget}" if ratio else f"over its daily budget of {budget}"
-        description = ("A tenant (or one of its scenes) is close to its daily token budget." if ratio else
-                       "A tenant (or one of its scenes) used more tokens in the last 24 h than its daily budget.")
-        name = budgets.ALERT_NEAR if ratio else budgets.ALERT_OVER
-        return {"exp_labels": {**labels, "severity": "warning" if ratio else "critical"},
-                "exp_annotations": {"summary": f"{who}: {value} tokens ({types}) in the last 24 h, {over}",
-                                    "description": description, "runbook_url": promql.runbook_url(name)}}
+    served = loaded[:-1]  # the tracker serves every budget but the last
+    # tenant-i uses 100 tokens a minute from minute i % 12: near (> 800) after 9 minutes, over after 10
+    inputs = [series(LIMIT, b, "1000x40") for b in served[:-1]] + [
+        series(USED, b, f"{'0x' + str(i % 12) + ' ' if i % 12 else ''}0+100x{40 - i % 12}")
+        for i, b in enumerate(served[:-1])]
+    inputs += [series(LIMIT, served[-1], "10x40"), series(USED, served[-1], "0+1x40"),
+               {"series": f'{LAG}{{instance="b:9470",job="budgets"}}', "values": "0x10 0+60x30"}]
 
-    acme, batch = {"tenant": "acme"}, {"tenant": "acme", "scene": "batch"}
-    near, over = budgets.ALERT_NEAR, budgets.ALERT_OVER
+    def alert(budget, severity, name, summary=None):
+        labels = {k: v for k, v in budgets.labels(budget, "USD").items() if v}  # ("" is no label)
+        labels.update({"tenant": budget.tenant, "period": budget.period, "severity": severity})
+        if budget.scene:
+            labels["scene"] = budget.scene
+        if name != budgets.ALERT_UNWATCHED:
+            labels.update({"instance": "b:9470", "job": "budgets"})
+        rule = next(r for r in budgets.rules([budget], "USD")["groups"][0]["rules"] if r["alert"] == name)
+        return {"exp_labels": labels, "exp_annotations": {**rule["annotations"], "summary": summary}}
+
+    def summary(budget, share, what):
+        return f"{budget.name}: {share} of its {budget.period} budget used{what}"
+
+    over, near = ": over its limit", ", over 50%"
+    count_firing = "count(count by (tenant_id, tenant_scene) (ALERTS{alertname=%r, alertstate='firing'}))"
+    # every tenant is over 10 min after it began (at most 11 min in); acme/batch uses 1 of its 10 a minute
     tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m",
-        # acme (all scenes) counts 20 input+output tokens a minute: 10 input and 5 output in scene
-        # support, 5 output in batch; its cached input does not count by default. Budget 1000: near
-        # after 40 min, over after 50. acme/batch counts its 5 output a minute: budget 500, warned
-        # at 90%: near after 90 min, over after 100. globex stays far under its budget.
-        "input_series": [series("acme", "input", "0+10x200"), series("acme", "output", "0+5x200"),
-                         series("acme", "cached_input", "0+1000x200"),
-                         series("acme", "output", "0+5x200", scene="batch"),
-                         series("globex", "input", "0+10x200")],
+        "interval": "1m", "input_series": inputs,
         "alert_rule_test": [
-            {"eval_time": "35m", "alertname": near, "exp_alerts": []},
-            {"eval_time": "45m", "alertname": near, "exp_alerts": [alert(near, acme, "900", 1000, "80%")]},
-            {"eval_time": "45m", "alertname": over, "exp_alerts": []},
-            {"eval_time": "95m", "alertname": over, "exp_alerts": [alert(over, acme, "1.9k", 1000)]},
-            {"eval_time": "95m", "alertname": near, "exp_alerts": [
-                alert(near, batch, "475", 500, "90%", "output"), alert(near, acme, "1.9k", 1000, "80%")]},
-            {"eval_time": "105m", "alertname": over, "exp_alerts": [
-                alert(over, batch, "525", 500, types="output"), alert(over, acme, "2.1k", 1000)]},
+            {"eval_time": "5m", "alertname": budgets.ALERT_OVER, "exp_alerts": []},
+            {"eval_time": "10m", "alertname": budgets.ALERT_OVER, "exp_alerts": [
+                alert(b, "critical", budgets.ALERT_OVER, summary(b, "100%", over))
+                for i, b in enumerate(served) if i % 12 == 0 or b is served[-1]]},
+            {"eval_time": "6m", "alertname": budgets.ALERT_NEAR, "exp_alerts": [
+                alert(served[-1], "warning", budgets.ALERT_NEAR, summary(served[-1], "60%", near))]},
+            {"eval_time": "4m", "alertname": budgets.ALERT_UNWATCHED, "exp_alerts": []},
+            {"eval_time": "6m", "alertname": budgets.ALERT_UNWATCHED, "exp_alerts": [
+                alert(loaded[-1], "critical", budgets.ALERT_UNWATCHED,
+                      f"{loaded[-1].name}: no budget tracker serves this budget")]},
+            {"eval_time": "13m", "alertname": budgets.ALERT_TRACKER_BEHIND, "exp_alerts": []},
+        ],
+        "promql_expr_test": [
+            {"expr": count_firing % budgets.ALERT_OVER, "eval_time": "22m", "exp_samples": [{"labels": "{}",
+                                                                                             "value": len(served)}]},
+            {"expr": count_firing % budgets.ALERT_TRACKER_BEHIND, "eval_time": "16m",
+             "exp_samples": [{"labels": "{}", "value": 1}]},
         ],
     }]}
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     result = subprocess.run([PROMTOOL, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm import dashboards, promql, rules, semconv
+from otel_llm import dashboards, price_rules, promql, rules, semconv
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
@@ -124,3 +124,33 @@ def test_dashboards_cover_the_brief():
                    "vllm:request_decode_time_seconds"):
         assert metric in exprs["latency.json"], metric
     assert "$price_cached_input" in exprs["cost.json"] and "tenant_id" in exprs["cost.json"]
+
+
+def test_cost_dashboard_panels():
+    board = dashboards.cost()
+    panels = {p["title"]: p for p in board["panels"]}
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    cost_center = semconv.prometheus_label(semconv.TENANT_COST_CENTER)
+    assert variables["cost_center"]["definition"] == f"label_values({rules.TOKENS}, {cost_center})"
+    assert variables["cost_center"]["allValue"] == ".*"  # series without a cost center stay in "All"
+    assert "cost_center" not in {v["name"] for v in dashboards.overview()["templating"]["list"]}
+    # today's and this month's cost: Grafana's "Today so far" / "This month so far" on the panel
+    for title, time_from in (("Cost today", "now/d"), ("Cost this month", "now/M"), ("Cost in range", None)):
+        p = panels[title]
+        assert p["type"] == "stat" and p["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+        assert p.get("timeFrom") == time_from and p.get("hideTimeOverride", False) == (time_from is not None)
+        [t] = p["targets"]
+        assert t["instant"] and not t["range"] and t["expr"] == dashboards.cost_of("")
+    for title, label in (("Cost in range by model", rules.MODEL), ("Cost in range by tenant", rules.TENANT),
+                         ("Cost in range by cost center", cost_center)):
+        assert panels[title]["type"] == "bargauge"
+        assert panels[title]["targets"][0]["expr"] == f"sort_desc({dashboards.cost_of(label)})"
+    top = panels["Top consumers in range (tenant / scene)"]
+    assert top["type"] == "table"
+    assert top["targets"][0]["expr"] == f"topk(10, {dashboards.cost_of(f'{rules.TENANT}, {dashboards.SCENE}')})"
+    exprs = [e for _, e in dashboards.promql_targets(board)]
+    priced = [e for e in exprs if price_rules.PRICE in e]
+    # every token cost panel reads the recorded prices, with the price variables as the fallback
+    assert len(priced) == 10 and all("$price_input" in e and "$price_cached_input" in e for e in priced)
+    assert all(f'{cost_center}=~"$cost_center"' in e for e in exprs if rules.TOKENS in e)
+    assert sum("$gpu_usd_per_hour" in e for e in exprs) == 2  # the engine cost panels stay
