@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.promql import DIMENSIONS, TOKEN_TYPES, ReportError, read_config, runbook_url, yaml_text
+from otel_llm.promql import DIMENSIONS, TOKEN_TYPES, ReportError, iso_time, read_config, runbook_url, yaml_text
 
 DEFAULT_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 PERIODS = (semconv.BUDGET_PERIOD_DAY, semconv.BUDGET_PERIOD_MONTH, semconv.BUDGET_PERIOD_PREPAID)
@@ -117,12 +117,9 @@ def parse_time(value, where: str) -> float:
     if not isinstance(value, str):
         raise ReportError(f"{where}: expected an ISO 8601 time, got {value!r}")
     try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return iso_time(value)
     except ValueError:
         raise ReportError(f"{where}: expected an ISO 8601 time, got {value!r}") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
-    return parsed.timestamp()
 
 
 def _number(value, where: str, whole: bool) -> float:

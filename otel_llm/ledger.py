@@ -399,6 +399,16 @@ def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
                   spool_pattern=os.path.join(os.path.abspath(where), SPOOL_GLOB))
 
 
+def load_otel_logs(session_path: str, records: list[dict], table: str = "otel_logs") -> Ledger:
+    """A chDB session at session_path with the collector's logs table holding these records (spool
+    records: read_spool's), as a Ledger: for tests, and to try the ClickHouse queries locally."""
+    executor = ChdbExecutor(session_path)
+    executor.execute(otel_logs_ddl("default", table))
+    if records:
+        executor.execute(insert_records_sql(records, table))
+    return Ledger(otel_logs_source(table), executor, f"chDB session {session_path}, table {table}")
+
+
 def otel_logs_ddl(database: str = "default", table: str = "otel_logs") -> str:
     """The logs table the collector's ClickHouse exporter creates (its internal/sql_templates/
     logs_table.sql with the default MergeTree engine), for tests and local loading."""

@@ -5,6 +5,7 @@ for it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -50,6 +51,14 @@ def read_config(path: Path, what: str):
         return yaml.safe_load(text)
     except Exception as exc:  # noqa: BLE001 - any parse error is the file's
         raise ReportError(f"{what} {path} is not valid YAML: {exc}") from None
+
+
+def iso_time(text: str) -> float:
+    """An RFC 3339 / ISO 8601 time as Unix seconds (without a zone: UTC). Raises ValueError."""
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.timestamp()
 
 
 def series_names(name: str, kind: str) -> set[str]:

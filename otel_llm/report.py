@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from otel_llm import budgets as budget_file
 from otel_llm import semconv
 from otel_llm.prices import Price, load_prices  # noqa: F401 - load_prices: part of the report's API
-from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError
+from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, iso_time
 
 UNSET = "-"
 BASE_LOOKBACK = "35d"
@@ -55,12 +55,9 @@ def parse_time(text: str) -> float:
     except ValueError:
         pass
     try:
-        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return iso_time(text)
     except ValueError:
         raise ReportError(f"bad time {text!r}: use 2026-12-01, 2026-12-01T08:00:00Z or Unix seconds") from None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
-    return value.timestamp()
 
 
 def time_range(start: str | None, end: str | None, range_: str | None, now: float) -> tuple[float, float]:

@@ -36,6 +36,8 @@ import pytest
 import yaml
 from collector.validator import RECORD_POLICY_GATE, check_all, duration_seconds
 
+from otel_llm import budgets
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "examples" / "compose"
 COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
@@ -274,11 +276,26 @@ def test_prometheus_scrapes_collector_and_vllm():
     for name in ("vllm", "vllm-cpu"):
         port = flag(command_args(SERVICES[name]), "--port")
         assert f"{name}:{port}" in targets, name
-    # the rules file is mounted where rule_files points
-    for rule_file in prom["rule_files"]:
-        path = mounted("prometheus", rule_file)
-        assert path == (ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml").resolve()
-        assert yaml.safe_load(path.read_text())["groups"]
+    # the rules files are mounted where rule_files points: otel-llm's rules, and the budget rules of
+    # the example budget file, as `otel-llm budget-rules` makes them
+    mounted_rules = [mounted("prometheus", rule_file) for rule_file in prom["rule_files"]]
+    assert mounted_rules == [(ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml").resolve(),
+                             (COMPOSE_DIR / "budget-rules.yml").resolve()]
+    budget_file = ROOT / "examples" / "gateway" / "budgets.example.json"
+    assert mounted_rules[1].read_text() == budgets.rules_yaml(budgets.load(budget_file))
+
+
+def test_the_gateway_asks_the_budget_server_which_prometheus_scrapes():
+    server = command_args(SERVICES["budgets"])
+    host, port = host_port(SERVICES["gateway"]["environment"]["GATEWAY_BUDGETS_URL"])
+    assert host == "budgets" and server[:2] == ["otel-llm", "budget-server"]
+    assert flag(server, "--listen") == f"0.0.0.0:{port}"
+    assert flag(server, "--budgets") == "/src/examples/gateway/budgets.example.json"
+    assert host_port(flag(server, "--ledger"))[0] == "clickhouse" and "budgets" in SERVICES["gateway"]["depends_on"]
+    prom = yaml.safe_load(mounted("prometheus", flag(command_args(SERVICES["prometheus"]), "--config.file"))
+                          .read_text())
+    assert f"budgets:{port}" in {t for job in prom["scrape_configs"] for sc in job.get("static_configs", [])
+                                 for t in sc["targets"]}
 
 
 def test_gateway_upstream_is_a_vllm_service():

@@ -24,6 +24,7 @@ from devkit.devserver import BudgetServer, GatewayServer, PrometheusServer, otlp
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import budgets, semconv
 from otel_llm.ledger import read_spool
+from otel_llm.promql import yaml_text
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
 EDGE = "edge"
@@ -41,7 +42,10 @@ def stack(receiver, tmp_path_factory):
     budget_file = work / "budgets.json"
     budget_file.write_text(json.dumps({"budgets": [{"tenant": t, "tokens": 1} for t in TENANTS]
                                        + [{"tenant": EDGE, "tokens": EDGE_BUDGET}]}))
-    (work / "rules.yml").write_text(budgets.rules_yaml(budgets.load(budget_file)))
+    rules = budgets.rules(budgets.load(budget_file))
+    for group in rules["groups"]:
+        group["interval"] = "1s"  # (the generated groups are evaluated every minute)
+    (work / "rules.yml").write_text(yaml_text(rules))
     tracker = BudgetServer(budget_file, str(usage), log_path=work / "budget-server.log")
     keys = write_keys_file(work / "keys.json", {KEYS[t]: (t, None) for t in KEYS})
     gateway = GatewayServer(vllm.url, keys, env={**otlp_env(receiver.endpoint, service_name="llm-gateway"),
@@ -116,7 +120,7 @@ def test_every_budgeted_tenant_is_refused_once_over_and_alerted(stack, receiver)
     assert span.attributes[semconv.TENANT_ID] == TENANTS[7]
 
     # each tenant's alert fires in the real Prometheus
-    deadline = time.monotonic() + 180  # (the rule group is evaluated every minute)
+    deadline = time.monotonic() + 120
     while True:
         with urllib.request.urlopen(stack["prometheus"].url + "/api/v1/alerts", timeout=30) as r:
             alerts = json.loads(r.read())["data"]["alerts"]
@@ -138,7 +142,7 @@ def test_concurrent_requests_at_the_edge_overshoot_by_at_most_the_requests_in_fl
         assert set(codes) <= {200, 429}, codes
         refused = codes.count(429)
         admitted += codes.count(200)
-        assert refused in (0, WAVE), codes  # every request of a wave saw the same figure
+        # (a wave's later requests may see its earlier ones' bills: the tracker reads every 0.2 s)
         bills = read_through(stack, bills + codes.count(200))["bills"]
         waves += 1
         assert waves < 100

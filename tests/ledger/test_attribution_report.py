@@ -67,10 +67,7 @@ def test_keys_users_and_hours_are_told_apart(spool_dir):
 
 
 def test_the_otel_logs_table_gives_the_same_answer(spool_dir, tmp_path):
-    executor = ledger.ChdbExecutor(str(tmp_path / "session"))
-    executor.execute(ledger.otel_logs_ddl("default", "otel_logs"))
-    executor.execute(ledger.insert_records_sql(ledger.read_spool(str(spool_dir))))
-    table = ledger.Ledger(ledger.otel_logs_source("otel_logs"), executor, "test")
+    table = ledger.load_otel_logs(str(tmp_path / "session"), ledger.read_spool(str(spool_dir)))
     spool = ledger.open_ledger(str(spool_dir))
     for by in (["api_key", "user"], ["user", "hour"], ["tenant", "api_key"]):
         assert tokens(table.usage(T0, T0 + 3 * HOUR, by)) == tokens(spool.usage(T0, T0 + 3 * HOUR, by))

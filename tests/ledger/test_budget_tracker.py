@@ -231,13 +231,11 @@ def test_every_budget_is_served_with_exact_labels_however_many_tenants(tmp_path)
 
 def test_the_clickhouse_feed_sums_the_past_then_reads_new_records_once(tmp_path):
     now = [DEC_1_EARLY + 3600]
-    executor = ledger.ChdbExecutor(str(tmp_path / "session"))
-    executor.execute(ledger.otel_logs_ddl("default", "otel_logs"))
     old = [record("acme", DEC_1_EARLY + i, 10, 0, 1) for i in range(5)]
     progress = record("acme", now[0] - 10, 10, 0, 30, key="i/long", kind=semconv.USAGE_KIND_PROGRESS)
     recent = record("acme", now[0] - 5, 10, 0, 2)
-    executor.execute(ledger.insert_records_sql(old + [progress, recent, recent]))  # one arrived twice
-    source = ledger.Ledger(ledger.otel_logs_source("otel_logs"), executor, "test")
+    source = ledger.load_otel_logs(str(tmp_path / "session"), old + [progress, recent, recent])  # one came twice
+    executor = source.executor
     t = BudgetTracker(load(tmp_path, [{"tenant": "acme", "tokens": 10_000}]), feed=LedgerFeed(source, lambda: now[0]),
                       clock=lambda: now[0])
     t.refresh()

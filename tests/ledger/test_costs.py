@@ -125,10 +125,7 @@ def spool(tmp_path):
 
 
 def otel_logs_ledger(tmp_path, records):
-    executor = ledger.ChdbExecutor(str(tmp_path / "session"))
-    executor.execute(ledger.otel_logs_ddl("default", "otel_logs"))
-    executor.execute(ledger.insert_records_sql(records))
-    return ledger.Ledger(ledger.otel_logs_source("otel_logs"), executor, "test")
+    return ledger.load_otel_logs(str(tmp_path / "session"), records)
 
 
 # --- the join: every bill once ------------------------------------------------------------------

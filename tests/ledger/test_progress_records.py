@@ -71,7 +71,4 @@ def test_progress_records_are_never_billed(tmp_path):
 
 
 def test_nor_over_the_collectors_table(tmp_path):
-    executor = ledger.ChdbExecutor(str(tmp_path / "session"))
-    executor.execute(ledger.otel_logs_ddl("default", "otel_logs"))
-    executor.execute(ledger.insert_records_sql(list(RECORDS)))
-    assert answers(ledger.Ledger(ledger.otel_logs_source("otel_logs"), executor, "test")) == EXPECTED
+    assert answers(ledger.load_otel_logs(str(tmp_path / "session"), list(RECORDS))) == EXPECTED

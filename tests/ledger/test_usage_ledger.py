@@ -176,10 +176,7 @@ def test_the_spool_report_deduplicates_and_respects_the_window_and_utc_days(spoo
 
 
 def test_the_otel_logs_table_gives_the_same_answer(spool_dir, tmp_path):
-    executor = ledger.ChdbExecutor(str(tmp_path / "session"))
-    executor.execute(ledger.otel_logs_ddl("default", "otel_logs"))
-    executor.execute(ledger.insert_records_sql(ledger.read_spool(str(spool_dir))))
-    table = ledger.Ledger(ledger.otel_logs_source("otel_logs"), executor, "test")
+    table = ledger.load_otel_logs(str(tmp_path / "session"), ledger.read_spool(str(spool_dir)))
     spool = ledger.open_ledger(str(spool_dir))
     for by in (["tenant"], ["tenant", "day"], ["model", "operation"]):
         got = {k: (r.tokens, r.requests) for k, r in table.usage(T0, T0 + 2 * DAY, by).items()}

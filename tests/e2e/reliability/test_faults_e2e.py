@@ -124,7 +124,10 @@ TARGETS = (
     Target("guard:starting an AsyncLLM span", also=(*HANDLER_STARTS, "otel_llm.vllm.routes:_enter"),
            fires=GENERATING, no_span=GENERATING),
     # (the route's span takes no tenant then: it is counted as a span without one)
-    Target("otel_llm.vllm.attribution:Attribution.__call__", fires=EVERY, no_span=EVERY, fallback=GENERATING, guards=2),
+    Target("otel_llm.vllm.attribution:Attribution.caller", fires=EVERY, no_span=EVERY, fallback=GENERATING, guards=2),
+    # the end user (`user` / `safety_identifier`): the handler's span is lost as with _request_info, and the
+    # route's span (which reads it in its own try) takes over without it
+    Target("otel_llm.vllm.attribution:Attribution.end_user", fires=GENERATING, no_wire_ttft=True, guards=2),
     Target(f"{R}:RequestTelemetry.__init__", fires=EVERY, no_span=EVERY),
     # making the record current around vLLM's code (handler, first chunk) and restoring the context:
     # not current, the route's scope still links the engine request to the handler's span
