@@ -111,7 +111,7 @@ class BudgetTracker:
             else:
                 before, _ = self._progress.pop(usage.key, ((0, 0, 0), 0.0))
                 delta = tuple(n - b for n, b in zip(usage.tokens, before))  # the bill replaces its progress
-                self.bills += 1
+                self.bills += bool(usage.key)  # (a ledger feed's first read gives hourly sums, keyless)
             if not tallies:
                 return 0
             tokens = dict(zip(TOKEN_TYPES, delta))

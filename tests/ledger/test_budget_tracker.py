@@ -240,11 +240,13 @@ def test_the_clickhouse_feed_sums_the_past_then_reads_new_records_once(tmp_path)
                       clock=lambda: now[0])
     t.refresh()
     assert used(t, "acme") == {("day", "tokens"): 5 * 11 + 40 + 12}
+    assert t.bills == 1  # the recent one, once (the older five came summed per hour)
     bill = record("acme", now[0] + 1, 10, 0, 50, key="i/long")
     executor.execute(ledger.insert_records_sql([bill, recent]))
     now[0] += 2
     t.refresh()
     assert used(t, "acme") == {("day", "tokens"): 5 * 11 + 60 + 12}
+    assert t.bills == 2
 
 
 # --- over HTTP ---------------------------------------------------------------------------------------
