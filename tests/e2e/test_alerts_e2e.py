@@ -1,6 +1,6 @@
 """LLMEngineStalled in a real Prometheus: a real vLLM CPU server scraped every second, the generated
-rules (stall window STALL_SECONDS, evaluated every second, `for` FOR) and streams running when the
-engine core process is stopped (SIGSTOP). The idle server raises nothing; the stopped engine
+rules (stall window STALL_SECONDS, evaluated every second, `for` FOR) and streams running on the paced server when
+the engine core process is stopped (SIGSTOP). The idle server raises nothing; the stopped engine
 raises the alert, pending then firing, not before the stall window has passed; after SIGCONT the
 streams finish and the alert resolves."""
 
@@ -26,12 +26,17 @@ STALL = "LLMEngineStalled"
 STALL_SECONDS = 20
 FOR_SECONDS = 10
 STREAMS = 4
-MAX_TOKENS = 400  # with the prompt under the server's 512-token max model length
+# on the paced server (a step ~10x the tiny model's) a stream of this many tokens runs for about 20 s, so
+# the engine is stopped mid-stream however fast the machine: unpaced, 400 tokens could all be computed
+# between the streams' first chunks and the stop (seen once: nothing was running, no alert)
+MAX_TOKENS = 1000
+MAX_MODEL_LEN = 2048
 
 
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "alerts")
+    srv = start_server(receiver, tmp_path_factory, "alerts", extra_args=["--max-model-len", str(MAX_MODEL_LEN)],
+                       paced=True)
     yield srv
     srv.stop()
 
