@@ -210,10 +210,6 @@ def _labels(values: dict[str, str]) -> str:
 
 # --- feeds: where the records come from ---------------------------------------------------------------
 
-def _counts(usage: Usage) -> bool:
-    return usage.kind in _BILL_KINDS or usage.kind == semconv.USAGE_KIND_PROGRESS
-
-
 def from_record(record: dict) -> Usage | None:
     """A spool record (usage.py's fields) as Usage; None for records that are no bill nor progress:
     engine windows, an engine request an instrumented API server bills, a P/D prefill leg."""
