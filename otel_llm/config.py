@@ -27,6 +27,9 @@ ENV_COST_CENTER_HEADERS = "OTEL_LLM_COST_CENTER_HEADERS"
 ENV_TENANT_BAGGAGE_KEYS = "OTEL_LLM_TENANT_BAGGAGE_KEYS"
 ENV_SCENE_BAGGAGE_KEYS = "OTEL_LLM_SCENE_BAGGAGE_KEYS"
 ENV_COST_CENTER_BAGGAGE_KEYS = "OTEL_LLM_COST_CENTER_BAGGAGE_KEYS"
+# gen_ai.conversation.id: vLLM's session id (its `session_id` field, X-Session-ID header or
+# vllm_xargs.session_id), else the first of these request headers (comma-separated, case-insensitive)
+ENV_CONVERSATION_HEADERS = "OTEL_LLM_CONVERSATION_HEADERS"
 # JSON {"keys": [{"sha256": hex, "tenant": .., "scene": .., "cost_center": ..}]}: the API key in
 # `Authorization: Bearer` names the tenant; keys are stored hashed
 ENV_API_KEYS_FILE = "OTEL_LLM_API_KEYS_FILE"
@@ -191,6 +194,7 @@ class Settings:
     tenant_baggage_keys: tuple[str, ...] = _env(ENV_TENANT_BAGGAGE_KEYS, (semconv.TENANT_ID,))
     scene_baggage_keys: tuple[str, ...] = _env(ENV_SCENE_BAGGAGE_KEYS, (semconv.TENANT_SCENE,))
     cost_center_baggage_keys: tuple[str, ...] = _env(ENV_COST_CENTER_BAGGAGE_KEYS, (semconv.TENANT_COST_CENTER,))
+    conversation_headers: tuple[str, ...] = _env(ENV_CONVERSATION_HEADERS, ())
     api_keys_file: str | None = _env(ENV_API_KEYS_FILE, None)
     label_allow_list: tuple[str, ...] = _env(ENV_METRIC_LABEL_ALLOW_LIST, ())
     label_limit: int = _env(ENV_METRIC_LABEL_LIMIT, 50)
@@ -231,10 +235,13 @@ class ClientSettings:
     include_usage: bool = _env(ENV_OPENAI_INCLUDE_USAGE, False)
     propagate: bool = _env(ENV_OPENAI_PROPAGATE, True)
     provider_name: str = _env(ENV_OPENAI_PROVIDER_NAME, semconv.PROVIDER_OPENAI)
+    # post-v1.41 client metric and attribute names (semconv.py); read once, at instrument time
+    genai_latest_experimental: bool = False  # ENV_SEMCONV_OPT_IN
 
     @classmethod
     def from_env(cls, environ=os.environ, **overrides) -> ClientSettings:
-        values = {**_from_env(cls, environ), "capture_content": capture_mode(environ.get(ENV_CAPTURE_CONTENT))}
+        values = {**_from_env(cls, environ), "capture_content": capture_mode(environ.get(ENV_CAPTURE_CONTENT)),
+                  "genai_latest_experimental": genai_latest_experimental(environ)}
         for name in ("capture_content", "include_usage", "propagate"):
             if overrides.get(name) is not None:
                 values[name] = bool(overrides[name])

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from otel_llm import semconv
-from otel_llm.report import UNSET, ReportError, Row
+from otel_llm.report import SPEC_DECODE_COLUMNS, UNSET, ReportError, Row
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
@@ -50,6 +50,7 @@ _STRING_FIELDS = {
     "cost_center": semconv.TENANT_COST_CENTER,
     "api_key": semconv.API_KEY_ID,
     "user": semconv.USER_ID,
+    "session": semconv.GEN_AI_CONVERSATION_ID,
     "model": semconv.GEN_AI_REQUEST_MODEL,
     "served_model": semconv.GEN_AI_RESPONSE_MODEL,
     "operation": semconv.GEN_AI_OPERATION_NAME,
@@ -62,8 +63,15 @@ _STRING_FIELDS = {
     "engine_instance": semconv.VLLM_ENGINE_INSTANCE,
     "pd_role": semconv.VLLM_PD_ROLE,
 }
+# a bill's token breakdowns and speculative-decoding counts (report.TOKEN_DETAILS: absent is 0), from the
+# API server's record like its tokens
+DETAIL_FIELDS = {
+    **{column: field for field, column in semconv.USAGE_DETAIL_TOKEN_FIELDS},
+    **dict(zip(SPEC_DECODE_COLUMNS, (semconv.VLLM_SPEC_DRAFT_TOKENS, semconv.VLLM_SPEC_ACCEPTED_TOKENS))),
+}
 _INT_FIELDS = {
     **{token_type: field for field, token_type in semconv.USAGE_TOKEN_FIELDS},
+    **DETAIL_FIELDS,
     "n": semconv.GEN_AI_REQUEST_CHOICE_COUNT,
 }
 # what an engine request cost its engine (engine records), summed per bill
@@ -86,8 +94,8 @@ _WINDOW_FIELDS = {
 }
 _UINT_FIELDS = {**_INT_FIELDS, **COST_FIELDS, **_WINDOW_FIELDS}
 # report --by dimension -> normalized column (`day` and `hour` are computed from the end time)
-DIMENSIONS = ("tenant", "scene", "cost_center", "api_key", "user", "model", "served_model", "operation", "instance",
-              "outcome", "engine_instance")
+DIMENSIONS = ("tenant", "scene", "cost_center", "api_key", "user", "session", "model", "served_model", "operation",
+              "instance", "outcome", "engine_instance")
 COLUMNS = (*_STRING_FIELDS, *_UINT_FIELDS, "engine_ids", "frontend_billed", "ts", "trace_id")
 # a bill's own columns come from the API server's record when there is one, else from the engine's;
 # its engine figures from the engine records joined to it
@@ -189,7 +197,7 @@ def _sums(columns) -> str:
 def usage_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    return (f"SELECT {dims}, {_sums([*TOKEN_TYPES, *COST_FIELDS])}, count() AS requests, "
+    return (f"SELECT {dims}, {_sums([*TOKEN_TYPES, *DETAIL_FIELDS, *COST_FIELDS])}, count() AS requests, "
             f"sum(orphan) AS orphans FROM ({_bills(source, start, end)}) GROUP BY {groups} ORDER BY {groups}")
 
 
@@ -347,6 +355,7 @@ class Ledger:
             key = tuple(str(item[f"d{i}"]) for i in range(len(by)))
             row = Row(key)
             row.tokens = {t: int(item[t]) for t in TOKEN_TYPES}
+            row.tokens.update((d, int(item[d])) for d in DETAIL_FIELDS if int(item[d]))  # absent: 0
             row.requests = int(item["requests"])
             row.compute_ns, row.prefill_compute_ns, row.kv_block_ns = (
                 int(item[c]) for c in ("compute_ns", "prefill_compute_ns", "kv_block_ns"))

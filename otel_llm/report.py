@@ -30,6 +30,11 @@ from otel_llm.prices import Price, load_prices  # noqa: F401 - load_prices: part
 from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, iso_time
 
 UNSET = "-"
+# ledger-only token columns, after TOKEN_TYPES and shown only when some row has one: the breakdowns
+# (docs/ledger.md, "Which totals include which": each is part of a token type's total) and the
+# speculative-decoding draft tokens proposed and accepted
+SPEC_DECODE_COLUMNS = ("draft_tokens", "accepted_tokens")
+TOKEN_DETAILS = (*(column for _, column in semconv.USAGE_DETAIL_TOKEN_FIELDS), *SPEC_DECODE_COLUMNS)
 BASE_LOOKBACK = "35d"
 _DAY = 86400
 
@@ -475,14 +480,15 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
     priced = currency is not None if priced is None else priced
     ordered = list(rows.values()) if ranked else [rows[k] for k in sorted(rows)]
     columns = _figure_columns(priced, costed)
-    header = [*by, *TOKEN_TYPES, *columns]
+    token_columns = [*TOKEN_TYPES, *(d for d in TOKEN_DETAILS if any(row.tokens.get(d) for row in ordered))]
+    header = [*by, *token_columns, *columns]
     total = Row(("TOTAL",), cost=0.0, savings=0.0)
     if costed:
         total.engine_cost = total.engine_cost_input = 0.0
     cost_output = 0.0
     for row in ordered:
-        for t in TOKEN_TYPES:
-            total.tokens[t] += row.tokens[t]
+        for t in token_columns:
+            total.tokens[t] = total.tokens.get(t, 0) + row.tokens.get(t, 0)
         total.cost += row.cost or 0.0
         total.savings += row.savings or 0.0
         total.compute_ns += row.compute_ns
@@ -496,19 +502,21 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
     totals = _figures(total)
     totals["cost_per_million_output"] = _per_million(cost_output, total.tokens[semconv.TOKEN_TYPE_OUTPUT])
 
+    def counts(row: Row) -> dict[str, int]:
+        return {t: row.tokens.get(t, 0) for t in token_columns}
+
     def cells(row: Row) -> list:
-        return [*row.key, *(row.tokens[t] for t in TOKEN_TYPES), *(_cell(c, figures[row.key][c]) for c in columns)]
+        return [*row.key, *counts(row).values(), *(_cell(c, figures[row.key][c]) for c in columns)]
 
     if fmt == "json":
         return json.dumps({
             "start": _iso(start), "end": _iso(end), "by": by, "currency": currency,
-            "rows": [{**dict(zip(by, r.key)), "tokens": r.tokens,
+            "rows": [{**dict(zip(by, r.key)), "tokens": counts(r),
                       **({"requests": r.requests} if r.requests is not None else {}),
                       **{c: figures[r.key][c] for c in columns}} for r in ordered],
-            "total": {"tokens": total.tokens, **{c: totals[c] for c in columns}},
+            "total": {"tokens": counts(total), **{c: totals[c] for c in columns}},
         }, separators=(",", ":"))  # indent would make json use its slow pure-Python encoder (4x)
-    total_row = ["TOTAL", *[""] * (len(by) - 1), *(total.tokens[t] for t in TOKEN_TYPES),
-                 *(_cell(c, totals[c]) for c in columns)]
+    total_row = ["TOTAL", *[""] * (len(by) - 1), *counts(total).values(), *(_cell(c, totals[c]) for c in columns)]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

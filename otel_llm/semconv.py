@@ -8,12 +8,17 @@ of our own are visibly ours: engine detail under `vllm.*`, tenant attribution un
 everything else under `otel_llm.*`. Instruments are created from METRICS (`create_instrument`);
 dashboards, rules, reports, the collector config check, tests and docs derive names from here.
 
-Post-v1.41 renames (open-telemetry/semantic-conventions-genai, unreleased, still breaking): with
-`OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental` spans carry the renamed
+Post-v1.41 names (open-telemetry/semantic-conventions-genai, unreleased, still breaking; listed in
+GENAI_LATEST_NAMES and GENAI_LATEST_METRICS), emitted only with
+`OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`: spans carry the renamed
 `gen_ai.usage.cache_write.input_tokens` instead of `gen_ai.usage.cache_creation.input_tokens`
-(what opentelemetry-util-genai already emits). Metric names stay at v1.41 under either setting
-until the new repository publishes a release: its renamed client metrics are not final. See
-docs/ARCHITECTURE.md.
+(what opentelemetry-util-genai already emits). On the client side, inference calls record
+`gen_ai.client.inference.duration` / `.time_to_first_chunk` / `.time_per_output_chunk` instead of
+the `gen_ai.client.operation.*` ones (embeddings keep `gen_ai.client.operation.duration`), and
+token counters by `gen_ai.token.modality` plus per-operation token histograms instead of
+`gen_ai.client.token.usage`, failed calls included (0, modality unknown, when no usage came
+back); client spans carry the cache/reasoning breakdowns only when non-zero. Server metric names
+are the same under either setting. See docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -137,12 +142,14 @@ GEN_AI_USAGE_INPUT_TOKENS = _attribute("gen_ai.usage.input_tokens", INT, *_BOTH,
 GEN_AI_USAGE_OUTPUT_TOKENS = _attribute("gen_ai.usage.output_tokens", INT, *_BOTH, USAGE, convention=True)
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = _attribute("gen_ai.usage.cache_read.input_tokens", INT, *_BOTH, USAGE,
                                                   convention=True)
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute("gen_ai.usage.cache_creation.input_tokens", INT, VLLM,
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute("gen_ai.usage.cache_creation.input_tokens", INT, *_BOTH,
                                                       USAGE, convention=True)
 # its name in semantic-conventions-genai (unreleased): spans use it under gen_ai_latest_experimental
-GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = _attribute("gen_ai.usage.cache_write.input_tokens", INT, VLLM)
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = _attribute("gen_ai.usage.cache_write.input_tokens", INT, *_BOTH)
+# the client's inference.usage.* counters (semantic-conventions-genai, unreleased): TOKEN_MODALITY_* values
+GEN_AI_TOKEN_MODALITY = _attribute("gen_ai.token.modality", STRING, METRIC)
 # names from semantic-conventions-genai after v1.41 (no release yet): emitted only on opt-in
-GENAI_LATEST_NAMES = frozenset({GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS})
+GENAI_LATEST_NAMES = frozenset({GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, GEN_AI_TOKEN_MODALITY})
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = _attribute("gen_ai.usage.reasoning.output_tokens", INT, *_BOTH, USAGE,
                                                   convention=True)
 GEN_AI_OUTPUT_TYPE = _attribute("gen_ai.output.type", STRING, CLIENT, convention=True)
@@ -190,6 +197,10 @@ OPENAI_API_TYPE_RESPONSES = "responses"
 TOKEN_TYPE_INPUT = "input"
 TOKEN_TYPE_CACHED_INPUT = "cached_input"
 TOKEN_TYPE_OUTPUT = "output"
+# gen_ai.token.modality values (gen_ai_latest_experimental): our client calls are text; "unknown" marks the
+# 0 recorded for a call that received no usage
+TOKEN_MODALITY_TEXT = "text"
+TOKEN_MODALITY_UNKNOWN = "unknown"
 
 # error.type values of our own (otherwise the exception class or the HTTP status code)
 ERROR_CLIENT_ABORTED = "client_aborted"
@@ -217,6 +228,17 @@ VLLM_ABORTED = _attribute("vllm.request.aborted", BOOLEAN, VLLM)
 VLLM_ENGINE_REQUESTS = _attribute("vllm.request.engine_requests", INT, VLLM)
 VLLM_EXTERNAL_CACHED_TOKENS = _attribute("vllm.usage.cache_read.external_input_tokens", INT, VLLM, USAGE)
 VLLM_STREAM_TTFT_SECONDS = _attribute("vllm.latency.time_to_first_chunk_sent", DOUBLE, VLLM)
+# Two times to first token, named apart (docs/request-data.md, "Two times to first token"): VLLM_TTFT_SECONDS and
+# gen_ai.server.time_to_first_token run from the request's arrival (queue + prefill, as the conventions
+# define TTFT); this one from the engine's first scheduling of it, the `time_to_first_token_ms` of vLLM's
+# per-request `metrics` object (--enable-per-request-metrics), in seconds
+VLLM_SCHEDULED_TTFT_SECONDS = _attribute("vllm.latency.scheduled_to_first_token", DOUBLE, VLLM)
+# speculative decoding, per request (vLLM --per-request-spec-decode-metrics summary|detailed): draft tokens
+# proposed and accepted, accepted / proposed, and 1 + accepted per verify step (the bonus token included)
+VLLM_SPEC_DRAFT_TOKENS = _attribute("vllm.spec_decode.draft_tokens", INT, VLLM, USAGE)
+VLLM_SPEC_ACCEPTED_TOKENS = _attribute("vllm.spec_decode.accepted_tokens", INT, VLLM, USAGE)
+VLLM_SPEC_ACCEPTANCE_RATE = _attribute("vllm.spec_decode.acceptance_rate", DOUBLE, VLLM)
+VLLM_SPEC_ACCEPTANCE_LENGTH = _attribute("vllm.spec_decode.mean_acceptance_length", DOUBLE, VLLM)
 VLLM_PHASE_TIMING_UNAVAILABLE = _attribute("vllm.latency.unavailable", BOOLEAN, VLLM)
 # engine requests of an n > 1 request whose queue/prefill/decode child spans were not made
 VLLM_PHASE_SPANS_OMITTED = _attribute("vllm.latency.phase_spans_omitted", INT, VLLM)
@@ -237,6 +259,10 @@ LABEL_OTHER = "other"
 # the OpenAI request names (its `safety_identifier`, else `user`), as the client sent it
 API_KEY_ID = _attribute("otel_llm.api_key.id", STRING, VLLM, USAGE)
 USER_ID = _attribute("user.id", STRING, VLLM, USAGE, convention=True)
+# the conversation (chat session) a request belongs to: vLLM's session id (the body's `session_id`, the
+# X-Session-ID header, or vllm_xargs.session_id), else the first header of OTEL_LLM_CONVERSATION_HEADERS;
+# on spans and usage records only (unbounded: never a metric label)
+GEN_AI_CONVERSATION_ID = _attribute("gen_ai.conversation.id", STRING, VLLM, USAGE, convention=True)
 
 SERVICE_NAME_DEFAULT = "vllm"
 
@@ -305,6 +331,16 @@ USAGE_TOKEN_FIELDS = (
     (GEN_AI_USAGE_INPUT_TOKENS, TOKEN_TYPE_INPUT),
     (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, TOKEN_TYPE_CACHED_INPUT),
     (GEN_AI_USAGE_OUTPUT_TOKENS, TOKEN_TYPE_OUTPUT),
+)
+# The breakdowns of a record's tokens, in the report's order: (record field, report column). One rule for
+# every total (docs/ledger.md, "Which totals include which"): inclusive, as the conventions define them.
+# input includes cached_input; cached_input includes external_cached_input (the part a KV connector or a
+# P/D prefill node supplied); cache_write_input is part of input (computed, then written to the prefix
+# cache); output includes reasoning_output.
+USAGE_DETAIL_TOKEN_FIELDS = (
+    (GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "cache_write_input"),
+    (VLLM_EXTERNAL_CACHED_TOKENS, "external_cached_input"),
+    (GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "reasoning_output"),
 )
 # error.type values of USAGE_RECORDS_DROPPED
 DROP_OPEN = "open"  # no spool file could be opened (unwritable directory)
@@ -375,6 +411,19 @@ SERVER_TIME_TO_FIRST_TOKEN = _metric(
 SERVER_TIME_PER_OUTPUT_TOKEN = _metric(
     "gen_ai.server.time_per_output_token", HISTOGRAM, UNIT_SECONDS,
     "Decode time divided by the output tokens after the first.", VLLM, TPOT_BUCKETS, convention=True)
+SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN = _metric(
+    "otel_llm.server.scheduled_to_first_token", HISTOGRAM, UNIT_SECONDS,
+    "Time from the engine first scheduling a request to its first token (prefill, without the queue): vLLM's "
+    "per-request metrics.time_to_first_token_ms. gen_ai.server.time_to_first_token runs from arrival.", VLLM,
+    TTFT_BUCKETS)
+SERVER_SPEC_DRAFT_TOKENS = _metric(
+    "otel_llm.server.spec_decode.draft_tokens", OBSERVABLE_COUNTER, UNIT_TOKEN,
+    "Draft tokens the speculator proposed for requests, by model and tenant (vLLM "
+    "--per-request-spec-decode-metrics).", VLLM)
+SERVER_SPEC_ACCEPTED_TOKENS = _metric(
+    "otel_llm.server.spec_decode.accepted_tokens", OBSERVABLE_COUNTER, UNIT_TOKEN,
+    "Draft tokens the target model accepted (divided by draft_tokens: the acceptance rate), by model and tenant.",
+    VLLM)
 # the conventions define no server token counter (only gen_ai.client.token.usage, a histogram)
 SERVER_TOKEN_USAGE = _metric(
     "otel_llm.server.token.usage", OBSERVABLE_COUNTER, UNIT_TOKEN,
@@ -416,6 +465,47 @@ CLIENT_TIME_PER_OUTPUT_CHUNK = _metric(
     "gen_ai.client.operation.time_per_output_chunk", HISTOGRAM, UNIT_SECONDS,
     "Time between consecutive chunks of a streamed response, recorded for each chunk after the first",
     CLIENT, CHUNK_BUCKETS, convention=True)
+# Their post-v1.41 names (semantic-conventions-genai, unreleased), emitted instead under
+# gen_ai_latest_experimental: inference calls (chat, text_completion, Responses) get the inference.*
+# duration and chunk histograms (embeddings keep gen_ai.client.operation.duration), and token counters
+# by gen_ai.token.modality plus per-operation histograms replace gen_ai.client.token.usage.
+CLIENT_INFERENCE_DURATION = _metric(
+    "gen_ai.client.inference.duration", HISTOGRAM, UNIT_SECONDS, "GenAI inference operation duration", CLIENT,
+    DURATION_BUCKETS)
+CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK = _metric(
+    "gen_ai.client.inference.time_to_first_chunk", HISTOGRAM, UNIT_SECONDS,
+    "Time from the request to the first chunk of a streamed response", CLIENT, DURATION_BUCKETS)
+CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK = _metric(
+    "gen_ai.client.inference.time_per_output_chunk", HISTOGRAM, UNIT_SECONDS,
+    "Time between consecutive chunks of a streamed response, recorded for each chunk after the first",
+    CLIENT, CHUNK_BUCKETS)
+CLIENT_USAGE_INPUT_TOKENS = _metric(
+    "gen_ai.client.inference.usage.input_tokens", COUNTER, UNIT_TOKEN,
+    "Input (prompt) tokens used, cached tokens included", CLIENT)
+CLIENT_USAGE_OUTPUT_TOKENS = _metric(
+    "gen_ai.client.inference.usage.output_tokens", COUNTER, UNIT_TOKEN,
+    "Output (completion) tokens used, reasoning tokens included", CLIENT)
+CLIENT_USAGE_CACHE_READ_INPUT_TOKENS = _metric(
+    "gen_ai.client.inference.usage.cache_read.input_tokens", COUNTER, UNIT_TOKEN,
+    "Input tokens read from the provider's cache", CLIENT)
+CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS = _metric(
+    "gen_ai.client.inference.usage.cache_write.input_tokens", COUNTER, UNIT_TOKEN,
+    "Input tokens written to the provider's cache", CLIENT)
+CLIENT_USAGE_REASONING_OUTPUT_TOKENS = _metric(
+    "gen_ai.client.inference.usage.reasoning.output_tokens", COUNTER, UNIT_TOKEN,
+    "Output tokens spent on reasoning", CLIENT)
+CLIENT_OPERATION_INPUT_TOKENS = _metric(
+    "gen_ai.client.inference.operation.input_tokens", HISTOGRAM, UNIT_TOKEN,
+    "Input tokens per inference operation", CLIENT, TOKEN_BUCKETS)
+CLIENT_OPERATION_OUTPUT_TOKENS = _metric(
+    "gen_ai.client.inference.operation.output_tokens", HISTOGRAM, UNIT_TOKEN,
+    "Output tokens per inference operation", CLIENT, TOKEN_BUCKETS)
+# metric names from semantic-conventions-genai after v1.41 (no release yet): emitted only on opt-in
+GENAI_LATEST_METRICS = frozenset({
+    CLIENT_INFERENCE_DURATION, CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+    CLIENT_USAGE_INPUT_TOKENS, CLIENT_USAGE_OUTPUT_TOKENS, CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
+    CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, CLIENT_USAGE_REASONING_OUTPUT_TOKENS, CLIENT_OPERATION_INPUT_TOKENS,
+    CLIENT_OPERATION_OUTPUT_TOKENS})
 # The example gateway's metering counter (examples/gateway): tokens by tenant, scene, model, type
 GATEWAY_TOKEN_USAGE = _metric(
     "otel_llm.gateway.token.usage", COUNTER, UNIT_TOKEN,

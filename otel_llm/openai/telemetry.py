@@ -3,6 +3,9 @@
 An `Invocation` is made before the request is sent and ended exactly once: with the response, with
 the last chunk of a stream, or with the error that stopped it. Nothing here may raise into the
 caller: every entry point from the wrappers is guarded there.
+
+Metric names are v1.41's, or under gen_ai_latest_experimental (ClientSettings, read once) the
+post-v1.41 ones: inference.* histograms and token counters by modality (semconv.py).
 """
 
 from __future__ import annotations
@@ -30,16 +33,44 @@ class ClientTelemetry:
     def __init__(self, tracer, meter, settings: ClientSettings):
         self.tracer = tracer
         self.settings = settings
-        self.duration = semconv.create_instrument(meter, semconv.CLIENT_OPERATION_DURATION)
-        self.tokens = semconv.create_instrument(meter, semconv.CLIENT_TOKEN_USAGE)
-        self.ttfc = semconv.create_instrument(meter, semconv.CLIENT_TIME_TO_FIRST_CHUNK)
-        self.tpoc = semconv.create_instrument(meter, semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+        self.latest = latest = settings.genai_latest_experimental
+        create = semconv.create_instrument
+        # embeddings (not inference) keep gen_ai.client.operation.duration in either mode
+        self.duration = create(meter, semconv.CLIENT_OPERATION_DURATION)
+        if latest:
+            self.inference_duration = create(meter, semconv.CLIENT_INFERENCE_DURATION)
+            self.ttfc = create(meter, semconv.CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK)
+            self.tpoc = create(meter, semconv.CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK)
+            self.tokens = None
+            # (counter, histogram) of input and output tokens; the breakdown counters
+            self.usage_io = ((create(meter, semconv.CLIENT_USAGE_INPUT_TOKENS),
+                              create(meter, semconv.CLIENT_OPERATION_INPUT_TOKENS)),
+                             (create(meter, semconv.CLIENT_USAGE_OUTPUT_TOKENS),
+                              create(meter, semconv.CLIENT_OPERATION_OUTPUT_TOKENS)))
+            self.usage_breakdown = tuple(create(meter, name) for name in (
+                semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS,
+                semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS))
+            self.cache_write_attribute = semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+        else:
+            self.inference_duration = self.duration
+            self.ttfc = create(meter, semconv.CLIENT_TIME_TO_FIRST_CHUNK)
+            self.tpoc = create(meter, semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+            self.tokens = create(meter, semconv.CLIENT_TOKEN_USAGE)
+            self.cache_write_attribute = semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
         # captured content is redacted and capped before it is set on a span (otel_llm/content.py)
         self.capture = content.Capture(meter) if settings.capture_content else None
 
 
 def _number(value) -> bool:
     return type(value) in (int, float)
+
+
+def _int(value) -> int | None:
+    return value if type(value) is int else None
+
+
+# what _usage_attributes returns for a call that received no usage
+_NO_USAGE = (None, None, None, None, None)
 
 
 def server_of(instance) -> tuple[str | None, int | None]:
@@ -277,7 +308,7 @@ class Invocation:
                 reasons.setdefault(index, semconv.FINISH_REASON_ERROR)
         if reasons:
             out[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [reasons[i] for i in sorted(reasons)]
-        input_tokens, output_tokens = self._usage_attributes(out)
+        tokens = self._usage_attributes(out)
         if self.stream:
             out[semconv.OTEL_LLM_STREAM_CHUNKS] = self.chunks
             if self.first is not None:
@@ -296,21 +327,29 @@ class Invocation:
                 span.record_exception(exc, attributes=exception_attributes(exc))
         span.end()
         tel = self.tel
-        tel.duration.record(end - self.start, attrs)
-        if input_tokens is not None:
-            tel.tokens.record(input_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_INPUT})
-        if output_tokens is not None and self.operation != semconv.OP_EMBEDDINGS:
-            tel.tokens.record(output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_OUTPUT})
+        inference = self.operation != semconv.OP_EMBEDDINGS
+        (tel.inference_duration if inference else tel.duration).record(end - self.start, attrs)
+        if tel.latest:
+            if inference:  # the inference.usage.* metrics have no embeddings counterpart: the span has its tokens
+                _record_usage(tel, attrs, tokens)
+        else:
+            input_tokens, output_tokens = tokens[0], tokens[1]
+            if input_tokens is not None:
+                tel.tokens.record(input_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_INPUT})
+            if output_tokens is not None and inference:
+                tel.tokens.record(output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: semconv.TOKEN_TYPE_OUTPUT})
         if self.first is not None:
             tel.ttfc.record(self.first - self.start, attrs)
             histogram_batch.record_all(tel.tpoc, self.gaps, attrs)
 
-    def _usage_attributes(self, out: dict) -> tuple[int | None, int | None]:
+    def _usage_attributes(self, out: dict) -> tuple[int | None, ...]:
+        """Sets the usage span attributes; returns (input, output, cache_read, cache_write, reasoning)
+        tokens, None for each the response did not report."""
         usage = self.usage
         if usage is None:
             if self.operation != semconv.OP_EMBEDDINGS or self.stream:
                 out[semconv.OTEL_LLM_USAGE_MISSING] = True
-            return None, None
+            return _NO_USAGE
         input_tokens = getattr(usage, "prompt_tokens", None)
         if input_tokens is None:
             input_tokens = getattr(usage, "input_tokens", None)
@@ -318,9 +357,13 @@ class Invocation:
         if output_tokens is None:
             output_tokens = getattr(usage, "output_tokens", None)
         details = getattr(usage, "prompt_tokens_details", None) or getattr(usage, "input_tokens_details", None)
-        cached = getattr(details, "cached_tokens", None)
+        cached = _int(getattr(details, "cached_tokens", None))
+        # OpenAI-compatible providers that report cache writes name them either way
+        cache_write = _int(getattr(details, "cache_write_tokens", None))
+        if cache_write is None:
+            cache_write = _int(getattr(details, "cache_creation_tokens", None))
         out_details = getattr(usage, "completion_tokens_details", None) or getattr(usage, "output_tokens_details", None)
-        reasoning = getattr(out_details, "reasoning_tokens", None)
+        reasoning = _int(getattr(out_details, "reasoning_tokens", None))
         if type(input_tokens) is int:
             out[semconv.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
         else:
@@ -329,11 +372,33 @@ class Invocation:
             out[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
         else:
             output_tokens = None
-        if type(cached) is int:
+        # v1.41 mode states a reported 0 too (as it always has); latest mode sets the breakdown only when non-zero
+        every = not self.tel.latest
+        if cached or (cached is not None and every):
             out[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached
-        if type(reasoning) is int:
+        if cache_write:
+            out[self.tel.cache_write_attribute] = cache_write
+        if reasoning or (reasoning is not None and every):
             out[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
-        return input_tokens, output_tokens
+        return input_tokens, output_tokens, cached, cache_write, reasoning
+
+
+def _record_usage(tel: ClientTelemetry, attrs: dict, tokens: tuple[int | None, ...]) -> None:
+    """gen_ai_latest_experimental token metrics of one inference call, failed ones included: input and
+    output on the counters (modality text) and the per-operation histograms; a direction the response
+    did not report is recorded as 0, on the counter with modality unknown (semantic-conventions-genai).
+    The breakdown counters only when non-zero."""
+    text = {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_TEXT}
+    for (counter, histogram), value in zip(tel.usage_io, tokens):
+        if value is None:
+            counter.add(0, {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_UNKNOWN})
+            histogram.record(0, attrs)
+        else:
+            counter.add(value, text)
+            histogram.record(value, attrs)
+    for counter, value in zip(tel.usage_breakdown, tokens[2:]):
+        if value:
+            counter.add(value, text)
 
 
 _OUTPUT_TYPES = {"text": "text", "json_object": "json", "json_schema": "json"}

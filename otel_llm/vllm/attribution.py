@@ -102,6 +102,21 @@ class Attribution:
                        self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
         return value
 
+    def conversation(self, headers) -> str | None:
+        """gen_ai.conversation.id from the first configured conversation header (OTEL_LLM_CONVERSATION_HEADERS)."""
+        return self.conversation_value(_first_header(headers, self.settings.conversation_headers))
+
+    def conversation_value(self, raw) -> str | None:
+        """A conversation id the client sent (a header, or vLLM's session id), checked as a tenant value is."""
+        if raw is None:
+            return None
+        value = attribution_value(raw, self.settings.attribution_max_length)
+        if value is None:
+            self._warn("invalid conversation", "otel-llm: a request's session / conversation id was ignored (not "
+                       "a string, over %d characters, or control characters; %s). Further ones are not logged.",
+                       self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
+        return value
+
     def _valid(self, raw: str | None, limit: int) -> str | None:
         if raw is None:
             return None

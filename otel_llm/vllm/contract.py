@@ -25,6 +25,7 @@ class Fields:
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()  # read with a default where a release lacks them
     why: str = ""
+    optional_class: bool = False  # a release without the class loses only what `why` says
 
 
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
@@ -33,12 +34,15 @@ _COMPLETION_PROTOCOL = ("vllm.entrypoints.openai.completion.protocol", "vllm.ent
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 
 FIELDS: tuple[Fields, ...] = (
-    Fields(_OUTPUT_PROCESSOR, "OutputProcessor", ("request_states",), why="engine request -> its RequestState"),
+    Fields(_OUTPUT_PROCESSOR, "OutputProcessor", ("request_states",), ("tracing_enabled",),
+           why="engine request -> its RequestState; its final output (the engine's figures)"),
     Fields(_OUTPUT_PROCESSOR, "RequestState",
            ("request_id", "external_req_id", "parent_req", "request_index", "prompt_len", "num_cached_tokens",
             "detokenizer", "stats"),
-           ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens"),
+           ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens", "spec_decode_metrics"),
            why="tokens, ids and timing of each engine request"),
+    Fields(("vllm.v1.metrics.stats",), "RequestSpecDecodeMetrics", ("histogram", "num_draft_tokens"),
+           optional_class=True, why="speculative decoding per request: drafts proposed and accepted"),
     Fields(("vllm.v1.metrics.stats",), "RequestStateStats",
            ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "first_token_latency",
             "num_generation_tokens"),
@@ -52,8 +56,11 @@ FIELDS: tuple[Fields, ...] = (
     Fields(("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.protocol"),
            "RequestResponseMetadata", ("request_id", "final_usage_info"),
            why="response id; the usage vLLM reports (beam search)"),
-    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("request_id", "sampling_params"),
-           why="the engine request OutputProcessor.add_request gets"),
+    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("request_id", "sampling_params"), ("session_id",),
+           why="the engine request OutputProcessor.add_request gets; its session id: gen_ai.conversation.id"),
+    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "UsageInfo",
+           ("prompt_tokens",), ("completion_tokens_details",),
+           why="the usage vLLM reports: reasoning tokens (with a reasoning parser), streamed or not"),
     Fields(("vllm.sampling_params",), "SamplingParams", ("n", *_SAMPLING[:-2]), ("extra_args",),
            why="gen_ai.request.* of AsyncLLM / offline requests; kv_transfer_params: the P/D leg"),
     Fields(("vllm.v1.engine.async_llm",), "AsyncLLM", ("model_config",), why="the model of AsyncLLM requests"),
@@ -129,11 +136,14 @@ class EngineRequest:
     cached_tokens: int
     cache_creation_tokens: int
     remote_cached_tokens: int | None  # P/D decode leg: the prefill node's prefix-cache hits
+    # speculative decoding (vLLM --per-request-spec-decode-metrics): (draft tokens proposed, accepted,
+    # verify steps), or None
     output_tokens: int | None  # None: a pooling request (no detokenizer)
     output_text: str | None
     lora_name: str | None
     timing: EngineTiming | None  # None: stats off (--disable-log-stats)
     engine_cost: str | None = None  # the engine core's figures (engine_cost.py's summary), when they came
+    spec_decode: tuple[int, int, int] | None = None
 
 
 def read_engine_request(state) -> EngineRequest:
@@ -154,12 +164,37 @@ def read_engine_request(state) -> EngineRequest:
         output_text=text if isinstance(text, str) else None,
         lora_name=getattr(state, "lora_name", None),
         engine_cost=_stashed_engine_cost(state),
+        spec_decode=_spec_decode(getattr(state, "spec_decode_metrics", None)),  # vLLM >= 0.30
         timing=None if stats is None else EngineTiming(
             queued=stats.queued_ts, scheduled=stats.scheduled_ts, first_token=stats.first_token_ts,
             last_token=stats.last_token_ts, first_token_latency=stats.first_token_latency,
             generation_tokens=stats.num_generation_tokens,
             preemptions=getattr(stats, "num_preemptions", 0) or 0),  # vLLM >= 0.30
     )
+
+
+def _spec_decode(metrics) -> tuple[int, int, int] | None:
+    """RequestSpecDecodeMetrics: histogram[j] = verify steps that accepted j draft tokens."""
+    if metrics is None:
+        return None
+    histogram = metrics.histogram
+    return int(metrics.num_draft_tokens), sum(j * count for j, count in enumerate(histogram)), sum(histogram)
+
+
+def read_session_id(engine_request) -> str | None:
+    """EngineCoreRequest.session_id (vLLM >= 0.30): the body's session_id, else X-Session-ID, else
+    vllm_xargs.session_id, as vLLM's serving layer chose it; or the session_id AsyncLLM.generate got."""
+    value = getattr(engine_request, "session_id", None)
+    return value if isinstance(value, str) and value else None
+
+
+def read_reasoning_tokens(metadata) -> int | None:
+    """completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat request (its
+    RequestResponseMetadata.final_usage_info, set for streamed and whole responses alike); vLLM counts
+    them only when it runs a reasoning parser."""
+    details = getattr(getattr(metadata, "final_usage_info", None), "completion_tokens_details", None)
+    value = getattr(details, "reasoning_tokens", None)
+    return value if type(value) is int else None
 
 
 def read_state_id(state) -> str:
@@ -364,6 +399,11 @@ def enable_final_outputs(output_processor) -> None:
     output_processor.tracing_enabled = True
 
 
+def final_outputs_enabled(output_processor) -> bool:
+    """vLLM will call do_tracing for each finished request (after its stats hook)."""
+    return getattr(output_processor, "tracing_enabled", False) is True
+
+
 def stash_engine_cost(engine_core_output, req_state) -> None:
     headers = engine_core_output.trace_headers
     summary = headers.get(ENGINE_COST_HEADER) if headers else None
@@ -546,7 +586,8 @@ def check(root: str | Path, hooks: tuple | None = None, fields: tuple[Fields, ..
         module = source.locate(spec.modules)
         found = source.find_class(module, spec.cls) if module else None
         if found is None:
-            findings.append(Finding("fields", spec.cls, False, True, "class not found in " + " | ".join(spec.modules)))
+            findings.append(Finding("fields", spec.cls, False, not spec.optional_class,
+                                    "class not found in " + " | ".join(spec.modules)))
             continue
         members = source.members(*found)
         missing = [f for f in spec.required if f not in members]

@@ -28,6 +28,10 @@ class Measurement(NamedTuple):
     tokens: tuple[int, int, int] | None
     # engine busy seconds charged to it, when the engine's figures came with its final output
     compute: float | None = None
+    # first scheduling -> first token (vLLM's per-request metrics.time_to_first_token_ms, in seconds)
+    scheduled_ttft: float | None = None
+    # speculative decoding: (draft tokens proposed, accepted), when vLLM recorded them
+    spec_decode: tuple[int, int] | None = None
 
 
 class RequestMetrics:
@@ -46,6 +50,13 @@ class RequestMetrics:
         self.token_usage = semconv.create_instrument(meter, semconv.SERVER_TOKEN_USAGE, [self._observe_tokens])
         self._compute_totals: dict[tuple, float] = {}
         self.compute_time = semconv.create_instrument(meter, semconv.SERVER_COMPUTE_TIME, [self._observe_compute])
+        self.scheduled_time_to_first_token = semconv.create_instrument(
+            meter, semconv.SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN)
+        self._spec_totals: dict[tuple, list[int]] = {}  # key -> [drafts, accepted]
+        self.spec_draft_tokens = semconv.create_instrument(meter, semconv.SERVER_SPEC_DRAFT_TOKENS,
+                                                           [self._observe_spec_drafts])
+        self.spec_accepted_tokens = semconv.create_instrument(meter, semconv.SERVER_SPEC_ACCEPTED_TOKENS,
+                                                              [self._observe_spec_accepted])
         self._metric_attributes: dict[tuple, dict[str, Any]] = {}
 
     def record(self, m: Measurement, context=None) -> None:
@@ -57,12 +68,18 @@ class RequestMetrics:
                 self.time_to_first_token.record(m.ttft, attrs, context=context)
             if m.tpot is not None:
                 self.time_per_output_token.record(m.tpot, attrs, context=context)
+            if m.scheduled_ttft is not None:
+                self.scheduled_time_to_first_token.record(m.scheduled_ttft, attrs, context=context)
         else:
             attrs = {**attrs, semconv.ERROR_TYPE: m.error_type}
         if m.tokens is not None:
             self.add_tokens(m.key, m.tokens)
         if m.compute is not None:
             self._compute_totals[m.key] = self._compute_totals.get(m.key, 0.0) + m.compute
+        if m.spec_decode is not None:
+            totals = self._spec_totals.setdefault(m.key, [0, 0])
+            totals[0] += m.spec_decode[0]
+            totals[1] += m.spec_decode[1]
         self.request_duration.record(m.duration, attrs, context=context)
 
     def metric_attributes(self, key: tuple) -> dict[str, Any]:
@@ -93,6 +110,16 @@ class RequestMetrics:
         return [Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
                 for (key, token_type), value in list(self._token_totals.items())]
 
+
+    @warn.entry("observing the draft token totals", fallback=())
+    def _observe_spec_drafts(self, options):
+        return [Observation(drafts, self.metric_attributes(key))
+                for key, (drafts, _) in list(self._spec_totals.items())]
+
+    @warn.entry("observing the accepted draft token totals", fallback=())
+    def _observe_spec_accepted(self, options):
+        return [Observation(accepted, self.metric_attributes(key))
+                for key, (_, accepted) in list(self._spec_totals.items())]
 
     @warn.entry("observing the compute totals", fallback=())
     def _observe_compute(self, options):

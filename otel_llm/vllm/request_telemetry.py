@@ -62,6 +62,7 @@ class RequestInfo:
     cost_center: str | None = None
     api_key_id: str | None = None  # the id the API-key map gives the request's key
     user: str | None = None  # the end user the request names (safety_identifier, else user)
+    conversation_id: str | None = None  # from OTEL_LLM_CONVERSATION_HEADERS (vLLM's session id comes first)
     api_type: str | None = None  # openai.api.type: set for the Responses API
     # beam search: one engine request per beam per step, so usage is what vLLM reports, not a sum
     beam_search: bool = False
@@ -105,7 +106,7 @@ class RequestInfo:
 
 
 def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=None, api_key_id=None, user=None,
-                 api_type=None, request=None) -> RequestInfo:
+                 api_type=None, request=None, conversation_id=None) -> RequestInfo:
     """RequestInfo from a request's parameters, get(name) giving each or None: a handler's request
     object, or a route's JSON body. The first of max_completion_tokens / max_tokens /
     max_output_tokens (Responses API) is the request's max tokens."""
@@ -134,6 +135,7 @@ def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=No
         cost_center=cost_center,
         api_key_id=api_key_id,
         user=user,
+        conversation_id=conversation_id,
         api_type=api_type,
         beam_search=get("use_beam_search") is True,
         request=request,
@@ -158,6 +160,8 @@ class RequestTelemetry:
         "engine_aborted",
         "pd_role",
         "live_counted",
+        "session_id",
+        "final_outputs",
     )
 
     def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False,
@@ -186,6 +190,8 @@ class RequestTelemetry:
         self.pd_role: str | None = None  # the P/D leg this node served (semconv.PD_ROLE_*), if any
         # (input, cached input, output) tokens counted while in flight (otel_llm/vllm/live.py), if any
         self.live_counted: tuple[int, int, int] | None = None
+        self.session_id: str | None = None  # vLLM's session id of its first engine request (gen_ai.conversation.id)
+        self.final_outputs: set[str] | None = None  # engine requests whose final output vLLM handed over
 
     # --- engine events (API-server process, output handler task) ---------------------------
     def attach_engine_request(self, req_state) -> None:
@@ -193,12 +199,46 @@ class RequestTelemetry:
         self.telemetry.track_engine_request(contract.read_state_id(req_state), self)
         self.telemetry.live.track(self)
 
-    def on_engine_finished(self, req_state, finish_reason) -> None:
+    # Whatever the order of vLLM's hooks (finish, final output, abort; newer releases send aborted requests
+    # through the finish hook too), a request ends once, and aborted when any of them said abort.
+    def on_engine_finished(self, req_state, finish_reason, final_output_follows: bool = False) -> None:
+        """vLLM finished one of its engine requests (its stats hook). An engine-owned request ends when
+        all of its engine requests finished and, where vLLM hands them over after this hook
+        (final_output_follows), their final outputs came too: the engine's figures are on them."""
         engine_id = contract.read_state_id(req_state)
-        self.finish_reasons[engine_id] = str(finish_reason)
+        reason = str(finish_reason)
+        self.finish_reasons[engine_id] = reason
+        if reason == semconv.FINISH_REASON_ABORT:
+            self.telemetry.untrack_engine_request(engine_id)
+            self.on_engine_aborted()
+            return
+        if not self.engine_owned:
+            self.telemetry.untrack_engine_request(engine_id)
+            return
+        if final_output_follows and engine_id not in (self.final_outputs or ()):
+            return  # still tracked: its final output finds this record (ending untracks it)
         self.telemetry.untrack_engine_request(engine_id)
-        if self.engine_owned and len(self.finish_reasons) == len(self.engine_states):
-            self.end()
+        self._end_when_done(final_output_follows)
+
+    def on_final_output(self, req_state) -> None:
+        """vLLM handed over a finished engine request's final output (after its stats hook)."""
+        if self.final_outputs is None:
+            self.final_outputs = set()
+        self.final_outputs.add(contract.read_state_id(req_state))
+        if self.engine_owned:
+            self._end_when_done(True)
+
+    def on_engine_aborted(self) -> None:
+        self.engine_aborted = True
+        if self.engine_owned:
+            self.end(aborted=True)
+
+    def _end_when_done(self, final_outputs_expected: bool) -> None:
+        if len(self.finish_reasons) < len(self.engine_states):
+            return
+        if final_outputs_expected and not (self.final_outputs or set()).issuperset(self.finish_reasons):
+            return
+        self.end()
 
     def on_first_chunk(self) -> None:
         self.first_chunk_ns = time.time_ns()
@@ -264,6 +304,19 @@ class RequestTelemetry:
             attrs[semconv.VLLM_REQUEST_ID] = engines[0].external_id
             if len(engines) > 1:
                 attrs[semconv.VLLM_ENGINE_REQUESTS] = len(engines)
+        conversation_id = self.session_id or self.info.conversation_id
+        if conversation_id:
+            attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
+        reasoning = _reasoning_tokens(response, self.metadata)
+        if reasoning and generates:  # breakdowns only when non-zero
+            attrs[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
+        spec = _spec_decode(engines)
+        if spec is not None:
+            drafts, accepted, steps = spec
+            attrs[semconv.VLLM_SPEC_DRAFT_TOKENS] = drafts
+            attrs[semconv.VLLM_SPEC_ACCEPTED_TOKENS] = accepted
+            attrs[semconv.VLLM_SPEC_ACCEPTANCE_RATE] = accepted / drafts if drafts else 0.0
+            attrs[semconv.VLLM_SPEC_ACCEPTANCE_LENGTH] = 1.0 + accepted / steps if steps else 1.0
         if aborted:
             attrs[semconv.VLLM_ABORTED] = True
         prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
@@ -296,13 +349,13 @@ class RequestTelemetry:
         if engines and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
             guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
-                    response, response_model, end_ns, engines, request_model)
+                    response, response_model, end_ns, engines, request_model, attrs)
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         compute_ns = attrs.get(semconv.COST_COMPUTE_NS)
         guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
                 error_type, response_model, (end_ns - self.start_ns) / 1e9, request_model,
-                None if compute_ns is None else compute_ns / 1e9)
+                None if compute_ns is None else compute_ns / 1e9, None if prefill_leg else spec)
         guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
 
     def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
@@ -320,7 +373,7 @@ class RequestTelemetry:
         self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
     def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int,
-                     engines: list[contract.EngineRequest], request_model: str | None) -> None:
+                     engines: list[contract.EngineRequest], request_model: str | None, attrs: dict) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
         first = engines[0]
         info = self.info
@@ -351,10 +404,14 @@ class RequestTelemetry:
             (semconv.TENANT_COST_CENTER, info.cost_center),
             (semconv.API_KEY_ID, info.api_key_id),
             (semconv.USER_ID, info.user),
+            (semconv.GEN_AI_CONVERSATION_ID, attrs.get(semconv.GEN_AI_CONVERSATION_ID)),
             (semconv.ERROR_TYPE, error_type),
+            # the breakdowns (semconv.USAGE_DETAIL_TOKEN_FIELDS: inclusive), only when non-zero
             (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
-            (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens),
-            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, _reasoning_tokens(response)),
+            (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens or None),
+            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, attrs.get(semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)),
+            (semconv.VLLM_SPEC_DRAFT_TOKENS, attrs.get(semconv.VLLM_SPEC_DRAFT_TOKENS)),
+            (semconv.VLLM_SPEC_ACCEPTED_TOKENS, attrs.get(semconv.VLLM_SPEC_ACCEPTED_TOKENS)),
         )
         for key, value in optional:
             if value is not None:
@@ -413,7 +470,7 @@ class RequestTelemetry:
         # processes, so wall = monotonic + (time.time() - time.monotonic()) here.
         offset = time.time() - time.monotonic()
         queued = scheduled = first = last = 0.0
-        ttft = None
+        ttft = scheduled_ttft = None
         preemptions = gen_tokens = 0
         have_events = True
         # an unsampled request (head sampling) pays for no child spans
@@ -425,6 +482,10 @@ class RequestTelemetry:
             gen_tokens += stats.generation_tokens
             if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
                 ttft = stats.first_token_latency
+            if stats.scheduled and stats.first_token:  # vLLM's metrics.time_to_first_token_ms, in seconds
+                since_scheduled = stats.first_token - stats.scheduled
+                if scheduled_ttft is None or since_scheduled < scheduled_ttft:
+                    scheduled_ttft = since_scheduled
             if stats.first_token and stats.last_token:
                 first = _earliest(first, stats.first_token)
                 last = max(last, stats.last_token)
@@ -455,6 +516,9 @@ class RequestTelemetry:
         if ttft is not None:
             timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
             timing.ttft = ttft
+        if scheduled_ttft is not None and self.info.generates:
+            timing.attributes[semconv.VLLM_SCHEDULED_TTFT_SECONDS] = scheduled_ttft
+            timing.scheduled_ttft = scheduled_ttft
         if len(timed) == 1 and gen_tokens > 1:
             timing.tpot = decode / (gen_tokens - 1)
             timing.attributes[semconv.VLLM_TPOT_SECONDS] = timing.tpot
@@ -487,7 +551,7 @@ class RequestTelemetry:
                 break
 
     def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float,
-                        request_model: str | None, compute: float | None = None) -> None:
+                        request_model: str | None, compute: float | None = None, spec=None) -> None:
         tel = self.telemetry
         key = self._metric_key(error_type, request_model, response_model)
         # (usage None: a P/D prefill leg, counted on its decode node)
@@ -496,7 +560,8 @@ class RequestTelemetry:
         if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
             tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
         tel.record_request(self.span, self.context, Measurement(key, error_type, timing.ttft, timing.tpot, duration,
-                                                                tokens, compute))
+                                                                tokens, compute, timing.scheduled_ttft,
+                                                                None if spec is None else spec[:2]))
 
     def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> tuple:
         """The request's metric series (request_metrics.Measurement.key), label values guarded."""
@@ -549,10 +614,21 @@ class RequestTelemetry:
         ledger.write_progress(fields, now_ns, self.span.get_span_context())
 
 
-def _reasoning_tokens(response) -> int | None:
+def _reasoning_tokens(response, metadata) -> int | None:
+    """The reasoning tokens vLLM reported: in the response's usage, else (a stream) in the usage it kept
+    for the request's metadata."""
     details = getattr(getattr(response, "usage", None), "completion_tokens_details", None)
     value = getattr(details, "reasoning_tokens", None)
-    return value if isinstance(value, int) else None
+    return value if type(value) is int else contract.read_reasoning_tokens(metadata)
+
+
+def _spec_decode(engines: list[contract.EngineRequest]) -> tuple[int, int, int] | None:
+    """(drafts proposed, accepted, verify steps) summed over the request's engine requests, or None
+    when vLLM recorded none (no speculator, or --per-request-spec-decode-metrics none)."""
+    figures = [e.spec_decode for e in engines if e.spec_decode is not None]
+    if not figures:
+        return None
+    return tuple(sum(f[i] for f in figures) for i in range(3))
 
 
 def _engine_cost(span, attrs: dict, engines: list[contract.EngineRequest]) -> None:
@@ -581,12 +657,13 @@ _COST_FIELDS = (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semcon
 
 
 class _Timing:
-    __slots__ = ("attributes", "ttft", "tpot")
+    __slots__ = ("attributes", "ttft", "tpot", "scheduled_ttft")
 
     def __init__(self):
         self.attributes: dict[str, Any] = {}
         self.ttft: float | None = None
         self.tpot: float | None = None
+        self.scheduled_ttft: float | None = None
 
 
 def _earliest(current: float, candidate: float) -> float:

@@ -31,7 +31,15 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type
 
     return request_info(operation, get, tenant=caller.tenant, scene=caller.scene, cost_center=caller.cost_center,
                         api_key_id=caller.api_key_id, user=tel.attribution.end_user(get), api_type=api_type,
-                        request=request if tel.capture is not None else None)
+                        request=request if tel.capture is not None else None,
+                        conversation_id=_conversation(tel, raw_request))
+
+
+@_safe("reading a request's conversation header")
+def _conversation(tel: Telemetry, raw_request) -> str | None:
+    if not tel.settings.conversation_headers:
+        return None
+    return tel.attribution.conversation(getattr(raw_request, "headers", None))
 
 
 def handler_wrapper(operation: str, api_type: str | None = None):
@@ -136,6 +144,8 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         record.attach_engine_request(state)
         if record.pd_role is None:
             record.pd_role = _pd_role(request)
+        if record.session_id is None:
+            record.session_id = tel.attribution.conversation_value(contract.read_session_id(request))
         if tel.ledger.enabled:  # the engine core's record of it adds its cost to our bill (engine_cost.py)
             if tel.reads_final_outputs:
                 contract.enable_final_outputs(output_processor)
@@ -176,16 +186,17 @@ def _pd_role(request) -> str | None:
 
 def engine_finished(tel: Telemetry):
     @_safe("recording an engine finish")
-    def on_finish(req_state, finish_reason):
+    def on_finish(output_processor, req_state, finish_reason):
         record = tel.engine_request_record(contract.read_state_id(req_state))
         if record is not None:
-            record.on_engine_finished(req_state, finish_reason)
+            record.on_engine_finished(req_state, finish_reason, tel.reads_final_outputs
+                                      and contract.final_outputs_enabled(output_processor))
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         req_state = args[0] if args else kwargs.get("req_state")
         finish_reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
-        on_finish(req_state, finish_reason)
+        on_finish(instance, req_state, finish_reason)
         return result
 
     return wrapper
@@ -196,11 +207,8 @@ def engine_aborted(tel: Telemetry):
     def on_abort(aborted_ids):
         for request_id in aborted_ids or ():
             record = tel.untrack_engine_request(request_id)
-            if record is None:
-                continue
-            record.engine_aborted = True
-            if record.engine_owned:
-                record.end(aborted=True)
+            if record is not None:
+                record.on_engine_aborted()
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
@@ -216,11 +224,17 @@ def native_tracing_off(tel: Telemetry):
     kept on its RequestState for the request's span (vLLM calls do_tracing once per finished request
     when its OutputProcessor's tracing_enabled is set: _attach sets it when this hook is in place)."""
     tel.reads_final_outputs = True
-    stash = _safe("reading an engine request's cost")(contract.stash_engine_cost)
+
+    @_safe("reading an engine request's final output")
+    def on_final_output(engine_core_output, req_state):
+        contract.stash_engine_cost(engine_core_output, req_state)
+        record = tel.engine_request_record(contract.read_state_id(req_state))
+        if record is not None:
+            record.on_final_output(req_state)
 
     def wrapper(wrapped, instance, args, kwargs):
         if len(args) >= 2:
-            stash(args[0], args[1])
+            on_final_output(args[0], args[1])
         return None
 
     return wrapper

@@ -204,11 +204,16 @@ def test_records_carry_full_fields_and_the_span_they_belong_to(traffic, records,
     assert Counter(r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] for r in records)[2] == 20
 
 
-def test_ledger_report_bills_every_tenant_exactly(traffic, expected):
+def test_ledger_report_bills_every_tenant_exactly(traffic, expected, records):
     rows = ledger_report(str(traffic.spool), traffic)["rows"]
     assert [r["tenant"] for r in rows] == TENANTS  # all 120: no cap, no "other"
+    written = Counter()  # the prefix-cache writes vLLM's request states told (a breakdown of input)
+    for record in records:
+        written[record.get(semconv.TENANT_ID)] += record.get(semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0)
+    assert sum(written.values()) > 0
     for row in rows:
-        assert row["tokens"] == {t: expected[(row["tenant"], t)] for t in TYPES}, row["tenant"]
+        assert row["tokens"] == {**{t: expected[(row["tenant"], t)] for t in TYPES},
+                                 "cache_write_input": written[row["tenant"]]}, row["tenant"]
     aborted = [r for r in rows if r["tenant"] in ABORTING]
     assert all(r["tokens"][semconv.TOKEN_TYPE_OUTPUT] > 5 for r in aborted)
 

@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
+from otel_llm.config import ENV_SEMCONV_OPT_IN, GENAI_LATEST_EXPERIMENTAL
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 
@@ -84,6 +85,55 @@ def test_stream_with_include_usage_counts_what_the_engine_counted(otel, client, 
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     # the user felt at least the engine's time to first token
     assert span.attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] >= genai.attributes[semconv.VLLM_TTFT_SECONDS]
+
+
+def test_latest_mode_inference_metrics_count_the_servers_usage(client, receiver, monkeypatch):
+    """Under gen_ai_latest_experimental: the gen_ai.client.inference.* metrics, their token counts
+    exactly what the server reported (a call's usage; a stream's usage chunk, hidden from the caller,
+    checked against the engine span)."""
+    monkeypatch.setenv(ENV_SEMCONV_OPT_IN, GENAI_LATEST_EXPERIMENTAL)
+    latest = Otel(include_usage=True)
+    try:
+        response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12,
+                                                  temperature=0)
+        chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=20,
+                                                     stream=True))
+    finally:
+        latest.close()
+    assert all(c.choices for c in chunks)
+    call, stream = sorted((s for s in latest.finished() if s.kind == SpanKind.CLIENT), key=lambda s: s.start_time)
+    served = engine_trace(receiver, stream).attributes
+    assert served[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 20
+    usage = response.usage
+    input_tokens = usage.prompt_tokens + served[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    cached = usage.prompt_tokens_details.cached_tokens + served[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]
+    assert usage.completion_tokens == 12
+    assert [call.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS], stream.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]] \
+        == [usage.prompt_tokens, served[semconv.GEN_AI_USAGE_INPUT_TOKENS]]
+    attrs = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_OPENAI,
+             semconv.GEN_AI_REQUEST_MODEL: MODEL_NAME, semconv.GEN_AI_RESPONSE_MODEL: response.model,
+             semconv.SERVER_ADDRESS: call.attributes[semconv.SERVER_ADDRESS],
+             semconv.SERVER_PORT: call.attributes[semconv.SERVER_PORT]}
+    text = {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_TEXT}
+
+    def counted(name):
+        return [(dict(p.attributes), p.value) for p in latest.points(name)]
+
+    def histogram(name):
+        return [(dict(p.attributes), p.sum, p.count) for p in latest.points(name)]
+
+    assert counted(semconv.CLIENT_USAGE_INPUT_TOKENS) == [(text, input_tokens)]
+    assert counted(semconv.CLIENT_USAGE_OUTPUT_TOKENS) == [(text, 12 + 20)]
+    assert counted(semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS) == ([(text, cached)] if cached else [])
+    assert counted(semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS) == []
+    assert histogram(semconv.CLIENT_OPERATION_INPUT_TOKENS) == [(attrs, input_tokens, 2)]
+    assert histogram(semconv.CLIENT_OPERATION_OUTPUT_TOKENS) == [(attrs, 12 + 20, 2)]
+    assert [(dict(p.attributes), p.count) for p in latest.points(semconv.CLIENT_INFERENCE_DURATION)] == [(attrs, 2)]
+    assert [p.count for p in latest.points(semconv.CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK)] == [1]
+    assert [p.count for p in latest.points(semconv.CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK)] == [len(chunks) - 1]
+    for v1_41 in (semconv.CLIENT_OPERATION_DURATION, semconv.CLIENT_TOKEN_USAGE, semconv.CLIENT_TIME_TO_FIRST_CHUNK,
+                  semconv.CLIENT_TIME_PER_OUTPUT_CHUNK):
+        assert latest.points(v1_41) == [], v1_41
 
 
 def test_async_legacy_completion_stream(otel, server, receiver):

@@ -51,7 +51,8 @@ def test_our_own_names_are_visibly_ours():
     attributes = [a.name for a in semconv.ATTRIBUTES.values() if not a.convention
                   and a.name not in semconv.GENAI_LATEST_NAMES and not a.name.startswith(OURS)
                   and a.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.METRIC}]
-    metrics = [m.name for m in semconv.METRICS.values() if not m.convention and not m.name.startswith(OURS)]
+    metrics = [m.name for m in semconv.METRICS.values() if not m.convention
+               and m.name not in semconv.GENAI_LATEST_METRICS and not m.name.startswith(OURS)]
     assert (attributes, metrics) == ([], [])
     # and a name the conventions define is marked as such (so its check above runs)
     unmarked = [a.name for a in semconv.ATTRIBUTES.values() if not a.convention and a.name in CONVENTION_ATTRIBUTES]
@@ -60,6 +61,9 @@ def test_our_own_names_are_visibly_ours():
 
 def test_the_post_v1_41_names_are_not_in_the_v1_41_package():
     assert not semconv.GENAI_LATEST_NAMES & set(CONVENTION_ATTRIBUTES)
+    assert not semconv.GENAI_LATEST_METRICS & set(CONVENTION_METRICS)
+    assert semconv.GENAI_LATEST_METRICS <= set(semconv.METRICS)
+    assert not any(semconv.METRICS[name].convention for name in semconv.GENAI_LATEST_METRICS)
 
 
 def _references(paths: list[str]) -> set[str]:

@@ -16,16 +16,88 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import semconv
+from otel_llm.config import ENV_SEMCONV_OPT_IN, GENAI_LATEST_EXPERIMENTAL
 
 API_KEY = "sk-test-secret-key-4f1d2a"
 HELLO = [{"role": "user", "content": "Say this is a test"}]
 
 
 @pytest.fixture
-def otel():
+def otel(request, monkeypatch):
+    """The instrumentation with v1.41 names, or (BOTH_MODES param True) gen_ai_latest_experimental's."""
+    latest = getattr(request, "param", False)
+    if latest:
+        monkeypatch.setenv(ENV_SEMCONV_OPT_IN, GENAI_LATEST_EXPERIMENTAL)
+    else:
+        monkeypatch.delenv(ENV_SEMCONV_OPT_IN, raising=False)
     o = Otel()
+    o.latest = latest
     yield o
     o.close()
+
+
+# a test whose metric or usage names differ by mode runs in both
+BOTH_MODES = pytest.mark.parametrize("otel", [False, True], ids=["v1_41", "latest"], indirect=True)
+LATEST_TOKEN_METRICS = (
+    semconv.CLIENT_USAGE_INPUT_TOKENS, semconv.CLIENT_USAGE_OUTPUT_TOKENS, semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
+    semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS,
+    semconv.CLIENT_OPERATION_INPUT_TOKENS, semconv.CLIENT_OPERATION_OUTPUT_TOKENS)
+
+
+def duration_points(otel, operation=semconv.OP_CHAT):
+    """The calls' duration points under the mode's name; the other name has none."""
+    used, unused = semconv.CLIENT_OPERATION_DURATION, semconv.CLIENT_INFERENCE_DURATION
+    if otel.latest and operation != semconv.OP_EMBEDDINGS:
+        used, unused = unused, used
+    assert otel.points(unused) == []
+    return otel.points(used)
+
+
+def chunk_points(otel):
+    """(time_to_first_chunk, time_per_output_chunk) points under the mode's names; the others have none."""
+    v1_41 = (semconv.CLIENT_TIME_TO_FIRST_CHUNK, semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+    latest = (semconv.CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, semconv.CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK)
+    used, unused = (latest, v1_41) if otel.latest else (v1_41, latest)
+    assert [otel.points(name) for name in unused] == [[], []]
+    return tuple(otel.points(name) for name in used)
+
+
+def assert_token_metrics(otel, attrs, input_tokens, output_tokens, cache_read=0, cache_write=0, reasoning=0,
+                         calls=1):
+    """Exactly the token metrics of `calls` calls with these metric attributes, in the mode's names.
+    input/output None: the calls received no such count (v1.41: nothing recorded; latest: 0, modality
+    unknown, on the counter, and 0 on the per-operation histogram)."""
+    if not otel.latest:
+        assert [otel.points(name) for name in LATEST_TOKEN_METRICS] == [[]] * len(LATEST_TOKEN_METRICS)
+        points = otel.points(semconv.CLIENT_TOKEN_USAGE)
+        assert {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: (dict(p.attributes), p.sum, p.count, tuple(p.explicit_bounds))
+                for p in points} == {
+            kind: ({**attrs, semconv.GEN_AI_TOKEN_TYPE: kind}, value, calls, semconv.TOKEN_BUCKETS)
+            for kind, value in ((semconv.TOKEN_TYPE_INPUT, input_tokens), (semconv.TOKEN_TYPE_OUTPUT, output_tokens))
+            if value is not None}
+        return
+    assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+    text = {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_TEXT}
+    for counter, histogram, value in (
+            (semconv.CLIENT_USAGE_INPUT_TOKENS, semconv.CLIENT_OPERATION_INPUT_TOKENS, input_tokens),
+            (semconv.CLIENT_USAGE_OUTPUT_TOKENS, semconv.CLIENT_OPERATION_OUTPUT_TOKENS, output_tokens)):
+        modality = semconv.TOKEN_MODALITY_UNKNOWN if value is None else semconv.TOKEN_MODALITY_TEXT
+        assert [(dict(p.attributes), p.value) for p in otel.points(counter)] == [
+            ({**attrs, semconv.GEN_AI_TOKEN_MODALITY: modality}, value or 0)], counter
+        assert [(dict(p.attributes), p.sum, p.count, tuple(p.explicit_bounds)) for p in otel.points(histogram)] == [
+            (attrs, value or 0, calls, semconv.TOKEN_BUCKETS)], histogram
+    for counter, value in ((semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, cache_read),
+                           (semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, cache_write),
+                           (semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS, reasoning)):
+        assert [(dict(p.attributes), p.value) for p in otel.points(counter)] == ([(text, value)] if value else []), \
+            counter
+
+
+def zero_breakdown(otel):
+    """The span attributes of a response reporting 0 cached and 0 reasoning tokens: stated in v1.41
+    mode, left out in latest mode (breakdowns only when non-zero)."""
+    return {} if otel.latest else {semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
+                                   semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +151,7 @@ def assert_no_secret(otel):
 
 # --- non-streamed calls ------------------------------------------------------------------------
 
+@BOTH_MODES
 def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
     server.play("test_chat_completion_extra_params.yaml")
     headers = {"x-caller": "kept"}
@@ -104,8 +177,7 @@ def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
         semconv.GEN_AI_USAGE_INPUT_TOKENS: recorded["usage"]["prompt_tokens"],
         semconv.GEN_AI_USAGE_OUTPUT_TOKENS: recorded["usage"]["completion_tokens"],
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
-        semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0,
+        **zero_breakdown(otel),
         semconv.OPENAI_RESPONSE_SERVICE_TIER: "default",
         semconv.OPENAI_RESPONSE_SYSTEM_FINGERPRINT: recorded["system_fingerprint"],
     }
@@ -116,17 +188,14 @@ def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
     assert_traceparent_is(span, received)
 
     metric_attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: recorded["model"]}
-    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    (duration,) = duration_points(otel)
     assert dict(duration.attributes) == metric_attrs
     assert duration.count == 1
     assert tuple(duration.explicit_bounds) == semconv.DURATION_BUCKETS
     assert abs(duration.sum - (span.end_time - span.start_time) / 1e9) < 0.01
-    tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p for p in otel.points(semconv.CLIENT_TOKEN_USAGE)}
-    assert {k: (p.sum, p.count) for k, p in tokens.items()} == {
-        "input": (recorded["usage"]["prompt_tokens"], 1), "output": (recorded["usage"]["completion_tokens"], 1)}
-    assert dict(tokens["input"].attributes) == {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "input"}
-    assert tuple(tokens["input"].explicit_bounds) == semconv.TOKEN_BUCKETS
-    assert otel.points(semconv.CLIENT_TIME_TO_FIRST_CHUNK) == []  # streams only
+    assert_token_metrics(otel, metric_attrs, recorded["usage"]["prompt_tokens"],
+                         recorded["usage"]["completion_tokens"])
+    assert chunk_points(otel) == ([], [])  # streams only
     assert_no_secret(otel)
 
 
@@ -145,6 +214,7 @@ def test_async_chat_with_two_choices(otel, server):
     assert_traceparent_is(span, server.received[-1])
 
 
+@BOTH_MODES
 def test_http_error_sets_error_type_on_span_and_metric(otel, server, client):
     server.play("test_chat_completion_404.yaml")
     with pytest.raises(openai.NotFoundError):
@@ -153,9 +223,14 @@ def test_http_error_sets_error_type_on_span_and_metric(otel, server, client):
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes[semconv.ERROR_TYPE] == "404"
     assert [e.name for e in span.events] == ["exception"]
-    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
-    assert duration.attributes[semconv.ERROR_TYPE] == "404"
-    assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+    # no usage came back: the span says so (the conventions ask for no 0 on the span)
+    assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
+    assert semconv.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
+    attrs = {**base_attributes(server, "this-model-does-not-exist"), semconv.ERROR_TYPE: "404"}
+    (duration,) = duration_points(otel)
+    assert dict(duration.attributes) == attrs
+    # v1.41: no token metric; latest: 0 input and 0 output tokens of modality unknown
+    assert_token_metrics(otel, attrs, None, None)
 
 
 def test_connection_error_type_is_the_exception_class(otel):
@@ -167,16 +242,65 @@ def test_connection_error_type_is_the_exception_class(otel):
     assert span.attributes[semconv.SERVER_PORT] == 9
 
 
+@BOTH_MODES
 def test_cached_tokens_from_prompt_caching(otel, server, client):
     server.play("test_openai_prompt_caching.yaml")
     messages = json.loads(_request_body("test_openai_prompt_caching.yaml"))["messages"]
     first = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
     second = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
     spans = otel.finished()
-    assert [s.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] for s in spans] == [
-        first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens]
-    assert second.usage.prompt_tokens_details.cached_tokens == 1024
+    assert (first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens) == \
+        (0, 1024)
+    # the first call's 0 is stated in v1.41 mode only
+    assert [s.attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) for s in spans] == [
+        None if otel.latest else 0, 1024]
     assert spans[1].attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == second.usage.prompt_tokens
+    assert first.model == second.model
+    attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: first.model}
+    assert_token_metrics(otel, attrs, first.usage.prompt_tokens + second.usage.prompt_tokens,
+                         first.usage.completion_tokens + second.usage.completion_tokens, cache_read=1024, calls=2)
+
+
+def chat_reply(usage: dict) -> dict:
+    body = {"id": "chatcmpl-cw", "object": "chat.completion", "created": 1, "model": "some-provider-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": usage}
+    return {"status": 200, "headers": {"content-type": "application/json"}, "body": json.dumps(body).encode()}
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("field", ["cache_write_tokens", "cache_creation_tokens"])
+def test_cache_write_tokens_of_an_openai_compatible_provider(otel, server, client, field):
+    """v1.41 mode names them gen_ai.usage.cache_creation.input_tokens, latest mode
+    gen_ai.usage.cache_write.input_tokens (and counts them); a count that is not an int is ignored."""
+    usage = {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33,
+             "prompt_tokens_details": {"cached_tokens": 0, field: 20}}
+    server.queue.append(chat_reply(usage))
+    server.queue.append(chat_reply({**usage, "prompt_tokens_details": {field: "many"}}))
+    server.queue.append(chat_reply({**usage, "prompt_tokens_details": {field: 0}}))
+    for _ in range(3):
+        client.chat.completions.create(model="m", messages=HELLO)
+    spans = otel.finished()
+    name, other = semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+    if otel.latest:
+        name, other = other, name
+    assert [(s.attributes.get(name), s.attributes.get(other)) for s in spans] == [(20, None), (None, None),
+                                                                                  (None, None)]
+    attrs = {**base_attributes(server, "m"), semconv.GEN_AI_RESPONSE_MODEL: "some-provider-model"}
+    assert_token_metrics(otel, attrs, 90, 9, cache_write=20, calls=3)
+
+
+def test_the_mode_is_read_once_at_instrument_time(monkeypatch, server, client):
+    monkeypatch.setenv(ENV_SEMCONV_OPT_IN, f"http, {GENAI_LATEST_EXPERIMENTAL}")
+    otel = Otel()
+    try:
+        monkeypatch.delenv(ENV_SEMCONV_OPT_IN)
+        server.play("test_chat_completion_with_content.yaml")
+        client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        assert [p.count for p in otel.points(semconv.CLIENT_INFERENCE_DURATION)] == [1]
+        assert otel.points(semconv.CLIENT_OPERATION_DURATION) == otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+    finally:
+        otel.close()
 
 
 def test_legacy_completions(otel, server, client):
@@ -193,6 +317,7 @@ def test_legacy_completions(otel, server, client):
     assert semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS not in span.attributes  # not in the response
 
 
+@BOTH_MODES
 def test_legacy_completions_stream(otel, server, client):
     name = "TestCompletionsFinishReasons.test_completions_streaming_sets_top_level_finish_reasons.yaml"
     server.play(name)
@@ -202,8 +327,13 @@ def test_legacy_completions_stream(otel, server, client):
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
     assert span.status.status_code == StatusCode.UNSET
+    attrs = {**base_attributes(server, "davinci-002", semconv.OP_TEXT_COMPLETION),
+             semconv.GEN_AI_RESPONSE_MODEL: chunks[0].model}
+    assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
+    assert_token_metrics(otel, attrs, None, None)  # the stream carried no usage
 
 
+@BOTH_MODES
 def test_embeddings(otel, server, client):
     server.play("test_embeddings_with_dimensions.yaml")
     result = client.embeddings.create(model="text-embedding-3-small", dimensions=512, encoding_format="float",
@@ -217,7 +347,16 @@ def test_embeddings(otel, server, client):
         semconv.GEN_AI_USAGE_INPUT_TOKENS: 8,
         semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT: 512,
     }
-    assert {p.attributes[semconv.GEN_AI_TOKEN_TYPE] for p in otel.points(semconv.CLIENT_TOKEN_USAGE)} == {"input"}
+    attrs = {**base_attributes(server, "text-embedding-3-small", semconv.OP_EMBEDDINGS),
+             semconv.GEN_AI_RESPONSE_MODEL: result.model}
+    # not inference: gen_ai.client.operation.duration in either mode
+    assert [dict(p.attributes) for p in duration_points(otel, semconv.OP_EMBEDDINGS)] == [attrs]
+    if otel.latest:  # the inference.usage.* metrics are for inference: the tokens are on the span only
+        assert [otel.points(name) for name in (semconv.CLIENT_TOKEN_USAGE, *LATEST_TOKEN_METRICS)] == \
+            [[]] * (1 + len(LATEST_TOKEN_METRICS))
+    else:
+        assert [(p.attributes[semconv.GEN_AI_TOKEN_TYPE], p.sum) for p in otel.points(semconv.CLIENT_TOKEN_USAGE)] \
+            == [("input", 8)]
 
 
 def test_async_embeddings_error(otel, server):
@@ -232,6 +371,7 @@ def test_async_embeddings_error(otel, server):
     assert otel.only_span().attributes[semconv.ERROR_TYPE] == "404"
 
 
+@BOTH_MODES
 def test_responses_api(otel, server, client):
     server.play("test_responses_create_basic[content_mode0].yaml")
     result = client.responses.create(model="gpt-4o-mini", input="Say this is a test",
@@ -241,12 +381,18 @@ def test_responses_api(otel, server, client):
     assert span.attributes[semconv.OPENAI_API_TYPE] == semconv.OPENAI_API_TYPE_RESPONSES
     assert span.attributes[semconv.GEN_AI_RESPONSE_ID] == result.id
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)  # status completed
-    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.input_tokens
-    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.output_tokens
-    assert span.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == \
-        result.usage.input_tokens_details.cached_tokens
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.input_tokens == 22
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.output_tokens == 6
+    assert result.usage.input_tokens_details.cached_tokens == result.usage.output_tokens_details.reasoning_tokens == 0
+    breakdown = {k: v for k, v in span.attributes.items() if k in (
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)}
+    assert breakdown == zero_breakdown(otel)
+    attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: result.model}
+    assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]  # the Responses API is inference
+    assert_token_metrics(otel, attrs, 22, 6)
 
 
+@BOTH_MODES
 def test_responses_reasoning_tokens_and_max_output_tokens(otel, server, client):
     name = "test_responses_create_reports_reasoning_tokens[content_mode0].yaml"
     server.play(name)
@@ -255,6 +401,11 @@ def test_responses_reasoning_tokens_and_max_output_tokens(otel, server, client):
     assert span.attributes[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 300
     assert span.attributes[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == \
         result.usage.output_tokens_details.reasoning_tokens == 9
+    # cached: 0, stated in v1.41 mode only
+    assert span.attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) == (None if otel.latest else 0)
+    attrs = {**base_attributes(server, "gpt-5.4"), semconv.GEN_AI_RESPONSE_MODEL: result.model}
+    # the reasoning counter (latest) counts its 9, the cache_read counter has no point
+    assert_token_metrics(otel, attrs, 44, 288, reasoning=9)
 
 
 def test_responses_error(otel, server, client):
@@ -299,6 +450,7 @@ def test_with_streaming_response(otel, server, client):
 
 # --- streams ------------------------------------------------------------------------------------
 
+@BOTH_MODES
 def test_stream_exhausted(otel, server, client):
     name = "test_chat_completion_streaming.yaml"
     server.play(name)
@@ -318,15 +470,17 @@ def test_stream_exhausted(otel, server, client):
     assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(chunks)
     ttfc = span.attributes[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
     assert 0 < ttfc < (span.end_time - span.start_time) / 1e9
-    (first,) = otel.points(semconv.CLIENT_TIME_TO_FIRST_CHUNK)
+    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: recorded[0]["model"]}
+    (first,), (per_chunk,) = chunk_points(otel)
     assert first.count == 1 and abs(first.sum - ttfc) < 1e-6
-    (per_chunk,) = otel.points(semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+    assert tuple(first.explicit_bounds) == semconv.DURATION_BUCKETS
     # one record per chunk after the first (semconv), not one mean per stream
     assert per_chunk.count == len(chunks) - 1 > 1
     assert 0 <= per_chunk.sum < (span.end_time - span.start_time) / 1e9 - ttfc
-    assert tuple(per_chunk.explicit_bounds) == semconv.METRICS[semconv.CLIENT_TIME_PER_OUTPUT_CHUNK].buckets
-    tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.sum for p in otel.points(semconv.CLIENT_TOKEN_USAGE)}
-    assert tokens == {"input": usage["prompt_tokens"], "output": usage["completion_tokens"]}
+    assert tuple(per_chunk.explicit_bounds) == semconv.CHUNK_BUCKETS
+    assert dict(first.attributes) == dict(per_chunk.attributes) == attrs
+    assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
+    assert_token_metrics(otel, attrs, usage["prompt_tokens"], usage["completion_tokens"])
 
 
 def test_async_stream_exhausted(otel, server):
@@ -355,13 +509,15 @@ def test_stream_of_two_choices(otel, server, client):
     assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == chunks[-1].usage.completion_tokens
 
 
-def test_stream_without_usage_records_no_token_metric(otel, server, client):
+@BOTH_MODES
+def test_stream_without_usage_records_no_token_metric_or_zero_of_unknown_modality(otel, server, client):
     server.play("test_chat_completion_streaming_not_complete.yaml")
-    list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
+    chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
     span = otel.only_span()
     assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
     assert semconv.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
-    assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
+    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: chunks[0].model}
+    assert_token_metrics(otel, attrs, None, None)
 
 
 def _abandoned(span, reasons=("error",)):
@@ -370,6 +526,7 @@ def _abandoned(span, reasons=("error",)):
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == reasons
 
 
+@BOTH_MODES
 def test_stream_break_then_close(otel, server, client):
     server.play("test_chat_completion_streaming.yaml")
     stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
@@ -382,8 +539,12 @@ def test_stream_break_then_close(otel, server, client):
     span = otel.only_span()
     _abandoned(span)
     assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == 2
-    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    (duration,) = duration_points(otel)
     assert duration.count == 1 and duration.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
+    # abandoned before its usage: v1.41 records no tokens, latest 0 of modality unknown, with the error.type
+    assert_token_metrics(otel, dict(duration.attributes), None, None)
+    assert duration.attributes[semconv.GEN_AI_RESPONSE_MODEL] == response_json(
+        "test_chat_completion_streaming.yaml")[0]["model"]
 
 
 def test_stream_context_manager_exit_early(otel, server, client):
@@ -469,6 +630,7 @@ def test_exception_mid_stream(otel, server, client):
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("error",)
 
 
+@BOTH_MODES
 def test_async_stream_cancelled(otel, server):
     server.play("test_async_chat_completion_streaming.yaml")
     server.event_delay = 0.2
@@ -493,6 +655,45 @@ def test_async_stream_cancelled(otel, server):
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes[semconv.ERROR_TYPE] == "CancelledError"
     assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(got)
+    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: got[0].model,
+             semconv.ERROR_TYPE: "CancelledError"}
+    assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
+    assert_token_metrics(otel, attrs, None, None)
+
+
+@BOTH_MODES
+def test_a_stream_that_fails_after_its_usage_records_the_usage(otel, server, client):
+    """The usage chunk arrived, then the stream failed: the tokens it reported are recorded (both modes),
+    on points that carry the error.type."""
+    usage = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
+             "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens_details": {"reasoning_tokens": 1}}
+    chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [
+                  {"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
+              {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [
+                  {"index": 0, "delta": {}, "finish_reason": "stop"}]},
+              {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [],
+               "usage": usage},
+              {"error": {"message": "upstream went away"}}]
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    server.queue.append({"status": 200, "headers": {"content-type": "text/event-stream"}, "body": body})
+    got = []
+    with pytest.raises(openai.APIError):
+        for chunk in client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
+                                                    stream_options={"include_usage": True}):
+            got.append(chunk)
+    assert got[-1].usage.prompt_tokens == 12
+    span = otel.only_span()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[semconv.ERROR_TYPE] == "APIError"
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert {k: v for k, v in span.attributes.items() if k.startswith("gen_ai.usage.")} == {
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 1}
+    assert semconv.OTEL_LLM_USAGE_MISSING not in span.attributes
+    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: "gpt-4-0613",
+             semconv.ERROR_TYPE: "APIError"}
+    assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
+    assert_token_metrics(otel, attrs, 12, 2, cache_read=4, reasoning=1)
 
 
 # --- include_usage, propagation, content, safety ------------------------------------------------
@@ -753,6 +954,7 @@ def test_an_error_body_echoing_the_key_is_redacted_in_status_and_exception_event
     assert_key_nowhere(otel)
 
 
+@BOTH_MODES
 def test_a_key_passed_as_the_model_is_redacted_on_the_span_and_metrics_when_the_call_fails(otel, server, client):
     server.queue.append(error_reply(404, f"The model `{LEAKED_KEY}` does not exist"))
     with pytest.raises(openai.NotFoundError):
@@ -760,8 +962,10 @@ def test_a_key_passed_as_the_model_is_redacted_on_the_span_and_metrics_when_the_
     span = otel.only_span()
     assert span.name == "chat <SECRET>"
     assert span.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
-    (duration,) = otel.points(semconv.CLIENT_OPERATION_DURATION)
+    (duration,) = duration_points(otel)
     assert duration.attributes[semconv.GEN_AI_REQUEST_MODEL] == "<SECRET>"
+    # latest mode's zero-token points carry the redacted model too
+    assert_token_metrics(otel, dict(duration.attributes), None, None)
     assert_key_nowhere(otel)
 
 

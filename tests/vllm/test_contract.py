@@ -191,3 +191,42 @@ def test_the_reader_on_vllms_own_objects():
     assert pooled.index == 1 and pooled.prompt_tokens == 5
     assert pooled.output_tokens is None and pooled.output_text is None  # no detokenizer: no decode
     assert contract.read_kv_transfer_params(pooling) is None
+
+
+def test_the_newer_per_request_readers_on_vllms_own_objects():
+    """Speculative decoding, the session id and reasoning tokens, read from the installed vLLM's own
+    classes filled the way vLLM fills them."""
+    import time
+
+    from vllm import SamplingParams
+    from vllm.entrypoints.serve.engine.protocol import CompletionTokenUsageInfo, UsageInfo
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    request = EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2, 3], mm_features=None,
+                                sampling_params=SamplingParams(max_tokens=3, detokenize=False), pooling_params=None,
+                                arrival_time=time.time(), lora_request=None, cache_salt=None,
+                                data_parallel_rank=None, external_req_id="client-id", session_id="conv-7")
+    assert contract.read_session_id(request) == "conv-7"
+    processor = OutputProcessor(tokenizer=None, log_stats=True)
+    processor.add_request(request, prompt=None)
+    state = contract.read_request_states(processor)["r"]
+    assert contract.read_engine_request(state).spec_decode is None  # no speculator
+    metrics = RequestSpecDecodeMetrics.new(num_spec_tokens=3)
+    for drafted, accepted in ((3, 3), (3, 1), (3, 0), (2, 2)):  # as the scheduler observes verify steps
+        metrics.observe(drafted, accepted)
+    state.spec_decode_metrics = metrics
+    drafts, accepted, steps = contract.read_engine_request(state).spec_decode
+    figures = metrics.to_dict()  # what vLLM puts in the response's metrics.speculative_decoding
+    assert (drafts, accepted, steps) == (figures["num_draft_tokens"], figures["num_accepted_draft_tokens"],
+                                         figures["num_spec_steps"]) == (11, 6, 4)
+    assert accepted / drafts == figures["draft_acceptance_rate"]
+    assert 1 + accepted / steps == figures["mean_acceptance_length"]
+
+    metadata = type("Metadata", (), {})()
+    metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9,
+                                          completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=5))
+    assert contract.read_reasoning_tokens(metadata) == 5
+    metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9)  # no reasoning parser
+    assert contract.read_reasoning_tokens(metadata) is None
