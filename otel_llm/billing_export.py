@@ -5,12 +5,19 @@
   is the tenant (or its entry in --customers); the three token counts are `properties`, so one
   billable metric per token type is a `sum` over its property.
 - stripe: Stripe billing meter events (`POST /v1/billing/meter_events`), one per token type with a
-  non-zero count: `event_name` = prefix + token type, `payload.value` the count (a string, as
+  non-zero count (input, cached_input, uncached_input, output): `event_name` = prefix + token type,
+  `payload.value` the count (a string, as
   Stripe wants), `payload.stripe_customer_id` the tenant's customer, `identifier` derived from the
   idempotency key and the token type (hashed when longer than Stripe's 100 characters). Stripe
   enforces identifier uniqueness only within a rolling 24 hours and takes timestamps of the last
   35 days: export each window once (keep the last --end you sent), re-send only a recent one.
 - csv: one row per record, for spreadsheets and other platforms.
+
+Token counts are inclusive, as the conventions define them (docs/ledger.md, "Which totals include
+which"): `input` includes `cached_input`. A platform that prices buckets separately prices
+`uncached_input` and `cached_input` (Lago's `uncached_input_tokens` property, Stripe's
+`uncached_input_tokens` meter), never `input` and `cached_input` together: that charges every cached
+token twice.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from otel_llm.report import UNSET, ReportError
 
 FORMATS = ("lago", "stripe", "csv")
 STRIPE_IDENTIFIER_MAX = 100
+# one meter per bucket; uncached_input (input - cached_input) is the exclusive bucket of the two inclusive ones
+STRIPE_TOKEN_TYPES = ("input", "cached_input", "uncached_input", "output")
 CSV_COLUMNS = ("key", "time", "tenant", "scene", "cost_center", "model", "served_model", "operation", "outcome",
                "input", "cached_input", "output", "n", "response_id", "trace_id")
 
@@ -93,8 +102,9 @@ def stripe_events(records: list[dict], customers: dict[str, str], prefix: str, m
         customer = _customer(record, customers, missing)
         if customer is None:
             continue
-        for token_type in ("input", "cached_input", "output"):
-            value = int(record[token_type])
+        for token_type in STRIPE_TOKEN_TYPES:
+            value = int(record["input"]) - int(record["cached_input"]) if token_type == "uncached_input" \
+                else int(record[token_type])
             if value:
                 yield {"event_name": f"{prefix}{token_type}_tokens",
                        "identifier": stripe_identifier(record["key"], token_type),

@@ -100,6 +100,7 @@ COLUMNS = (*_STRING_FIELDS, *_UINT_FIELDS, "engine_ids", "frontend_billed", "ts"
 # a bill's own columns come from the API server's record when there is one, else from the engine's;
 # its engine figures from the engine records joined to it
 _BILL_COLUMNS = tuple(c for c in (*_STRING_FIELDS, *_INT_FIELDS, "ts", "trace_id") if c != "engine_instance")
+_EXTERNAL = dict(semconv.USAGE_DETAIL_TOKEN_FIELDS)[semconv.VLLM_EXTERNAL_CACHED_TOKENS]
 # engine records are joined to API-server records ended this much before or after the report window
 JOIN_MARGIN_S = 3600
 _API = f"kind IN ('', {_literal(semconv.USAGE_KIND_REQUEST)})"
@@ -166,19 +167,25 @@ def _bills(source: str, start: float, end: float) -> str:
     Rows are grouped by engine request id (`eid`: an API server's record has one row per id it lists,
     or its key when it lists none), then by the bill's key. `costed`: the bill has engine figures."""
     eid = "arrayJoin(if(is_api, if(empty(engine_ids), [key], engine_ids), [if(engine_id = '', key, engine_id)]))"
-    rows = (f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid FROM ({source}) "
+    rows = (f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external FROM ({source}) "
             f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
             f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}")
     own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
     figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
+    figures += ", anyIf(raw_external, NOT is_api) AS engine_external"
     per_engine_request = (f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
                           f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
                           f"FROM ({rows}) GROUP BY eid")
     per_engine_request = f"SELECT *, sipHash128(key) AS bill_hash FROM ({per_engine_request})"
-    keep = ", ".join([*(f"any({c}) AS {c}" for c in _BILL_COLUMNS), *(f"sum({c}) AS {c}" for c in COST_FIELDS),
+    # the connector's part of the hit: the engine's figure where the API server's record missed it (it
+    # came after the final output), but a P/D decode leg's is the prefill node's hits, as its frontend says
+    external = (f"if(pd_role = {_literal(semconv.PD_ROLE_DECODE)}, {_EXTERNAL}, "
+                f"greatest({_EXTERNAL}, engine_external)) AS {_EXTERNAL}")
+    keep = ", ".join([*(f"any({c}) AS {c}" for c in _BILL_COLUMNS), "sum(engine_external) AS engine_external",
+                      *(f"sum({c}) AS {c}" for c in COST_FIELDS),
                       "max(engine_instance) AS engine_instance", "max(costed) AS costed", "max(orphan) AS orphan"])
     bills = f"SELECT {keep} FROM ({per_engine_request}) GROUP BY bill_hash"
-    return f"SELECT * FROM ({bills}) WHERE {_ended(start, end)}"
+    return f"SELECT * EXCEPT (engine_external) REPLACE ({external}) FROM ({bills}) WHERE {_ended(start, end)}"
 
 
 def _dimension(name: str) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_llm.warn import warn_once
+
 
 @dataclass(frozen=True)
 class Fields:
@@ -41,6 +43,8 @@ FIELDS: tuple[Fields, ...] = (
             "detokenizer", "stats"),
            ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens", "spec_decode_metrics"),
            why="tokens, ids and timing of each engine request"),
+    Fields(("vllm.v1.metrics.stats",), "PrefillStats", ("num_external_cached_tokens",), optional_class=True,
+           why="the part of a request's prefix-cache hit a KV connector loaded (local vs external)"),
     Fields(("vllm.v1.metrics.stats",), "RequestSpecDecodeMetrics", ("histogram", "num_draft_tokens"),
            optional_class=True, why="speculative decoding per request: drafts proposed and accepted"),
     Fields(("vllm.v1.metrics.stats",), "RequestStateStats",
@@ -98,7 +102,7 @@ FIELDS: tuple[Fields, ...] = (
            ("resumed_req_ids",), why="a preempted request's prefix-cache hit when resumed"),
     Fields(("vllm.v1.request",), "Request",
            ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "arrival_time",
-            "lora_request", "trace_headers", "get_finished_reason"),
+            "lora_request", "trace_headers", "get_finished_reason"), ("prefill_stats",),
            why="an engine request's tokens, finish reason, trace and tenant when it finishes"),
     Fields(("vllm.v1.engine",), "EngineCoreRequest", ("trace_headers",),
            why="the frontend hands the engine its bill marker, traceparent and tenant"),
@@ -177,8 +181,13 @@ def _spec_decode(metrics) -> tuple[int, int, int] | None:
     """RequestSpecDecodeMetrics: histogram[j] = verify steps that accepted j draft tokens."""
     if metrics is None:
         return None
-    histogram = metrics.histogram
-    return int(metrics.num_draft_tokens), sum(j * count for j, count in enumerate(histogram)), sum(histogram)
+    try:
+        histogram = metrics.histogram
+        return int(metrics.num_draft_tokens), sum(j * count for j, count in enumerate(histogram)), sum(histogram)
+    except (AttributeError, TypeError, ValueError):  # a release that reshaped it: the rest of the request stays
+        warn_once("spec decode shape", "otel-llm: vLLM's RequestSpecDecodeMetrics has a shape otel-llm does not "
+                  "know; spans and bills have no speculative-decoding figures")
+        return None
 
 
 def read_session_id(engine_request) -> str | None:
@@ -317,9 +326,10 @@ def read_scheduled(so) -> tuple[dict, int]:
     return so.num_scheduled_tokens, so.total_num_scheduled_tokens
 
 
-def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None]]:
+def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None, int]]:
     """(request id, tokens already computed: its prefix-cache hit, prompt tokens, the headers an
-    instrumented frontend sent) of the requests admitted this step, new or resumed after a preemption.
+    instrumented frontend sent, the part of the hit a KV connector loaded) of the requests admitted
+    this step, new or resumed after a preemption (a resumed one: its connector part is not read, 0).
 
     The caller takes the frontend's headers off the Request once it has kept them
     (drop_frontend_headers): vLLM copies trace_headers into every output of a request, and the API
@@ -329,15 +339,24 @@ def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None]]
         request = requests.get(new.req_id)
         if request is not None:
             admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens,
-                             _frontend_headers(request)))
+                             _frontend_headers(request), _external_hit(request)))
     cached = so.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed:
         for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
             request = requests.get(rid) if rid in resumed else None
             if request is not None:
-                admitted.append((rid, n, request.num_prompt_tokens, None))
+                admitted.append((rid, n, request.num_prompt_tokens, None, 0))
     return admitted
+
+
+def _external_hit(request) -> int:
+    """Request.prefill_stats.num_external_cached_tokens (vLLM >= 0.30): set by the schedule that admits
+    a request the first time, taken away with its first output."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None:
+        return 0
+    return getattr(stats, "num_external_cached_tokens", 0) or 0
 
 
 def _frontend_headers(request) -> dict | None:

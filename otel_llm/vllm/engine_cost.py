@@ -41,7 +41,7 @@ class Acc:
 
     __slots__ = ("busy_ns", "prefill_ns", "tokens", "prompt_left", "inflight", "blocks", "hits", "since", "block_ns",
                  "hit_block_ns", "preemptions", "preempted_at", "preempted_ns", "preempt_log", "cached_tokens",
-                 "headers", "finished")
+                 "external_tokens", "headers", "finished")
 
     def __init__(self, now: int):
         self.busy_ns = self.prefill_ns = self.tokens = self.inflight = self.blocks = self.hits = 0
@@ -49,6 +49,7 @@ class Acc:
         self.since = now
         self.block_ns = self.hit_block_ns = self.preemptions = self.preempted_at = self.preempted_ns = 0
         self.cached_tokens = -1  # its prefix-cache hit at its first admission (-1: not admitted yet)
+        self.external_tokens = 0  # the part of that hit a KV connector loaded
         self.preempt_log: list | None = None  # [[preempted at (Unix ns), for how long (ns)], ...]
         self.headers: dict | None = None  # what an instrumented frontend sent (contract.read_admitted)
         self.finished: contract.CoreRequest | None = None
@@ -87,12 +88,13 @@ class CostBook:
         tokens, _ = contract.read_scheduled(so)
         acc = self.acc
         admitted = contract.read_admitted(so, self.requests)
-        for rid, computed, prompt, headers in admitted:  # new, or resumed after a preemption
+        for rid, computed, prompt, headers, external in admitted:  # new, or resumed after a preemption
             a = acc.get(rid)
             if a is None:
                 a = acc[rid] = Acc(now)
             if a.cached_tokens < 0:
                 a.cached_tokens = computed
+                a.external_tokens = external
             if headers is not None:  # kept before they leave the Request: a failure here never loses "billed"
                 a.headers = headers
                 contract.drop_frontend_headers(self.requests[rid])
@@ -122,7 +124,7 @@ class CostBook:
             if held != a.blocks:
                 self._blocks(a, now)
                 a.blocks = held
-        for rid, computed, _, _ in admitted:
+        for rid, computed, *_ in admitted:
             a = acc[rid]
             a.hits = min(a.blocks, sum(computed // size for size in self.block_sizes))
 
@@ -298,6 +300,8 @@ class CostBook:
             semconv.COST_PREEMPTED_NS: a.preempted_ns,
             semconv.VLLM_PREEMPTIONS: a.preemptions,
         }
+        if a.external_tokens:
+            record[semconv.VLLM_EXTERNAL_CACHED_TOKENS] = a.external_tokens
         if info.finish_reason:
             record[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [info.finish_reason]
         model = info.lora_name or self.model
@@ -313,7 +317,8 @@ class CostBook:
         self.pending.append(_line(record))
         if not info.frontend_billed:
             return None
-        summary = f"{a.busy_ns},{a.prefill_ns},{a.block_ns},{a.hit_block_ns},{a.preempted_ns},{a.tokens}"
+        summary = f"{a.busy_ns},{a.prefill_ns},{a.block_ns},{a.hit_block_ns},{a.preempted_ns},{a.tokens}," \
+                  f"{a.external_tokens}"
         if a.preempt_log:
             summary += ";" + ";".join(f"{at}:{waited}" for at, waited in a.preempt_log)
         return summary

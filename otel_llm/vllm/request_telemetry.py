@@ -287,6 +287,8 @@ class RequestTelemetry:
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
             if usage.cache_creation_input_tokens:  # where vLLM's request state tells them
                 attrs[self.telemetry.cache_write_attribute] = usage.cache_creation_input_tokens
+            if usage.external_cached_input_tokens:
+                attrs[semconv.VLLM_EXTERNAL_CACHED_TOKENS] = usage.external_cached_input_tokens
             if generates:
                 attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
         response_id = self.response_id or getattr(response, "id", None)
@@ -437,9 +439,11 @@ class RequestTelemetry:
             usage.input_tokens += engine.prompt_tokens
             usage.cached_input_tokens += engine.cached_tokens
             usage.cache_creation_input_tokens += engine.cache_creation_tokens
-            if engine.remote_cached_tokens is not None:
-                usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + \
-                    engine.remote_cached_tokens
+            # a P/D decode leg: the prefill node's hits; else what a KV connector loaded (the engine's figures)
+            external = engine.remote_cached_tokens if engine.remote_cached_tokens is not None \
+                else _external_hit(engine.engine_cost)
+            if external:
+                usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + external
         return usage
 
     def _finish_reasons(self, response, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
@@ -643,13 +647,21 @@ def _engine_cost(span, attrs: dict, engines: list[contract.EngineRequest]) -> No
         if not engine.engine_cost:
             continue
         figures, *preemptions = engine.engine_cost.split(";")
-        values = [int(v) for v in figures.split(",")[:len(_COST_FIELDS)]]
+        values = [int(v) for v in figures.split(",")[:len(_COST_FIELDS)]]  # then the external hit
         totals = values if totals is None else [t + v for t, v in zip(totals, values)]
         for preemption in preemptions:
             at, waited = (int(v) for v in preemption.split(":"))
             span.add_event(semconv.EVENT_PREEMPTED, {semconv.COST_PREEMPTED_NS: waited}, timestamp=at)
     if totals is not None:
         attrs.update(zip(_COST_FIELDS, totals))
+
+
+def _external_hit(summary: str | None) -> int:
+    """The 7th figure of an engine_cost.py summary: the prefix-cache hit tokens a KV connector loaded."""
+    if not summary:
+        return 0
+    figures = summary.split(";", 1)[0].split(",")
+    return int(figures[len(_COST_FIELDS)]) if len(figures) > len(_COST_FIELDS) else 0
 
 
 _COST_FIELDS = (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,

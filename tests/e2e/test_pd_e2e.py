@@ -31,8 +31,10 @@ def pair(receiver, tmp_path_factory):
     servers = {}
     for role in ("prefill", "decode"):
         servers[role] = VLLMServer(
-            env={**otlp_env(receiver.endpoint, service_name=f"vllm-{role}"), "OTEL_LLM_USAGE_DIR": str(spool / role)},
-            extra_args=["--kv-transfer-config", config], log_path=logs / f"vllm-{role}.log")
+            env={**otlp_env(receiver.endpoint, service_name=f"vllm-{role}"), "OTEL_LLM_USAGE_DIR": str(spool / role),
+                 "VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+            extra_args=["--kv-transfer-config", config, "--enable-prompt-tokens-details"],
+            log_path=logs / f"vllm-{role}.log")
     try:
         for server in servers.values():
             server.start()
@@ -88,3 +90,45 @@ def test_prefill_and_decode_legs_are_one_trace_billed_once(pair, receiver):
     # both nodes counted the request (each served a leg); the prompt is counted on the decode node only
     tokens = receiver.wait_for(exported_by_both, 30)
     assert tokens == [("vllm-decode", usage["prompt_tokens"])]
+
+
+def test_a_prefix_hit_is_split_into_local_and_connector_tokens(pair, receiver):
+    """One node as an ordinary server with its KV connector (kv_both: it saves every prompt's KV cache
+    to the shared storage): a prompt computed, then hit in the local prefix cache, then, with the local
+    cache reset, loaded by the connector. The span, the bill and the engine's record say which."""
+    servers, spool = pair
+    server = servers["prefill"]
+    prompt = "the local or the external cache? " * 20
+
+    def send():
+        tp = Traceparent()
+        response = httpx.post(server.url + "/v1/completions", headers=tp.headers(), timeout=120, json={
+            "model": MODEL_NAME, "prompt": prompt, "max_tokens": 2})
+        assert response.status_code == 200, response.text
+        span = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(tp.trace_id, [])) or None, 30)[0]
+        return response.json()["usage"], span.attributes, tp.trace_id
+
+    computed, local, external = send(), send(), None
+    assert httpx.post(server.url + "/reset_prefix_cache", timeout=60).status_code == 200
+    external = send()
+    hit = local[0]["prompt_tokens_details"]["cached_tokens"]
+    assert computed[0]["prompt_tokens_details"]["cached_tokens"] == 0 and hit > 0
+    assert external[0]["prompt_tokens_details"]["cached_tokens"] == hit
+    for usage, attrs, _ in (computed, local, external):
+        assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == usage["prompt_tokens_details"]["cached_tokens"]
+    assert semconv.VLLM_EXTERNAL_CACHED_TOKENS not in computed[1]
+    assert semconv.VLLM_EXTERNAL_CACHED_TOKENS not in local[1]
+    assert external[1][semconv.VLLM_EXTERNAL_CACHED_TOKENS] == hit
+
+    def bill_and_engine_record(trace_id):  # the engine core writes its records when it goes idle
+        def both(_):
+            kinds = {r.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST): r
+                     for r in ledger.read_spool(str(spool / "prefill"), kinds=None)
+                     if r.get(semconv.USAGE_TRACE_ID) == trace_id}
+            return kinds if set(kinds) == {semconv.USAGE_KIND_REQUEST, semconv.USAGE_KIND_ENGINE} else None
+
+        return receiver.wait_for(both, 30).values()
+
+    for (_, _, trace_id), expected in zip((computed, local, external), (0, 0, hit)):
+        for record in bill_and_engine_record(trace_id):
+            assert record.get(semconv.VLLM_EXTERNAL_CACHED_TOKENS, 0) == expected

@@ -151,3 +151,28 @@ def test_the_metrics_count_drafts_and_time_from_scheduling_by_model(receiver, co
     seen = receiver.wait_for(totals, 30)
     assert seen == {semconv.SERVER_SPEC_DRAFT_TOKENS: drafts, semconv.SERVER_SPEC_ACCEPTED_TOKENS: accepted,
                     semconv.SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN: len(METRICS)}
+
+
+def test_the_report_bills_each_conversation(spool, completion, stream):
+    """`otel-llm report --ledger --by session` over the server's spool: each conversation's tokens are
+    its responses' usage."""
+    import argparse
+    import io
+    import time
+
+    from otel_llm import report
+
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    out, err = io.StringIO(), io.StringIO()
+    args = parser.parse_args(["--ledger", str(spool), "--start", str(int(time.time()) - 3600), "--format", "json",
+                              "--by", "session"])
+    assert report.run(args, now=time.time() + 5, out=out, err=err) == 0, err.getvalue()
+    rows = {row["session"]: row for row in json.loads(out.getvalue())["rows"]}
+    assert rows["conv-body"]["tokens"][semconv.TOKEN_TYPE_OUTPUT] == completion["usage"]["completion_tokens"]
+    assert rows["conv-body"]["tokens"][semconv.TOKEN_TYPE_INPUT] == completion["usage"]["prompt_tokens"]
+    assert rows["conv-stream"]["tokens"][semconv.TOKEN_TYPE_OUTPUT] == stream[-1]["usage"]["completion_tokens"]
+    assert rows["conv-stream"]["tokens"][semconv.TOKEN_TYPE_INPUT] == stream[-1]["usage"]["prompt_tokens"]
+    assert rows["conv-header"]["requests"] == 1 and rows["-"]["requests"] == 1
+    drafts = completion["metrics"]["speculative_decoding"]["num_draft_tokens"]
+    assert rows["conv-body"]["tokens"]["draft_tokens"] == drafts

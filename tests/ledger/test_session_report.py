@@ -161,3 +161,36 @@ def test_session_needs_the_ledger():
     args = parser.parse_args(["--by", "tenant,session", "--prometheus", "http://127.0.0.1:9", "--range", "1h"])
     assert report.run(args, now=T0, out=out, err=err) == 2 and out.getvalue() == ""
     assert err.getvalue().startswith("otel-llm report: --by session needs --ledger")
+
+
+def engine_record(key, engine_id, end, external):
+    return {semconv.USAGE_ID: key, semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE,
+            semconv.VLLM_ENGINE_REQUEST_ID: engine_id, semconv.USAGE_FRONTEND_BILLED: True,
+            semconv.GEN_AI_USAGE_INPUT_TOKENS: 300, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 256,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2, semconv.USAGE_TIME: int(end * 1e9),
+            **({semconv.VLLM_EXTERNAL_CACHED_TOKENS: external} if external else {})}
+
+
+def test_the_connectors_part_of_a_hit_comes_from_the_engine_where_the_bill_missed_it(tmp_path):
+    """A bill's external_cached_input is its API server's figure; where that record missed the engine's
+    figures (they came after the final output), the engine records' sum; a P/D decode leg's stays its
+    frontend's (the prefill node's hits, not the whole prompt its connector loaded)."""
+    def bill(key, engine_id, external=0, pd_role=None):
+        rec = record(key, "acme", None, T0 + 5, 300, 256, 2, **({"external_cached_input": external}
+                                                                 if external else {}))
+        rec[semconv.USAGE_ENGINE_REQUEST_IDS] = [engine_id]
+        if pd_role:
+            rec[semconv.VLLM_PD_ROLE] = pd_role
+        return rec
+
+    spool = usage.Spool(str(tmp_path / "spool"), fsync_interval_s=0)
+    for rec in (bill("missed", "e1"), engine_record("eng/e1", "e1", T0 + 6, 256),
+                bill("told", "e2", 256), engine_record("eng/e2", "e2", T0 + 6, 256),
+                bill("local", "e3"), engine_record("eng/e3", "e3", T0 + 6, 0),
+                bill("decode", "e4", 40, semconv.PD_ROLE_DECODE), engine_record("eng/e4", "e4", T0 + 6, 300)):
+        spool.write(json.dumps(rec).encode() + b"\n")
+    spool.close()
+    rows = ledger.open_ledger(str(tmp_path / "spool")).usage(*WHOLE, ["day"])
+    (row,) = rows.values()
+    assert row.requests == 4
+    assert row.tokens["external_cached_input"] == 256 + 256 + 0 + 40

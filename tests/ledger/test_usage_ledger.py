@@ -229,6 +229,12 @@ def test_tenants_without_a_customer_are_left_out_and_named(spool_dir):
     assert {e["transaction_id"] for e in events} == {"a", "b"}
     assert missing == {"beta", "-"}
     assert events[0]["properties"]["uncached_input_tokens"] == 6
+    stripe, _ = billing_export.render(records, "stripe", {"acme": "cus_acme"})
+    meters = {(e["identifier"].rsplit(":", 1)[0], e["event_name"]): int(e["payload"]["value"])
+              for e in map(json.loads, stripe.splitlines())}
+    first = events[0]["properties"]
+    assert meters[("a", "llm_uncached_input_tokens")] == first["uncached_input_tokens"] == \
+        meters[("a", "llm_input_tokens")] - meters.get(("a", "llm_cached_input_tokens"), 0)
 
 
 def test_customer_files_are_checked(tmp_path):
