@@ -25,6 +25,9 @@ PRICES = (("price_input", "Input price per 1M tokens", "2"),
           ("price_output", "Output price per 1M tokens", "8"),
           ("gpu_usd_per_hour", "Engine instance (GPUs) price per hour", "3.5"))
 COMPUTE = semconv.prometheus_metric(semconv.SERVER_COMPUTE_TIME)
+SCHEDULED_TTFT = semconv.prometheus_metric(semconv.SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN)
+SPEC_DRAFTS = semconv.prometheus_metric(semconv.SERVER_SPEC_DRAFT_TOKENS)
+SPEC_ACCEPTED = semconv.prometheus_metric(semconv.SERVER_SPEC_ACCEPTED_TOKENS)
 
 PROM = {"type": "prometheus", "uid": "${prometheus}"}
 TEMPO = {"type": "tempo", "uid": "${tempo}"}
@@ -161,6 +164,18 @@ def latency() -> dict:
             target(f"histogram_quantile(0.95, sum by (le) (rate({DURATION}_bucket{{{OURS}}}[{RI}])))", "e2e P95",
                    exemplar=True)], "s"),
         panel("TTFT vs e2e (mean)", [mean(TTFT, OURS, "TTFT"), mean(DURATION, OURS, "e2e")], "s"),
+        panel("TTFT from arrival vs from scheduling (P95)", [
+            target(f"histogram_quantile(0.95, sum by (le) (rate({TTFT}_bucket{{{OURS}}}[{RI}])))", "from arrival",
+                   exemplar=True),
+            target(f"histogram_quantile(0.95, sum by (le) (rate({SCHEDULED_TTFT}_bucket{{{OURS}}}[{RI}])))",
+                   "from scheduling (vLLM's metrics.time_to_first_token_ms)", exemplar=True)], "s",
+            description="The gap is the queue and what comes before it (docs/request-data.md, two times to first "
+                        "token)"),
+        panel("Speculative decoding: draft acceptance rate by model", [target(
+            f"sum by ({MODEL}) (rate({SPEC_ACCEPTED}{{{OURS}}}[{RI}])) / "
+            f"(sum by ({MODEL}) (rate({SPEC_DRAFTS}{{{OURS}}}[{RI}])) > 0)", f"{{{{{MODEL}}}}}")], "percentunit",
+            description="Accepted / proposed draft tokens (vLLM --speculative-config with "
+                        "--per-request-spec-decode-metrics summary); empty without a speculator"),
         panel("TTFT P95 by model (recorded)", [target(
             f'{rules.quantile_rule(TTFT)}{{{MODEL}=~"$model", quantile="0.95"}}', f"{{{{{MODEL}}}}}")], "s"),
         panel("Time per output token P95 by model (recorded)", [target(

@@ -63,8 +63,12 @@ def alert_sides(expr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
     # a usage spool: the engine core accounts each request's compute (the cost dashboard's GPU panels)
+    # an n-gram speculator: the speculative-decoding panel has data
+    speculator = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                             "prompt_lookup_min": 2})
     srv = start_server(receiver, tmp_path_factory, "dashboards",
-                       extra_args=["--enable-prompt-tokens-details", "--served-model-name", MODEL_NAME, UNPRICED_MODEL],
+                       extra_args=["--enable-prompt-tokens-details", "--served-model-name", MODEL_NAME, UNPRICED_MODEL,
+                                   "--speculative-config", speculator, "--per-request-spec-decode-metrics", "summary"],
                        env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50",
                             "OTEL_LLM_USAGE_DIR": str(tmp_path_factory.mktemp("usage"))})
     yield srv
@@ -155,6 +159,9 @@ def traffic(vllm, prometheus):
     while time.monotonic() - started < 30:  # keep a trickle going for ~30 s, on both model names
         chat("alpha", "search", "trickle", max_tokens=4)
         chat("gamma", "chatbot", "unpriced trickle", max_tokens=5, model=UNPRICED_MODEL)
+        # a prompt that repeats itself, greedy: the n-gram speculator proposes drafts (17 of 40 tokens)
+        client.completions.create(model=MODEL_NAME, prompt="a b c d a b c d a b c d a b c d", max_tokens=40,
+                                  temperature=0, extra_headers={"x-tenant-id": "alpha", "x-scene": "search"})
     time.sleep(5)  # a few scrapes and rule evaluations after the last request
 
 
