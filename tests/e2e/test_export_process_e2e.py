@@ -25,8 +25,9 @@ USAGE_ENV = {"OTEL_LLM_USAGE_EVENTS": "true", "OTEL_LOGS_EXPORTER": "otlp"}
 # values that differ between any two requests (ids, clocks)
 VOLATILE = {
     semconv.GEN_AI_RESPONSE_ID, semconv.VLLM_REQUEST_ID, semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS,
-    semconv.VLLM_DECODE_SECONDS, semconv.VLLM_TTFT_SECONDS, semconv.VLLM_TPOT_SECONDS,
-    semconv.VLLM_STREAM_TTFT_SECONDS, semconv.USAGE_ID, semconv.USAGE_DURATION, semconv.USAGE_TIME,
+    semconv.VLLM_DECODE_SECONDS, semconv.VLLM_TTFT_SECONDS, semconv.VLLM_SCHEDULED_TTFT_SECONDS,
+    semconv.VLLM_TPOT_SECONDS, semconv.VLLM_STREAM_TTFT_SECONDS, semconv.USAGE_ID, semconv.USAGE_DURATION,
+    semconv.USAGE_TIME,
     semconv.USAGE_ENGINE_REQUEST_IDS, semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS,
     semconv.COST_KV_BLOCK_NS, semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS,
 }
