@@ -34,11 +34,15 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import config, semconv, shutdown
-from otel_llm.vllm.offload import BYE, CONFIG, FIRST, LAST, PROGRESS, REPORT, REQUEST, WHOLE
+from otel_llm.vllm.offload import BYE, CONFIG, FIRST, HTTP_HISTOGRAMS, LAST, PROGRESS, REPORT, REQUEST, WHOLE
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 
 _log = logging.getLogger("otel_llm.vllm.export")
 SCOPE = "otel_llm.vllm"
+
+
+async def _no_app(scope, receive, send):  # (the middleware that only holds the HTTP instruments wraps nothing)
+    pass
 
 
 class _Stop(Exception):
@@ -85,6 +89,7 @@ class Exporter:
         self.resource = Resource(settings["resource"], settings.get("schema_url"))
         self.scope = InstrumentationScope(SCOPE, settings["version"])
         self._scopes: dict[tuple, InstrumentationScope] = {}  # other instrumentations' (FastAPI's)
+        self._http: dict[tuple, object] = {}  # meter scope -> the ASGI middleware whose HTTP instruments record
         span_names = _get_exporter_names("traces") if settings["traces"] else []
         metric_names = _get_exporter_names("metrics") if settings["metrics"] else []
         log_names = _get_exporter_names("logs") if settings["usage_events"] else []
@@ -120,13 +125,13 @@ class Exporter:
         for part in parts:
             self.handle_part(*part)
 
-    def handle_part(self, spans, measurement, usage_event, exemplar, scope) -> None:
+    def handle_part(self, spans, measurement, usage_event, exemplar, scope, http_metrics=None) -> None:
         scope = self.scope if scope is None else self._scope(scope)
         for span in spans:
             readable = self.readable_span(span, scope)
             for processor in self._processors:
                 processor.on_end(readable)
-        if exemplar is not None and (measurement is not None or usage_event is not None):
+        if exemplar is not None and (measurement is not None or usage_event is not None or http_metrics is not None):
             trace_id, span_id, flags = exemplar
             context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
                 trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))))
@@ -134,6 +139,14 @@ class Exporter:
             context = None
         if measurement is not None and self.metrics is not None:
             self.metrics.record(Measurement(*measurement), context=context)
+        if http_metrics is not None and self.meter_provider is not None:
+            meter_scope, records = http_metrics
+            instruments = self._http_instruments(tuple(meter_scope))
+            for name, value, attributes in records:
+                if name in HTTP_HISTOGRAMS:
+                    instrument = getattr(instruments, name)
+                    if instrument is not None:
+                        instrument.record(value, attributes, context=context)
         if usage_event is not None and self.usage_logger is not None:
             fields, end_ns = usage_event
             self.usage_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
@@ -144,6 +157,20 @@ class Exporter:
         if self.metrics is not None:
             for key, tokens in increments:
                 self.metrics.add_tokens(tuple(key), tuple(tokens))
+
+    def _http_instruments(self, meter_scope: tuple):
+        """The HTTP server metrics' instruments, as the ASGI instrumentation makes them (names, units,
+        buckets, the semantic-convention mode of this same environment) on a meter of the scope the
+        API server's middleware has (otel_llm/vllm/http.py)."""
+        found = self._http.get(meter_scope)
+        if found is None:
+            from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+            name, version, schema_url = meter_scope
+            found = self._http[meter_scope] = OpenTelemetryMiddleware(
+                _no_app, tracer=trace.NoOpTracer(),
+                meter=self.meter_provider.get_meter(name, version, schema_url=schema_url))
+        return found
 
     def _scope(self, scope: tuple) -> InstrumentationScope:
         found = self._scopes.get(scope[:3])

@@ -57,15 +57,23 @@ WHOLE = FIRST | LAST
 SOCKET_BUFFER = 4 << 20  # asked for; the kernel caps it (net.core.wmem_max)
 RESTART_BACKOFF_S = (1.0, 30.0)
 _INTERNAL = SpanKind.INTERNAL.value
+# the ASGI instrumentation's HTTP server histograms (attributes of its OpenTelemetryMiddleware) whose values
+# the API server hands over (otel_llm/vllm/http.py); the export process records them
+HTTP_HISTOGRAMS = ("duration_histogram_old", "duration_histogram_new", "server_response_size_histogram",
+                   "server_response_body_size_histogram", "server_request_size_histogram",
+                   "server_request_body_size_histogram")
 _AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
 
 
 class Outbox:
     """What one request exports: finished spans, its metric Measurement, its usage event; and what
     the requests nested in it handed over to go with it (`adopted`: the GenAI telemetry of the
-    requests under an HTTP server span), so that one message carries one HTTP request."""
+    requests under an HTTP server span), so that one message carries one HTTP request.
+    `http_metrics`: the HTTP server metrics' values of an HTTP request ((meter scope, [(instrument,
+    value, attributes)]), otel_llm/vllm/http.py), recorded by the export process; `held`: not handed
+    over when its span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
 
-    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted")
+    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted", "http_metrics", "held")
 
     def __init__(self, scope: tuple | None = None):
         self.spans: list[tuple] = []
@@ -74,12 +82,16 @@ class Outbox:
         self.exemplar: tuple | None = None  # (trace_id, span_id, flags) of the request's span
         self.scope = scope  # (name, version, schema_url, attributes) of another instrumentation; None: ours
         self.adopted: list[tuple] = []
+        self.http_metrics: tuple | None = None
+        self.held = False
 
     def empty(self) -> bool:
-        return not self.spans and self.measurement is None and self.usage_event is None and not self.adopted
+        return not self.spans and self.measurement is None and self.usage_event is None and not self.adopted \
+            and self.http_metrics is None
 
     def parts(self) -> list[tuple]:
-        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope), *self.adopted]
+        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope, self.http_metrics),
+                *self.adopted]
 
     def message(self) -> tuple:
         return REQUEST, self.parts()
@@ -376,7 +388,7 @@ def hand_over(span: DeferredSpan, channel: ExportChannel) -> None:
     """A finished span's telemetry: along with its holder when that is still open, else to the
     export process now."""
     outbox = span.outbox
-    if outbox.empty():
+    if outbox.held or outbox.empty():
         return
     holder = span.holder
     if holder is not None and holder.holds and not holder._ended:
@@ -645,14 +657,17 @@ def _plain(message: tuple) -> tuple:
     if kind != REQUEST:  # (a live sweep's increments: label values and counts)
         return _base_types(message)
     plain = []
-    for spans, measurement, usage_event, exemplar, scope in parts:
+    for spans, measurement, usage_event, exemplar, scope, http_metrics in parts:
         spans = [(*s[:11], clean(s[11]), s[12], [(*link[:5], clean(link[5])) for link in s[13]],
                   [(name, clean(attrs), ts) for name, attrs, ts in s[14]]) for s in spans]
         if usage_event is not None:
             usage_event = (clean(usage_event[0]), *usage_event[1:])
         if scope is not None and scope[3]:
             scope = (*scope[:3], clean(scope[3]))
-        plain.append((spans, measurement, usage_event, exemplar, scope))
+        if http_metrics is not None:
+            meter_scope, records = http_metrics
+            http_metrics = (meter_scope, [(name, value, clean(attributes)) for name, value, attributes in records])
+        plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics))
     return _base_types((kind, plain))
 
 

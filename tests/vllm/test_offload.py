@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from fastapi import FastAPI, WebSocket  # (module level: the route's annotation is resolved in these globals)
@@ -564,3 +565,133 @@ def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn):
         undo()
     assert got == expected
     assert warn.failures().get(fn.what, 0) - before == len(hits)
+
+
+# --- the HTTP server span and metrics: the maintained middleware against ours (issue 24) ----------
+
+
+def _http_app():
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        if body.get("stream"):
+            async def sse():
+                for i in range(16):
+                    yield f"data: {{\"i\": {i}}}\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        return {"id": "chatcmpl-1", "choices": [{"message": {"content": "hi"}}]}
+
+    @app.post("/v1/completions")
+    async def fails(body: dict):
+        raise ValueError("the engine is gone")
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        return JSONResponse({"error": "no such model"}, status_code=404 if model == "nope" else 400)
+
+    return app
+
+
+def _http_requests(app) -> list[int]:
+    from starlette.testclient import TestClient
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        responses = [
+            client.post("/v1/chat/completions?api_key=sk-secret&flag", json={"stream": False}),
+            client.post("/v1/chat/completions", json={"stream": True}),
+            client.post("/v1/completions", json={}),
+            client.get("/v1/models/nope"), client.get("/v1/models/other"), client.get("/v1/models/other"),
+            client.get("/health"),  # excluded: no span, no metrics
+            client.get("/nowhere"),
+            client.post("/v1/chat/completions", json={"stream": False},
+                        headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
+        ]
+    return [r.status_code for r in responses]
+
+
+def _metric_points(receiver) -> dict:
+    return {(p.name, tuple(sorted(p.attributes.items()))): p for p in receiver.latest_metrics()}
+
+
+def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch):
+    """The HTTP server span and the HTTP metrics of vLLM's app (FastAPI instrumentation as http.py puts
+    it on: query redaction, exclusions) are the same, field for field after decoding, whether the
+    maintained middleware makes and records them with the SDK in process, or our lean middleware hands
+    them to the export process (times aside: the spans' are the clock's; the durations come from one
+    fake clock in both)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.instrumentation import asgi
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm import http
+
+    def meter_provider():
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=3_600_000)
+        return MeterProvider(resource=RESOURCE, metric_readers=[reader])
+
+    def fake_clock():
+        ticks = iter(range(1, 10_000))
+        monkeypatch.setattr(asgi, "default_timer", lambda: next(ticks) * 0.0375)
+
+    with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
+        export_env(sdk_receiver.endpoint)
+        # (no length limit: the SDK cuts a URL before the redaction hook reads it back, ours after)
+        monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+        fake_clock()
+        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence())
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        meters = meter_provider()
+        app = _http_app()
+        FastAPIInstrumentor.instrument_app(app, excluded_urls=Settings().http_excluded_urls,
+                                           exclude_spans=["receive", "send"], tracer_provider=provider,
+                                           meter_provider=meters, server_request_hook=http.redact_query_hook)
+        expected_status = _http_requests(app)
+        provider.shutdown()
+        meters.shutdown()
+
+        export_env(our_receiver.endpoint)
+        monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+        fake_clock()
+        link = channel(metrics=True)
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        meters = meter_provider()  # (the API server's: the active requests)
+        app = _http_app()
+        http.instrument_app(app, Settings(), offload.DeferredTracerProvider(
+            tracer, lambda span: offload.hand_over(span, link)), offload_metrics=True, meter_provider=meters)
+        assert _http_requests(app) == expected_status == [200, 200, 500, 404, 400, 400, 200, 404, 200]
+        assert isinstance(app.middleware_stack.app, http.HeldUntilRecorded)
+        assert link.sent == 8  # one message per traced request: its span with its metrics
+        link.close()
+        meters.shutdown()
+
+        def times_aside(spans):
+            return sorted((replace(s, start_ns=0, end_ns=0) for s in spans), key=lambda s: s.span_id)
+
+        expected, got = times_aside(sdk_receiver.spans), times_aside(our_receiver.spans)
+        for g, e in zip(got, expected):
+            assert sorted(set(g.attributes.items()) ^ set(e.attributes.items()), key=str) == [], g.name
+        assert len(got) == 8 and got == expected
+        chat = next(s for s in got if "?" in s.attributes["http.url"])
+        assert chat.attributes["http.url"].endswith("?api_key=REDACTED&REDACTED")
+        assert {s.status for s in got} == {"UNSET", "ERROR"}
+
+        expected, got = _metric_points(sdk_receiver), _metric_points(our_receiver)
+        assert got.keys() == expected.keys()
+        assert {name for name, _ in got} == {"http.server.duration", "http.server.active_requests",
+                                             "http.server.response.size", "http.server.request.size"}
+        for key, point in expected.items():
+            if key[0] == "http.server.active_requests":  # observed, not measured: no exemplar (the SDK's
+                point = replace(point, exemplars=[])     # is the span context current at the last +1, a
+            assert got[key] == point, key                # client's span from its traceparent)
+        assert any(p.exemplars for p in got.values())
