@@ -93,14 +93,7 @@ class Attribution:
         raw = get("safety_identifier")
         if raw is None:
             raw = get("user")
-        if raw is None:
-            return None
-        value = attribution_value(raw, self.settings.attribution_max_length)
-        if value is None:
-            self._warn("invalid user", "otel-llm: a request's `user` / `safety_identifier` was ignored (not a "
-                       "string, over %d characters, or control characters; %s). Further ones are not logged.",
-                       self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
-        return value
+        return self._client_value(raw, "`user` / `safety_identifier`")
 
     def conversation(self, headers) -> str | None:
         """gen_ai.conversation.id from the first configured conversation header (OTEL_LLM_CONVERSATION_HEADERS)."""
@@ -108,12 +101,16 @@ class Attribution:
 
     def conversation_value(self, raw) -> str | None:
         """A conversation id the client sent (a header, or vLLM's session id), checked as a tenant value is."""
+        return self._client_value(raw, "session / conversation id")
+
+    def _client_value(self, raw, what: str) -> str | None:
+        """A value the client chose (attribution_value), or None with one warning per kind."""
         if raw is None:
             return None
         value = attribution_value(raw, self.settings.attribution_max_length)
         if value is None:
-            self._warn("invalid conversation", "otel-llm: a request's session / conversation id was ignored (not "
-                       "a string, over %d characters, or control characters; %s). Further ones are not logged.",
+            self._warn(("invalid", what), "otel-llm: a request's %s was ignored (not a string, over %d characters, "
+                       "or control characters; %s). Further ones are not logged.", what,
                        self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
         return value
 

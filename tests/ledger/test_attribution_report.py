@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from otel_llm import ledger, report, semconv, usage
+from otel_llm import ledger, report, semconv
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 HOUR = 3600
@@ -36,12 +36,8 @@ RECORDS = [
 
 
 @pytest.fixture
-def spool_dir(tmp_path):
-    spool = usage.Spool(str(tmp_path / "spool"), fsync_interval_s=0)
-    for rec in RECORDS:
-        spool.write(json.dumps(rec).encode() + b"\n")
-    spool.close()
-    return tmp_path / "spool"
+def spool_dir(write_spool):
+    return write_spool(RECORDS)
 
 
 def tokens(rows):

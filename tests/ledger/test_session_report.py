@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from otel_llm import ledger, report, semconv, usage
+from otel_llm import ledger, report, semconv
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 HOUR = 3600
@@ -47,12 +47,8 @@ WHOLE = (T0, T0 + 3 * HOUR)
 
 
 @pytest.fixture
-def spool_dir(tmp_path):
-    spool = usage.Spool(str(tmp_path / "spool"), fsync_interval_s=0)
-    for rec in RECORDS:
-        spool.write(json.dumps(rec).encode() + b"\n")
-    spool.close()
-    return tmp_path / "spool"
+def spool_dir(write_spool):
+    return write_spool(RECORDS)
 
 
 def sums(rows):
@@ -171,7 +167,7 @@ def engine_record(key, engine_id, end, external):
             **({semconv.VLLM_EXTERNAL_CACHED_TOKENS: external} if external else {})}
 
 
-def test_the_connectors_part_of_a_hit_comes_from_the_engine_where_the_bill_missed_it(tmp_path):
+def test_the_connectors_part_of_a_hit_comes_from_the_engine_where_the_bill_missed_it(write_spool):
     """A bill's external_cached_input is its API server's figure; where that record missed the engine's
     figures (they came after the final output), the engine records' sum; a P/D decode leg's stays its
     frontend's (the prefill node's hits, not the whole prompt its connector loaded)."""
@@ -183,14 +179,11 @@ def test_the_connectors_part_of_a_hit_comes_from_the_engine_where_the_bill_misse
             rec[semconv.VLLM_PD_ROLE] = pd_role
         return rec
 
-    spool = usage.Spool(str(tmp_path / "spool"), fsync_interval_s=0)
-    for rec in (bill("missed", "e1"), engine_record("eng/e1", "e1", T0 + 6, 256),
-                bill("told", "e2", 256), engine_record("eng/e2", "e2", T0 + 6, 256),
-                bill("local", "e3"), engine_record("eng/e3", "e3", T0 + 6, 0),
-                bill("decode", "e4", 40, semconv.PD_ROLE_DECODE), engine_record("eng/e4", "e4", T0 + 6, 300)):
-        spool.write(json.dumps(rec).encode() + b"\n")
-    spool.close()
-    rows = ledger.open_ledger(str(tmp_path / "spool")).usage(*WHOLE, ["day"])
+    spool = write_spool([bill("missed", "e1"), engine_record("eng/e1", "e1", T0 + 6, 256),
+                         bill("told", "e2", 256), engine_record("eng/e2", "e2", T0 + 6, 256),
+                         bill("local", "e3"), engine_record("eng/e3", "e3", T0 + 6, 0),
+                         bill("decode", "e4", 40, semconv.PD_ROLE_DECODE), engine_record("eng/e4", "e4", T0 + 6, 300)])
+    rows = ledger.open_ledger(str(spool)).usage(*WHOLE, ["day"])
     (row,) = rows.values()
     assert row.requests == 4
     assert row.tokens["external_cached_input"] == 256 + 256 + 0 + 40
