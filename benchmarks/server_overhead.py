@@ -37,7 +37,18 @@ chunk for the SSE wrapper, and the bare SDK's floor for the same span tree. With
 ledger's record adds per request, beside a micro-measurement of `UsageLedger.write` alone and of
 the spool's fsync thread at 200 requests/s.
 
-    python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|all] [--requests 128]
+The default setup against vLLM's native tracing (`--part default`, issue 24), end to end on real
+servers as in part 1: bare; the default setup (`opentelemetry-instrument vllm serve`: HTTP server
+span, GenAI and phase spans, request metrics, usage record in a spool, HTTP metrics, the export
+process); the same without the HTTP span (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=fastapi); vLLM's
+native tracing; plain FastAPI auto-instrumentation; a second bare server (A/A). API-server CPU
+microseconds per request and the ratio to bare, non-stream and a stream of --max-tokens chunks.
+Then memory: the default setup's API server and export process RSS after a warm-up and at each
+of --checkpoints (default 10,000 and 100,000) non-stream requests of 1 output token, against a
+bare server's API-server RSS at the same counts. Telemetry goes to an OTLP sink that keeps
+nothing. About 15 minutes on the 2-core VM.
+
+    python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|fastapi|default|all] [--requests 128]
 
 `--part 2` (= inprocess) runs part 2 alone (a few minutes: it records the engine first);
 `--part ledger` only the ledger micro-measurements (seconds, no vLLM).
@@ -162,6 +173,47 @@ def start_receiver_process() -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+SINK_CODE = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+"""
+
+
+def start_sink_process() -> tuple[subprocess.Popen, str]:
+    """An OTLP/HTTP endpoint that answers 200 and keeps nothing: for runs of 100,000 requests, whose
+    spans the receiver (which decodes and keeps everything) would hold in gigabytes."""
+    import socket
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SINK_CODE, str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise
+            time.sleep(0.05)
+
+
 # --- part 1 -------------------------------------------------------------------------------
 
 async def run_load(url: str, requests: int, concurrency: int, stream: bool, max_tokens: int) -> float:
@@ -186,6 +238,39 @@ async def run_load(url: str, requests: int, concurrency: int, stream: bool, max_
         return time.perf_counter() - started
 
 
+def measure_servers(configs: dict, requests: int, rounds: int, concurrency: int, max_tokens: int) -> dict:
+    """Each config's `vllm serve` under the same load, non-stream and stream, in alternated rounds:
+    {(config, stream): [(API-server CPU s/request, requests/s, export-process CPU s/request or None)]}."""
+    # One server at a time: idle vLLM CPU engines still poll, so servers side by side on a
+    # 2-core machine disturb each other's measurements.
+    results: dict = {}
+    for r in range(rounds):
+        order = list(configs) if r % 2 == 0 else list(reversed(configs))
+        for name in order:
+            print(f"round {r + 1}: {name} ...", flush=True)
+            config = dict(configs[name])
+            wants_child = config.pop("export_child", False)
+            with VLLMServer(**config) as server:
+                pid = server.process.pid
+                for stream in ((False, True) if r % 2 == 0 else (True, False)):
+                    asyncio.run(run_load(server.url, 16, concurrency, stream, max_tokens))  # warm
+                    child = export_child(pid) if wants_child else None
+                    if wants_child and child is None:
+                        print(f"  WARNING: {name}: no export process found under the API server (pid {pid})")
+                    child0 = quiet_cpu_seconds(child) if child else None  # the warm-up's telemetry handled
+                    cpu0 = process_cpu_seconds(pid)
+                    wall = asyncio.run(run_load(server.url, requests, concurrency, stream, max_tokens))
+                    cpu = process_cpu_seconds(pid) - cpu0
+                    child_cpu = None
+                    if child:
+                        try:
+                            child_cpu = (quiet_cpu_seconds(child) - child0) / requests
+                        except OSError:
+                            print(f"  WARNING: {name}: the export process (pid {child}) went away during the load")
+                    results.setdefault((name, stream), []).append((cpu / requests, requests / wall, child_cpu))
+    return results
+
+
 def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> dict:
     receiver, endpoint = start_receiver_process()
     otlp = otlp_env(endpoint)
@@ -201,34 +286,8 @@ def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> d
         "fastapi-only": dict(instrumented=True, env={**otlp, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_llm_vllm"}),
         "bare (A/A)": dict(instrumented=False),
     }
-    # One server at a time: idle vLLM CPU engines still poll, so servers side by side on a
-    # 2-core machine disturb each other's measurements.
-    results: dict = {}
     try:
-        for r in range(rounds):
-            order = list(configs) if r % 2 == 0 else list(reversed(configs))
-            for name in order:
-                print(f"round {r + 1}: {name} ...", flush=True)
-                config = dict(configs[name])
-                wants_child = config.pop("export_child", False)
-                with VLLMServer(**config) as server:
-                    pid = server.process.pid
-                    for stream in ((False, True) if r % 2 == 0 else (True, False)):
-                        asyncio.run(run_load(server.url, 16, concurrency, stream, max_tokens))  # warm
-                        child = export_child(pid) if wants_child else None
-                        if wants_child and child is None:
-                            print(f"  WARNING: {name}: no export process found under the API server (pid {pid})")
-                        child0 = quiet_cpu_seconds(child) if child else None  # the warm-up's telemetry handled
-                        cpu0 = process_cpu_seconds(pid)
-                        wall = asyncio.run(run_load(server.url, requests, concurrency, stream, max_tokens))
-                        cpu = process_cpu_seconds(pid) - cpu0
-                        child_cpu = None
-                        if child:
-                            try:
-                                child_cpu = (quiet_cpu_seconds(child) - child0) / requests
-                            except OSError:
-                                print(f"  WARNING: {name}: the export process (pid {child}) went away during the load")
-                        results.setdefault((name, stream), []).append((cpu / requests, requests / wall, child_cpu))
+        results = measure_servers(configs, requests, rounds, concurrency, max_tokens)
     finally:
         receiver.terminate()
     print(f"\nPart 1: end to end, {requests} requests x {rounds} runs each, closed loop at concurrency {concurrency} "
@@ -258,6 +317,168 @@ def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> d
         print(f"  {mode:10}: requests/s otel-llm vs bare {ours * 100:+.1f}%; A/A spread (bare vs bare): "
               f"req/s {aa_tput * 100:+.1f}%, API CPU {aa_cpu * 100:+.1f}% (differences within this are noise)")
     return summary
+
+
+# --- the default setup against vLLM's native tracing (issue 24) -------------------------------
+
+DEFAULT = "default (opentelemetry-instrument)"
+NO_HTTP_SPAN = "default, no HTTP span"
+NATIVE_E2E = "vLLM native tracing"
+FASTAPI_ONLY = "FastAPI auto-instrumentation"
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no VmRSS for {pid}")
+
+
+async def run_raw_load(url: str, requests: int, concurrency: int, max_tokens: int) -> float:
+    """Non-stream requests over `concurrency` keep-alive connections, the HTTP/1.1 written and read
+    by hand: a few us of client CPU per request (httpx spends about a millisecond), so that 100,000
+    requests fit in minutes on a 2-core machine that also runs the server and its engine."""
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": max_tokens, "ignore_eos": True}).encode()
+    message = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    todo = iter(range(requests))
+
+    async def connection():
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        try:
+            for _ in todo:  # (shared by all connections: each takes the next request)
+                writer.write(message)
+                status = await reader.readline()
+                if b" 200 " not in status:
+                    raise RuntimeError(f"response {status!r}")
+                length = 0
+                while (line := await reader.readline()) != b"\r\n":
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(connection() for _ in range(concurrency)))
+    return time.perf_counter() - started
+
+
+def memory_growth(configs: dict, checkpoints: list[int], bare_requests: int, concurrency: int) -> dict:
+    """Each config's server under `checkpoints[-1]` non-stream requests of 1 output token (the bare
+    one's under `bare_requests`): the API server's RSS, and its export process's once that has gone
+    quiet, after a warm-up and at each checkpoint. {config: [(requests, API RSS, export RSS or None,
+    export pid or None, seconds)]}."""
+    points: dict = {}
+    for name, config in configs.items():
+        config = dict(config)
+        wants_child = config.pop("export_child", False)
+        marks = checkpoints if wants_child else [n for n in checkpoints if n < bare_requests] + [bare_requests]
+        print(f"memory: {name}, {marks[-1]} requests ...", flush=True)
+        log = Path(tempfile.mkstemp(prefix="bench-memory-", suffix=".log", dir=ROOT / ".cache")[1])
+        with VLLMServer(**config, log_path=log) as server:
+            pid = server.process.pid
+            asyncio.run(run_raw_load(server.url, 500, concurrency, 1))  # warm
+            done, started = 0, time.perf_counter()
+            for mark in [0, *marks]:
+                if mark > done:
+                    asyncio.run(run_raw_load(server.url, mark - done, concurrency, 1))
+                    done = mark
+                elapsed = time.perf_counter() - started
+                child = export_child(pid) if wants_child else None
+                if child:
+                    quiet_cpu_seconds(child)  # what it was sent handled and exported
+                child_rss = rss_bytes(child) if child else None
+                points.setdefault(name, []).append((mark, rss_bytes(pid), child_rss, child, elapsed))
+                print(f"  {mark:7} requests, {elapsed:5.0f} s: API server {rss_bytes(pid) / 2**20:.1f} MiB"
+                      + (f", export process {child_rss / 2**20:.1f} MiB" if child else ""), flush=True)
+        warnings = [line for line in log.read_text(errors="replace").splitlines() if "otel-llm:" in line and "dropped" in line]
+        log.unlink()
+        for line in warnings:  # telemetry dropped: the export process did not keep up, or was gone
+            print(f"  WARNING, the API server logged: {line[-200:]}")
+    return points
+
+
+def part_default(requests: int, rounds: int, concurrency: int, max_tokens: int, checkpoints: list[int],
+                 bare_requests: int, memory_concurrency: int) -> None:
+    """Issue 24: the default setup (`opentelemetry-instrument vllm serve`: HTTP server span, GenAI
+    and phase spans, request metrics, usage record, HTTP metrics; the export process) against
+    vLLM's native tracing in the same run; API-server CPU per request non-stream and streamed,
+    then the memory of the default setup over many requests. Telemetry goes to an OTLP sink that
+    keeps nothing (start_sink_process)."""
+    receiver, endpoint = start_sink_process()
+    otlp = otlp_env(endpoint)
+    spool = Path(tempfile.mkdtemp(prefix="bench-default-spool-", dir=ROOT / ".cache"))
+    default_env = {**otlp, "OTEL_LLM_USAGE_DIR": str(spool)}
+    configs = {
+        "bare": dict(instrumented=False),
+        DEFAULT: dict(instrumented=True, env=default_env, export_child=True),
+        NO_HTTP_SPAN: dict(instrumented=True, export_child=True,
+                           env={**default_env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"}),
+        NATIVE_E2E: dict(instrumented=False, extra_args=["--otlp-traces-endpoint", endpoint + "/v1/traces"],
+                         env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}),
+        FASTAPI_ONLY: dict(instrumented=True, env={**otlp, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_llm_vllm"}),
+        "bare (A/A)": dict(instrumented=False),
+    }
+    started = time.perf_counter()
+    try:
+        results = measure_servers(configs, requests, rounds, concurrency, max_tokens) if rounds else None
+        cpu_s = time.perf_counter() - started
+        memory = memory_growth({"bare": configs["bare"], DEFAULT: configs[DEFAULT]}, checkpoints, bare_requests,
+                               memory_concurrency) if checkpoints else None
+    finally:
+        receiver.terminate()
+        shutil.rmtree(spool, ignore_errors=True)
+    if results:
+        print(f"\nDefault setup against vLLM's native tracing, end to end ({cpu_s / 60:.1f} min): {requests} "
+              f"requests x {rounds} alternated runs per config and mode, closed loop at concurrency {concurrency}, "
+              f"{max_tokens} output tokens (the stream: {max_tokens} chunks); medians of the API-server process's "
+              f"CPU per request (/proc)")
+        print(f"{'config':36} {'non-stream us':>13} {'vs bare':>8} {'stream us':>10} {'vs bare':>8} "
+              f"{'export us (ns/s)':>17}")
+        cpu = {}
+        for name in configs:
+            line = f"{name:36}"
+            exports = []
+            for stream in (False, True):
+                rows = results[(name, stream)]
+                cpu[(name, stream)] = statistics.median(c for c, _, _ in rows)
+                base = statistics.median(c for c, _, _ in results[("bare", stream)])
+                line += f" {cpu[(name, stream)] * 1e6:{13 if not stream else 10}.0f} {cpu[(name, stream)] / base:8.2f}"
+                children = [e for _, _, e in rows if e is not None]
+                exports.append(f"{statistics.median(children) * 1e6:.0f}" if children else "-")
+            print(line + f" {' / '.join(exports):>17}")
+        print("  (export us: the export process's CPU per request, another process; the API server's excludes it)")
+        for stream, mode in ((False, "non-stream"), (True, f"stream ({max_tokens} chunks)")):
+            aa = cpu[("bare (A/A)", stream)] - cpu[("bare", stream)]
+            vs_native = cpu[(DEFAULT, stream)] - cpu[(NATIVE_E2E, stream)]
+            http_span = cpu[(DEFAULT, stream)] - cpu[(NO_HTTP_SPAN, stream)]
+            print(f"  {mode:18}: default - native {vs_native * 1e6:+6.0f} us ({cpu[(DEFAULT, stream)] / cpu[(NATIVE_E2E, stream)]:.2f}x); "
+                  f"the HTTP span (default - no HTTP span) {http_span * 1e6:+6.0f} us; A/A spread (bare (A/A) - bare) "
+                  f"{aa * 1e6:+6.0f} us = {aa / cpu[('bare', stream)] * 100:+.1f}% (differences within it are noise)")
+    if memory:
+        last = memory[DEFAULT][-1]
+        bare_last = memory["bare"][-1]
+        print(f"\nMemory, default setup, non-stream requests of 1 output token at concurrency {memory_concurrency} "
+              f"(RSS from /proc; the export process's once it has handled what it was sent): "
+              f"{last[0]} requests in {last[4] / 60:.1f} min")
+        print(f"{'requests':>9} {'API server MiB':>15} {'added vs bare MiB':>18} {'export process MiB':>19}")
+        bare_at = {n: rss for n, rss, *_ in memory["bare"]}
+        for n, rss, child_rss, _, _ in memory[DEFAULT]:
+            base = bare_at.get(n, bare_last[1])
+            print(f"{n:9} {rss / 2**20:15.1f} {(rss - base) / 2**20:18.1f} "
+                  f"{(child_rss or 0) / 2**20:19.1f}")
+        print("  bare API server: " + ", ".join(f"{rss / 2**20:.1f} MiB after {n}" for n, rss, *_ in memory["bare"])
+              + (f" (added vs bare: against bare after {bare_last[0]} where bare ran fewer)"
+                 if bare_last[0] < last[0] else ""))
+        pids = {child for _, _, _, child, _ in memory[DEFAULT] if child}
+        if len(pids) > 1:
+            print(f"  WARNING: the export process was restarted during the run (pids {sorted(pids)})")
 
 
 # --- part 2 -------------------------------------------------------------------------------
@@ -521,21 +742,27 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
 
 # --- the HTTP server span --------------------------------------------------------------------
 
+# vLLM 0.32's routes matched before /v1/chat/completions (FastAPI's docs routes, health, metrics, tokenize, ...)
+VLLM_ROUTES_BEFORE_CHAT = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/load", "/version",
+                           "/kv_event_sources", "/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
+                           "/v1/systemone", "/ping", "/ping-post", "/invocations")
+
 def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     """What the HTTP server span (opentelemetry-instrumentation-fastapi, as otel_llm/vllm/http.py
     puts it on vLLM's app: no send/receive spans, query redaction) costs per request, in process:
     the same FastAPI app bare and instrumented, driven through httpx's ASGI transport (the client's
     cost is in both), the SDK set up as opentelemetry-instrument sets it up, spans exported over
-    OTLP. A minimal app, not vLLM's (which needs an engine): the middleware's cost does not depend
-    on the route. Two instrumented variants: the span made and exported by the SDK in process, and
-    (as with the export process) a deferred span handed to the export process; the HTTP metrics
-    are recorded in process in both."""
+    OTLP. A minimal app with vLLM's routes before the chat route (vLLM's own needs an engine), so
+    that the route lookup matches as many. Variants: the maintained middleware (as http.py put it
+    on before issue 24) with the SDK in process and with the export process (its HTTP metrics
+    recorded here), and ours (http.py `LeanMiddleware`) the same two ways, with the export process
+    also recording the HTTP metrics there (the default); a second bare app for the A/A spread."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
     from otel_llm import __version__
     from otel_llm.config import Settings
-    from otel_llm.vllm import offload
+    from otel_llm.vllm import http, offload
     from otel_llm.vllm.http import instrument_app
 
     receiver, endpoint = start_receiver_process()
@@ -550,6 +777,8 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
 
     def make_app():
         app = FastAPI()
+        for path in VLLM_ROUTES_BEFORE_CHAT:  # (the route lookup matches each in turn, as on vLLM's app)
+            app.add_api_route(path, lambda: {}, methods=["GET"])
 
         @app.post("/v1/chat/completions")
         async def chat(body: dict):
@@ -563,9 +792,24 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
 
         return app
 
-    apps = {"bare": make_app(), "fastapi span": make_app(), "fastapi span, export process": make_app()}
-    instrument_app(apps["fastapi span"], Settings())
-    instrument_app(apps["fastapi span, export process"], Settings(), deferred)
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    settings = Settings()
+    variants = {  # (label, how the app is instrumented)
+        "maintained, SDK in process": lambda app: FastAPIInstrumentor.instrument_app(
+            app, excluded_urls=settings.http_excluded_urls, exclude_spans=["receive", "send"],
+            server_request_hook=http.redact_query_hook),
+        "maintained, export process": lambda app: FastAPIInstrumentor.instrument_app(
+            app, excluded_urls=settings.http_excluded_urls, exclude_spans=["receive", "send"],
+            tracer_provider=deferred, server_request_hook=http.redacting_hold_nothing_hook),
+        "lean, SDK in process": lambda app: instrument_app(app, settings),
+        "lean, export process + its metrics (default)": lambda app: instrument_app(app, settings, deferred,
+                                                                                  offload_metrics=True),
+    }
+    apps = {"bare": make_app(), "bare (A/A)": make_app()}
+    for label, instrument in variants.items():
+        apps[label] = make_app()
+        instrument(apps[label])
 
     async def load(app, stream: bool) -> float:
         import httpx
@@ -602,10 +846,10 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     for stream in (False, True):
         bare = statistics.median(samples[("bare", stream)])
         line = f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us"
-        for variant, label in (("fastapi span", "SDK in process"), ("fastapi span, export process", "export process")):
-            added = statistics.median([i - b for i, b in zip(samples[(variant, stream)], samples[("bare", stream)])])
-            line += f"; {label} {added * 1e6:+7.1f} us = {added / (LAST_BARE_CPU_MS / 1e3) * 100:.2f}%"
         print(line)
+        for variant in ("bare (A/A)", *variants):
+            added = statistics.median([i - b for i, b in zip(samples[(variant, stream)], samples[("bare", stream)])])
+            print(f"    {variant:46} {added * 1e6:+7.1f} us = {added / (LAST_BARE_CPU_MS / 1e3) * 100:5.2f}%")
     print(f"  export process: {child_cpu / exported * 1e6:.1f} us CPU per HTTP span; {channel.sent} messages sent, "
           f"{len(drops)} dropped")
 
@@ -761,9 +1005,11 @@ def stream_wrapper_cost(chunks: int = 20000) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "all"), default="all",
+    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "all"),
+                        default="all",
                         help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
-                             "micro-measurements (seconds, no vLLM)")
+                             "micro-measurements (seconds, no vLLM); default: the default setup against vLLM's "
+                             "native tracing end to end, and its memory over many requests (issue 24)")
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -775,6 +1021,13 @@ def main() -> int:
                              "so the export process keeps up (nothing dropped)")
     parser.add_argument("--bare-cpu-ms", type=float, default=None,
                         help="bare API-server CPU per request (ms) for part 2's share, when part 1 is skipped")
+    parser.add_argument("--checkpoints", default="10000,100000",
+                        help="--part default: request counts at which the default setup's memory is read "
+                             "(comma-separated; empty: no memory run)")
+    parser.add_argument("--bare-memory-requests", type=int, default=None,
+                        help="--part default: requests through the bare server for the API-server RSS baseline "
+                             "(default: the last checkpoint)")
+    parser.add_argument("--memory-concurrency", type=int, default=64)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
     if args.bare_cpu_ms:
@@ -790,6 +1043,11 @@ def main() -> int:
         part_fastapi(max(args.rounds, 4))
         return 0
     build(DEFAULT_MODEL_DIR)
+    if part == "default":
+        checkpoints = sorted(int(n) for n in args.checkpoints.split(",") if n.strip())
+        part_default(args.requests, args.rounds, args.concurrency, args.max_tokens, checkpoints,
+                     args.bare_memory_requests or (checkpoints or [0])[-1], args.memory_concurrency)
+        return 0
     if part in ("e2e", "all"):
         summary = part_e2e(args.requests, args.rounds, args.concurrency, args.max_tokens)
         bare_cpu = min(summary[("bare", "stream")], summary[("bare", "non-stream")])

@@ -14,7 +14,7 @@ OTEL_LLM_HTTP_REDACT_QUERY=false keeps them.
 The instrumentation's middleware (opentelemetry-instrumentation-asgi's OpenTelemetryMiddleware, as
 FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) is kept, with
 three changes to what it does per request on the API server, vLLM's bottleneck at high request rates
-(benchmarks/http_overhead.py):
+(benchmarks/server_overhead.py --part fastapi):
 - `LeanMiddleware`: its route lookup (a match against every route of the app until one fits) is done
   once per method and path, and its per-message `send` wrapper is one check per body chunk; what it
   does on the response start (status, response headers, content length) is its own code.

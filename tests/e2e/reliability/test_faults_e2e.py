@@ -128,6 +128,8 @@ TARGETS = (
     # the end user (`user` / `safety_identifier`): the handler's span is lost as with _request_info, and the
     # route's span (which reads it in its own try) takes over without it
     Target("otel_llm.vllm.attribution:Attribution.end_user", fires=GENERATING, no_wire_ttft=True, guards=2),
+    # a configured conversation header (none here): its own guard, nothing else lost
+    Target("guard:reading a request's conversation header", fires=GENERATING),
     Target(f"{R}:RequestTelemetry.__init__", fires=EVERY, no_span=EVERY),
     # making the record current around vLLM's code (handler, first chunk) and restoring the context:
     # not current, the route's scope still links the engine request to the handler's span
@@ -154,7 +156,7 @@ TARGETS = (
     Target("guard:recording an engine abort", fires=(ABORT,)),
     # the engine core's figures on a finished request's final output (otel_llm/vllm/engine_cost.py):
     # unread, the span has no otel_llm.cost.* (the ledger's engine record has them)
-    Target("guard:reading an engine request's cost", fires=(CHAT, STREAM)),
+    Target("guard:reading an engine request's final output", fires=(CHAT, STREAM)),
     # requests FastAPI rejects before a handler runs
     Target("guard:recording a rejected request", fires=(REJECT,), no_span=(REJECT,)),
     # the route layer (otel_llm/vllm/routes.py): chat and completions are handler-hooked, so the route
@@ -205,6 +207,12 @@ ENTRIES_OFF_THIS_PATH = {
                                                                     "process here (it records the request metrics)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_compute": "the metric reader's thread, in the export "
                                                                      "process here (it records the request metrics)",
+    "otel_llm.vllm.request_metrics:RequestMetrics._observe_spec_drafts": "the metric reader's thread, in the export "
+                                                                         "process here",
+    "otel_llm.vllm.request_metrics:RequestMetrics._observe_spec_accepted": "the metric reader's thread, in the "
+                                                                           "export process here",
+    "otel_llm.vllm.http:_InstrumentConflict.filter": "once, when Starlette builds the app's middleware (the SDK's "
+                                                     "warning about the active-requests counter made again)",
     "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
                                                 "a target's time)",
 }
