@@ -175,20 +175,16 @@ def start_receiver_process() -> tuple[subprocess.Popen, str]:
 
 SINK_CODE = """
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-class Sink(BaseHTTPRequestHandler):
+from devkit.otlp_receiver import QuietHandler
+
+class Sink(QuietHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
+        self.answer_ok()
 
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
 """
@@ -200,7 +196,7 @@ def start_sink_process() -> tuple[subprocess.Popen, str]:
     import socket
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SINK_CODE, str(port)], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", SINK_CODE, str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while True:
