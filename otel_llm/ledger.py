@@ -172,6 +172,7 @@ def _bills(source: str, start: float, end: float) -> str:
             f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}")
     own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
     figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
+    # (raw_external: the column under another name, as `own` redefines external_cached_input)
     figures += ", anyIf(raw_external, NOT is_api) AS engine_external"
     per_engine_request = (f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
                           f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "

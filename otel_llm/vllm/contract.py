@@ -140,13 +140,13 @@ class EngineRequest:
     cached_tokens: int
     cache_creation_tokens: int
     remote_cached_tokens: int | None  # P/D decode leg: the prefill node's prefix-cache hits
-    # speculative decoding (vLLM --per-request-spec-decode-metrics): (draft tokens proposed, accepted,
-    # verify steps), or None
     output_tokens: int | None  # None: a pooling request (no detokenizer)
     output_text: str | None
     lora_name: str | None
     timing: EngineTiming | None  # None: stats off (--disable-log-stats)
     engine_cost: str | None = None  # the engine core's figures (engine_cost.py's summary), when they came
+    # speculative decoding (vLLM --per-request-spec-decode-metrics): (draft tokens proposed, accepted,
+    # verify steps), or None
     spec_decode: tuple[int, int, int] | None = None
 
 
@@ -197,13 +197,15 @@ def read_session_id(engine_request) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def read_reasoning_tokens(metadata) -> int | None:
-    """completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat request (its
-    RequestResponseMetadata.final_usage_info, set for streamed and whole responses alike); vLLM counts
+def read_reasoning_tokens(response, metadata) -> int | None:
+    """completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat request: the
+    response's, else its RequestResponseMetadata.final_usage_info (set for streams too). vLLM counts
     them only when it runs a reasoning parser."""
-    details = getattr(getattr(metadata, "final_usage_info", None), "completion_tokens_details", None)
-    value = getattr(details, "reasoning_tokens", None)
-    return value if type(value) is int else None
+    for usage in (getattr(response, "usage", None), getattr(metadata, "final_usage_info", None)):
+        value = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+        if type(value) is int:
+            return value
+    return None
 
 
 def read_state_id(state) -> str:

@@ -309,7 +309,7 @@ class RequestTelemetry:
         conversation_id = self.session_id or self.info.conversation_id
         if conversation_id:
             attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
-        reasoning = _reasoning_tokens(response, self.metadata)
+        reasoning = contract.read_reasoning_tokens(response, self.metadata)
         if reasoning and generates:  # breakdowns only when non-zero
             attrs[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
         spec = _spec_decode(engines)
@@ -441,7 +441,7 @@ class RequestTelemetry:
             usage.cache_creation_input_tokens += engine.cache_creation_tokens
             # a P/D decode leg: the prefill node's hits; else what a KV connector loaded (the engine's figures)
             external = engine.remote_cached_tokens if engine.remote_cached_tokens is not None \
-                else _external_hit(engine.engine_cost)
+                else _cost_summary(engine.engine_cost)[1] if engine.engine_cost else 0
             if external:
                 usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + external
         return usage
@@ -618,14 +618,6 @@ class RequestTelemetry:
         ledger.write_progress(fields, now_ns, self.span.get_span_context())
 
 
-def _reasoning_tokens(response, metadata) -> int | None:
-    """The reasoning tokens vLLM reported: in the response's usage, else (a stream) in the usage it kept
-    for the request's metadata."""
-    details = getattr(getattr(response, "usage", None), "completion_tokens_details", None)
-    value = getattr(details, "reasoning_tokens", None)
-    return value if type(value) is int else contract.read_reasoning_tokens(metadata)
-
-
 def _spec_decode(engines: list[contract.EngineRequest]) -> tuple[int, int, int] | None:
     """(drafts proposed, accepted, verify steps) summed over the request's engine requests, or None
     when vLLM recorded none (no speculator, or --per-request-spec-decode-metrics none)."""
@@ -646,22 +638,22 @@ def _engine_cost(span, attrs: dict, engines: list[contract.EngineRequest]) -> No
     for engine in engines:
         if not engine.engine_cost:
             continue
-        figures, *preemptions = engine.engine_cost.split(";")
-        values = [int(v) for v in figures.split(",")[:len(_COST_FIELDS)]]  # then the external hit
+        values, _, preemptions = _cost_summary(engine.engine_cost)
         totals = values if totals is None else [t + v for t, v in zip(totals, values)]
-        for preemption in preemptions:
-            at, waited = (int(v) for v in preemption.split(":"))
+        for at, waited in preemptions:
             span.add_event(semconv.EVENT_PREEMPTED, {semconv.COST_PREEMPTED_NS: waited}, timestamp=at)
     if totals is not None:
         attrs.update(zip(_COST_FIELDS, totals))
 
 
-def _external_hit(summary: str | None) -> int:
-    """The 7th figure of an engine_cost.py summary: the prefix-cache hit tokens a KV connector loaded."""
-    if not summary:
-        return 0
-    figures = summary.split(";", 1)[0].split(",")
-    return int(figures[len(_COST_FIELDS)]) if len(figures) > len(_COST_FIELDS) else 0
+def _cost_summary(summary: str) -> tuple[list[int], int, list[tuple[int, int]]]:
+    """engine_cost.py's summary: the _COST_FIELDS figures, the prefix-cache hit tokens a KV connector
+    loaded (0 from an engine that sends none), and (at, waited) per preemption."""
+    figures, *preemptions = summary.split(";")
+    values = [int(v) for v in figures.split(",")]
+    count = len(_COST_FIELDS)
+    external = values[count] if len(values) > count else 0
+    return values[:count], external, [(int(at), int(waited)) for at, waited in (p.split(":") for p in preemptions)]
 
 
 _COST_FIELDS = (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,

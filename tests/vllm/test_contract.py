@@ -227,6 +227,9 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
     metadata = type("Metadata", (), {})()
     metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9,
                                           completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=5))
-    assert contract.read_reasoning_tokens(metadata) == 5
+    assert contract.read_reasoning_tokens(None, metadata) == 5  # a stream: no response object
+    response = type("Response", (), {"usage": UsageInfo(
+        prompt_tokens=3, completion_tokens=9, completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=7))})
+    assert contract.read_reasoning_tokens(response, metadata) == 7
     metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9)  # no reasoning parser
-    assert contract.read_reasoning_tokens(metadata) is None
+    assert contract.read_reasoning_tokens(None, metadata) is None
