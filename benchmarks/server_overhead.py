@@ -48,7 +48,16 @@ of --checkpoints (default 10,000 and 100,000) non-stream requests of 1 output to
 bare server's API-server RSS at the same counts. Telemetry goes to an OTLP sink that keeps
 nothing. About 15 minutes on the 2-core VM.
 
-    python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|fastapi|default|all] [--requests 128]
+The API server's whole CPU per request for the same setups, in one process (`--part api`): a FastAPI app
+with vLLM's routes whose chat route replays one recorded request (real EngineCoreRequest and engine
+outputs, 16 tokens) through a real vLLM OutputProcessor, non-stream and as a 16-chunk SSE stream,
+driven through httpx's ASGI transport: bare; the default setup (export process, usage spool and
+events, the app built as our build_app hook builds it: routes wrapped, lean HTTP middleware; the
+real chat handler wrapper); the same without the HTTP span; vLLM's native tracing; plain FastAPI
+auto-instrumentation; a second bare app (A/A). --rounds alternated rounds (default 6) of --requests
+requests (default 200); a few minutes (it records the engine first).
+
+    python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|fastapi|default|api|all] [--requests 128]
 
 `--part 2` (= inprocess) runs part 2 alone (a few minutes: it records the engine first);
 `--part ledger` only the ledger micro-measurements (seconds, no vLLM).
@@ -850,6 +859,289 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
           f"{len(drops)} dropped")
 
 
+# --- the API server's whole per-request CPU, in process (issue: default setup vs native tracing) ---
+
+API_BARE = "bare"
+API_DEFAULT = "default setup"
+API_NO_HTTP = "default, no HTTP span"
+API_NATIVE = "vLLM native tracing"
+API_FASTAPI = "plain FastAPI auto-instr."
+API_AA = "bare (A/A)"
+API_VARIANTS = (API_BARE, API_DEFAULT, API_NO_HTTP, API_NATIVE, API_FASTAPI, API_AA)
+API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
+
+
+def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0.002) -> None:
+    """The API server's whole CPU per request, in one process and one run, for the setups of the
+    issue "the default server setup costs the API server less than vLLM's own one-span tracing":
+    a FastAPI app with vLLM's routes before the chat route, whose chat route replays one recorded
+    request (real EngineCoreRequest, its real engine outputs) through a real vLLM OutputProcessor,
+    non-stream and as an SSE stream of one chunk per engine output, driven through httpx's ASGI
+    transport. Variants: bare; the default setup (instrument() on the export-process path, usage
+    spool and usage events on, the app built as otel_llm/vllm/http.py build_app_wrapper builds it:
+    vLLM's routes wrapped and our lean HTTP middleware, the chat handler under the real handler
+    wrapper); the same without the HTTP span; vLLM's native tracing (OutputProcessor(tracing_enabled
+    =True), its span through the SDK in this process); plain FastAPI auto-instrumentation (its
+    defaults, SDK in this process); a second bare app (A/A). CPU of this process per request
+    (time.process_time, every thread: the SDK's span processor and metric reader included, the
+    providers flushed at the end of each run), rounds alternated; for the default setups also the
+    export process's CPU per request (another process)."""
+    import json
+
+    import httpx
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatMessage,
+    )
+    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.v1.metrics.stats import IterationStats
+
+    from otel_llm.vllm import VLLMInstrumentor, http, wrappers
+
+    added, batches, tokenizer, _ = record_engine_traffic(1, max_tokens)
+    engine_request, prompt = added[0]
+    receiver, endpoint = start_receiver_process()
+    saved_env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    for name in ("OTEL_LLM_USAGE_DIR", "OTEL_LLM_USAGE_EVENTS", "OTEL_LLM_EXPORT_PROCESS", "OTEL_LLM_PHASE_SPANS",
+                 "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"):
+        os.environ.pop(name, None)
+    tracer_provider, meter_provider = configure_sdk(endpoint)
+    instrumentor = VLLMInstrumentor()
+    spool_root = Path(tempfile.mkdtemp(prefix="bench-api-spool-", dir=ROOT / ".cache"))
+
+    def make_app(op, hook):
+        """The app: vLLM's routes before chat, and a chat route as vLLM's (api_router.py) whose handler
+        replays the recorded request through `op`; `hook`: the handler wrapper (None: bare)."""
+        final_request = copy.deepcopy(engine_request)  # this app's own (our hook marks its trace_headers)
+        stream_request = copy.deepcopy(engine_request)
+        stream_request.sampling_params.output_kind = RequestOutputKind.DELTA  # as a stream's: an output per step
+        headers0 = engine_request.trace_headers
+
+        async def sse(response_id: str):
+            stream_request.trace_headers = headers0
+            op.add_request(stream_request, prompt)  # (on the first chunk, as vLLM's generator does)
+            for outputs, timestamp in batches:
+                result = op.process_outputs(outputs, timestamp, IterationStats())
+                text = "".join(o.outputs[0].text for o in result.request_outputs)
+                yield "data: " + json.dumps({"id": response_id, "object": "chat.completion.chunk",
+                                             "model": MODEL_NAME,
+                                             "choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        async def handler(request, raw_request):  # OpenAIServingChat.create_chat_completion's part
+            response_id = "chatcmpl-" + engine_request.request_id
+            raw_request.state.request_metadata = RequestResponseMetadata(request_id=response_id)
+            if request.stream:
+                return sse(response_id)
+            final_request.trace_headers = headers0
+            op.add_request(final_request, prompt)
+            final = None
+            for outputs, timestamp in batches:
+                result = op.process_outputs(outputs, timestamp, IterationStats())
+                final = result.request_outputs[-1] if result.request_outputs else final
+            completion = final.outputs[0]
+            return ChatCompletionResponse(
+                id=response_id, model=MODEL_NAME,
+                choices=[ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant",
+                                                                                   content=completion.text),
+                                                      finish_reason=completion.finish_reason)],
+                usage=UsageInfo(prompt_tokens=len(final.prompt_token_ids), completion_tokens=len(completion.token_ids),
+                                total_tokens=len(final.prompt_token_ids) + len(completion.token_ids)))
+
+        async def create_chat_completion(request, raw_request):
+            if hook is None:
+                generator = await handler(request, raw_request)
+            else:
+                generator = await hook(handler, None, (request, raw_request), {})
+            if isinstance(generator, ChatCompletionResponse):
+                return JSONResponse(content=generator.model_dump())
+            return StreamingResponse(content=generator, media_type="text/event-stream")
+
+        # (this module's annotations are strings FastAPI resolves in the module's globals: give it the types)
+        create_chat_completion.__annotations__ = {"request": ChatCompletionRequest, "raw_request": Request}
+        app = FastAPI()
+        for path in VLLM_ROUTES_BEFORE_CHAT:
+            app.add_api_route(path, lambda: {}, methods=["GET"])
+        app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+        return app
+
+    bare_apps = {name: (make_app(OutputProcessor(tokenizer, log_stats=True), None), None)
+                 for name in (API_BARE, API_AA)}  # (kept across rounds)
+
+    def set_up(variant: str, r: int):
+        """(app, channel) for one round of `variant`; instrument() where it needs it."""
+        if variant in bare_apps:
+            return bare_apps[variant]
+        if variant == API_NATIVE:
+            return make_app(OutputProcessor(tokenizer, log_stats=True, tracing_enabled=True), None), None
+        if variant == API_FASTAPI:
+            app = make_app(OutputProcessor(tokenizer, log_stats=True), None)
+            FastAPIInstrumentor.instrument_app(app)
+            return app, None
+        # the default setup, as `opentelemetry-instrument vllm serve` (OTLP over the export process)
+        os.environ["OTEL_LLM_USAGE_DIR"] = str(spool_root / f"{API_VARIANTS.index(variant)}-round-{r}")
+        os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
+        instrumentor.instrument()
+        tel = VLLMInstrumentor._patcher.telemetry
+        if tel.channel is None:
+            raise RuntimeError(f"{variant}: instrument() did not choose the export process")
+        hook = wrappers.handler_wrapper(semconv.OP_CHAT)(tel)  # what the chat handler hook applies
+        if variant == API_NO_HTTP:
+            os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "fastapi"
+        try:  # vLLM's build_app under our hook: export process started, routes wrapped, HTTP middleware
+            app = http.build_app_wrapper(tel)(lambda: make_app(OutputProcessor(tokenizer, log_stats=True), hook),
+                                              None, (), {})
+        finally:
+            os.environ.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
+        if tel.channel.process is None:
+            raise RuntimeError(f"{variant}: the export process did not start")
+        return app, tel.channel
+
+    def tear_down(variant: str, app) -> None:
+        if variant == API_FASTAPI:
+            FastAPIInstrumentor.uninstrument_app(app)
+        elif variant in (API_DEFAULT, API_NO_HTTP):
+            VLLMInstrumentor._patcher.telemetry.ledger.close()  # stops its fsync thread
+            os.environ.pop("OTEL_LLM_USAGE_DIR", None)
+            os.environ.pop("OTEL_LLM_USAGE_EVENTS", None)
+            instrumentor.uninstrument()  # the export process flushes and exits
+
+    problems: list[str] = []
+
+    async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "tell me about tracing"}],
+                "max_tokens": max_tokens, "stream": stream}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm",
+                                     headers={"x-tenant-id": "bench"}) as client:
+            for i in range(API_WARM):
+                r = await client.post("/v1/chat/completions", json=body)
+                r.raise_for_status()
+                if i == 0 and (r.text.count("data: ") != max_tokens + 1 if stream else "choices" not in r.json()):
+                    problems.append(f"{label}: unexpected response {r.text[:200]!r}")
+            child0 = None
+            if channel is not None:
+                wait_for_backlog(channel, 0.0)
+                child0 = quiet_cpu_seconds(child)
+            started = time.process_time()
+            for i in range(requests):
+                r = await client.post("/v1/chat/completions", json=body)
+                r.raise_for_status()
+                if i % 16 == 15:  # paced alike in every variant (no CPU): the export process keeps up
+                    time.sleep(pace_s)
+                    if channel is not None:
+                        wait_for_backlog(channel, 0.25)
+            tracer_provider.force_flush()
+            meter_provider.force_flush()
+            cost = (time.process_time() - started) / requests
+        child_cost = None
+        if channel is not None:
+            wait_for_backlog(channel, 0.0)
+            child_cost = (quiet_cpu_seconds(child) - child0) / requests
+        return cost, child_cost
+
+    samples: dict = {}
+    child_samples: dict = {}
+    channel_counts = {v: [0, 0] for v in (API_DEFAULT, API_NO_HTTP)}  # sent, dropped (all runs, warm-ups too)
+    started_wall = time.perf_counter()
+    try:
+        for r in range(-1, rounds):  # round -1 warms every variant up; not kept
+            print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
+            for variant in (API_VARIANTS if r % 2 == 0 else tuple(reversed(API_VARIANTS))):
+                app, channel = set_up(variant, r)
+                try:
+                    child = channel.process.pid if channel is not None else None
+                    if child is not None:
+                        quiet_cpu_seconds(child, min_threads=2)  # its start-up
+                    for stream in ((False, True) if r % 2 == 0 else (True, False)):
+                        cost, child_cost = asyncio.run(load(app, stream, channel, child, f"{variant}, round {r}"))
+                        if channel is not None and (channel.process is None or channel.process.pid != child):
+                            problems.append(f"{variant}, round {r}: the export process was restarted")
+                            child_cost = None
+                        if r >= 0:
+                            samples.setdefault((variant, stream), []).append(cost)
+                            if child_cost is not None:
+                                child_samples.setdefault((variant, stream), []).append(child_cost)
+                    if channel is not None:
+                        channel_counts[variant][0] += channel.sent
+                        channel_counts[variant][1] += channel.dropped
+                finally:
+                    tear_down(variant, app)
+        usage_lines = {}
+        for variant in channel_counts:
+            lines = [json.loads(line) for f in spool_root.glob(f"{API_VARIANTS.index(variant)}-round-*/usage-*.jsonl")
+                     for line in f.read_text().splitlines() if line.strip()]
+            usage_lines[variant] = (len(lines),
+                                    sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens))
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+        receiver.terminate()
+        shutil.rmtree(spool_root, ignore_errors=True)
+        for name in [k for k in os.environ if k.startswith("OTEL_")]:
+            del os.environ[name]
+        os.environ.update(saved_env)
+    wall = time.perf_counter() - started_wall
+
+    def added(variant: str, stream: bool, base: str = API_BARE) -> float:
+        """The variant's cost minus `base`'s, median of same-round pairs (same moment of the VM's speed)."""
+        return statistics.median(v - b for v, b in zip(samples[(variant, stream)], samples[(base, stream)]))
+
+    per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
+    print(f"\nThe API server's whole CPU per request, in process ({wall / 60:.1f} min): a FastAPI app with vLLM's "
+          f"routes, its chat route replaying one recorded request ({max_tokens} output tokens, {len(batches)} engine "
+          f"outputs) through a real vLLM OutputProcessor; {requests} sequential requests per run through httpx's ASGI "
+          f"transport (its CPU in every variant), {rounds} alternated rounds after a warm-up round; medians")
+    print(f"  {'variant':27} {'non-stream us':>13} {'added':>7} {'/native':>7} {'stream us':>10} {'added':>7} "
+          f"{'/native':>7} {'export proc us (ns/s)':>22}")
+    native = {stream: added(API_NATIVE, stream) for stream in (False, True)}
+    for variant in API_VARIANTS:
+        line = f"  {variant:27}"
+        for stream in (False, True):
+            cost = statistics.median(samples[(variant, stream)])
+            width = 13 if not stream else 10
+            if variant == API_BARE:
+                line += f" {cost * 1e6:{width}.0f} {'-':>7} {'-':>7}"
+            else:
+                extra = added(variant, stream)
+                ratio = f"{extra / native[stream]:7.2f}" if native[stream] > 0 else f"{'n/a':>7}"
+                line += f" {cost * 1e6:{width}.0f} {extra * 1e6:+7.0f} {ratio}"
+        children = [f"{statistics.median(child_samples[(variant, s)]) * 1e6:.0f}"
+                    if child_samples.get((variant, s)) else "-" for s in (False, True)]
+        print(line + f" {' / '.join(children) if variant in channel_counts else '-':>22}")
+    print("  (us: this process's CPU per request, every thread; added: minus bare, median of same-round pairs; "
+          "/native: added over vLLM native tracing's added;")
+    print(f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
+          f"process, from /proc once it drained)")
+    for variant, (sent, dropped) in channel_counts.items():
+        records, full = usage_lines[variant]
+        print(f"  {variant}: {sent} messages sent to the export process, {dropped} dropped; usage records "
+              f"{records} ({full} with {max_tokens} output tokens) of {per_run} requests")
+        if dropped:
+            print(f"  WARNING: {variant}: {dropped} messages dropped: its figures count telemetry not paid for; "
+                  f"run again with a longer pace")
+        if records != per_run or full != per_run:
+            print(f"  WARNING: {variant}: {records} usage records, {full} complete, of {per_run} requests")
+    for problem in problems:
+        print(f"  WARNING: {problem}")
+    for stream, mode in ((False, "non-stream"), (True, f"stream ({max_tokens} chunks)")):
+        default, no_http = added(API_DEFAULT, stream), added(API_NO_HTTP, stream)
+        vs_native = added(API_DEFAULT, stream, API_NATIVE)
+        aa = added(API_AA, stream)
+        bare = statistics.median(samples[(API_BARE, stream)])
+        print(f"  {mode:19}: default {default * 1e6:+.0f} us, native {native[stream] * 1e6:+.0f} us, default - native "
+              f"(same-round pairs) {vs_native * 1e6:+.0f} us; the HTTP span {(default - no_http) * 1e6:+.0f} us; "
+              f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare")
+        print(f"  {mode:19}: default <= native: {'met' if default <= native[stream] else 'NOT met'}")
+
+
 def sample_usage_fields() -> dict:
     """A usage record's fields as RequestTelemetry._write_usage builds them for a chat request."""
     request_id = "chatcmpl-7f3c2a9e4b1d4c8e9a6f0b2d5e8c1a47"
@@ -1001,13 +1293,15 @@ def stream_wrapper_cost(chunks: int = 20000) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "all"),
+    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "api",
+                                           "all"),
                         default="all",
                         help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
                              "micro-measurements (seconds, no vLLM); default: the default setup against vLLM's "
-                             "native tracing end to end, and its memory over many requests (issue 24)")
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=2)
+                             "native tracing end to end, and its memory over many requests (issue 24); api: the "
+                             "API server's whole CPU per request for the same setups, in one process")
+    parser.add_argument("--requests", type=int, default=None, help="default 128 (--part api: 200)")
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (--part api: 6)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--inprocess-rounds", type=int, default=8,
@@ -1026,6 +1320,15 @@ def main() -> int:
     parser.add_argument("--memory-concurrency", type=int, default=64)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
+    if part == "api":
+        build(DEFAULT_MODEL_DIR)
+        part_api(6 if args.rounds is None else args.rounds, 200 if args.requests is None else args.requests,
+                 args.max_tokens)
+        return 0
+    if args.rounds is None:
+        args.rounds = 2
+    if args.requests is None:
+        args.requests = 128
     if args.bare_cpu_ms:
         bare_cpu, bare_source = args.bare_cpu_ms / 1e3, "--bare-cpu-ms"
     else:

@@ -36,13 +36,10 @@ from opentelemetry.trace.status import Status, StatusCode
 from otel_llm import config, semconv, shutdown
 from otel_llm.vllm.offload import BYE, CONFIG, FIRST, HTTP_HISTOGRAMS, LAST, PROGRESS, REPORT, REQUEST, WHOLE
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+from otel_llm.warn import failed
 
 _log = logging.getLogger("otel_llm.vllm.export")
 SCOPE = "otel_llm.vllm"
-
-
-async def _no_app(scope, receive, send):  # (the middleware that only holds the HTTP instruments wraps nothing)
-    pass
 
 
 class _Stop(Exception):
@@ -125,8 +122,11 @@ class Exporter:
         for part in parts:
             self.handle_part(*part)
 
-    def handle_part(self, spans, measurement, usage_event, exemplar, scope, http_metrics=None) -> None:
+    def handle_part(self, spans, measurement, usage_event, exemplar, scope, http_metrics=None,
+                    http_replay=None) -> None:
         scope = self.scope if scope is None else self._scope(scope)
+        if http_replay is not None:
+            spans = self.replay_http(spans, http_replay)
         for span in spans:
             readable = self.readable_span(span, scope)
             for processor in self._processors:
@@ -141,7 +141,7 @@ class Exporter:
             self.metrics.record(Measurement(*measurement), context=context)
         if http_metrics is not None and self.meter_provider is not None:
             meter_scope, records = http_metrics
-            instruments = self._http_instruments(tuple(meter_scope))
+            instruments = self._http_replay(tuple(meter_scope)).middleware
             for name, value, attributes in records:
                 if name in HTTP_HISTOGRAMS:
                     instrument = getattr(instruments, name)
@@ -158,18 +158,33 @@ class Exporter:
             for key, tokens in increments:
                 self.metrics.add_tokens(tuple(key), tuple(tokens))
 
-    def _http_instruments(self, meter_scope: tuple):
-        """The HTTP server metrics' instruments, as the ASGI instrumentation makes them (names, units,
-        buckets, the semantic-convention mode of this same environment) on a meter of the scope the
-        API server's middleware has (otel_llm/vllm/http.py)."""
+    def replay_http(self, spans: list, record: tuple) -> list:
+        """An HTTP request whose span attributes and metrics the maintained ASGI middleware makes here
+        (otel_llm/vllm/http.py `HttpReplay`): its metrics recorded, its span completed."""
+        try:
+            captured = self._http_replay(tuple(record[0])).run(record)
+        except Exception:  # noqa: BLE001
+            failed("replaying an HTTP request's middleware", "its span goes without its HTTP attributes and metrics")
+            return spans
+        from otel_llm.vllm.http import merge_replayed
+
+        span_id, start = record[3], record[10]
+        return [merge_replayed(span, captured, start) if span[2] == span_id else span for span in spans]
+
+    def _http_replay(self, meter_scope: tuple):
+        """The ASGI instrumentation's middleware for the HTTP requests of one meter scope (the API
+        server's middleware's: the same instruments, names, units, buckets and semantic-convention
+        mode of this same environment)."""
         found = self._http.get(meter_scope)
         if found is None:
-            from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+            from opentelemetry.metrics import NoOpMeter
+
+            from otel_llm.vllm.http import HttpReplay
 
             name, version, schema_url = meter_scope
-            found = self._http[meter_scope] = OpenTelemetryMiddleware(
-                _no_app, tracer=trace.NoOpTracer(),
-                meter=self.meter_provider.get_meter(name, version, schema_url=schema_url))
+            meter = self.meter_provider.get_meter(name, version, schema_url=schema_url) \
+                if self.meter_provider is not None else NoOpMeter(name, version, schema_url)
+            found = self._http[meter_scope] = HttpReplay(meter)
         return found
 
     def _scope(self, scope: tuple) -> InstrumentationScope:

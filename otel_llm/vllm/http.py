@@ -30,9 +30,12 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 
+from opentelemetry import context as context_api
 from opentelemetry import trace
+from opentelemetry.instrumentation import asgi
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from opentelemetry.instrumentation.propagators import get_global_response_propagator
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 from starlette.routing import Mount, Route, WebSocketRoute
 
 from otel_llm.config import Settings, disabled_instrumentations
@@ -163,6 +166,117 @@ class LeanMiddleware(OpenTelemetryMiddleware):
 
     route_cache: dict
     meter_scope: tuple | None = None  # with the HTTP metrics recorded by the export process
+    replayed = False  # an HTTP request's span and metrics are made by the export process (`HttpReplay`)
+    redacts = False  # (with `replayed`) the replay runs the query-redaction hook
+    active_cache: dict
+
+    async def replayed_call(self, scope, receive, send):
+        """What the maintained middleware's `__call__` does for an HTTP request in the API server when
+        the export process makes its span attributes and metrics (`replayed`; HeldUntilRecorded
+        calls it): the span and its context, the app, one message."""
+        start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
+        begun = self._begin(scope)
+        if begun is None:  # (a failure of ours, counted: the maintained middleware serves it)
+            return await OpenTelemetryMiddleware.__call__(self, scope, receive, send)
+        if begun is _EXCLUDED:
+            return await self.app(scope, receive, send)
+        span, token, active, details = begun
+        response: list = []
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                await self.app(scope, receive, self._replayed_send(span, send, response))
+        finally:
+            self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
+
+    @inline_entry("LeanMiddleware._begin")
+    def _begin(self, scope):
+        """What the maintained middleware does before the app, less what the export process does
+        again (`HttpReplay`): the exclusion, the route, the span (its ids, parent and sampling)
+        made current, the active-requests count. None on a failure of ours."""
+        try:
+            _, _, url = asgi.get_host_port_url_tuple(scope)
+            if self.excluded_urls and self.excluded_urls.url_disabled(url):
+                return _EXCLUDED
+            details = self.default_span_details(scope)
+            active = self._active_attributes(scope)
+            span, token = _replay_parts.start_internal_or_server_span(
+                tracer=self.tracer, span_name=details[0], start_time=None, context_carrier=scope,
+                context_getter=_header_getter)
+            if not isinstance(span, offload.DeferredSpan):  # (ours failed: a span that records nothing)
+                if token:
+                    context_api.detach(token)
+                return None
+            span.outbox.held = True  # its message waits for what the export process needs after it ends
+            self.active_requests_counter.add(1, active)
+            return span, token, active, details
+        except Exception:  # noqa: BLE001
+            failed("LeanMiddleware._begin")
+            return None
+
+    def _active_attributes(self, scope) -> dict:
+        """The active-requests counter's attributes (the maintained middleware's: from the request's
+        attributes), kept per method, scheme, HTTP version, server and Host header, which are all
+        they read (tests/vllm/test_offload.py checks it against the maintained functions)."""
+        host = tuple(value for name, value in scope.get("headers") or () if name == b"host")
+        key = (scope.get("method"), scope.get("scheme"), scope.get("http_version"), tuple(scope.get("server") or ()),
+               host)
+        found = self.active_cache.get(key)
+        if found is None:
+            mode = self._sem_conv_opt_in_mode
+            found = _replay_parts.parse_active_request_count_attrs(asgi.collect_request_attributes(scope, mode), mode)
+            if len(self.active_cache) < ROUTE_CACHE_SIZE:
+                self.active_cache[key] = found
+        return found
+
+    @staticmethod
+    def _replayed_send(span, send, response: list):
+        """Sends the app's messages; keeps the response start (status and headers, for the replay)
+        and ends the span after the last body, as the maintained `otel_send` does."""
+
+        async def otel_send(message):
+            if message["type"] == "http.response.body":
+                await send(message)
+                if not message.get("more_body", False):
+                    span.end()
+                return
+            if message["type"] == "http.response.start":
+                response.append((message, span._status))  # (and the status set on the span before it)
+            await send(message)
+
+        return otel_send
+
+    @inline_entry("LeanMiddleware._finish")
+    def _finish(self, span, token, active, details, scope, response: list, duration_s: float) -> None:
+        """After the app (as the maintained middleware's `finally`): the count, the context, and the
+        request's message with what the export process replays."""
+        try:
+            self.active_requests_counter.add(-1, active)
+            if token:
+                context_api.detach(token)
+            span.outbox.http_replay = self._replay_record(span, details, scope, response, duration_s)
+            if span.is_recording():
+                span.end()
+            release(span)
+        except Exception:  # noqa: BLE001
+            failed("LeanMiddleware._finish")
+
+    def _replay_record(self, span, details, scope, response: list, duration_s: float) -> tuple:
+        """Plain values: the request's ASGI scope (the HTTP connection scope's keys; its headers but
+        credentials, unless request headers are captured), the route template the router matched, the
+        response start (status, headers), the duration, the span's ids, name and route attributes."""
+        snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+        headers = scope.get("headers") or []
+        if self.http_capture_headers_server_request is None:
+            headers = [header for header in headers if header[0] not in _CREDENTIAL_HEADERS]
+        snapshot["headers"] = headers
+        route = getattr(scope.get("route"), "path_format", None)
+        start = None
+        if response:  # (status, headers, whether the span's status was set in the API server after it)
+            message, status = response[0]
+            start = (message["status"], list(message.get("headers") or ()), span._status is not status)
+        ctx = span._context
+        return (self.meter_scope, self.redacts, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), span._sampled,
+                details[0], dict(details[1]), snapshot, route, start, duration_s)
 
     @inline_entry("LeanMiddleware._get_otel_send")
     def _get_otel_send(self, server_span, server_span_name, scope, send, duration_attrs):
@@ -210,6 +324,52 @@ class LeanMiddleware(OpenTelemetryMiddleware):
         return otel_send
 
 
+class _ReplayParts:
+    """The maintained instrumentation's functions the replayed path calls by name (private ones
+    among them); None when a release lacks one: then the maintained middleware runs as it is."""
+
+    def __init__(self):
+        from opentelemetry.instrumentation.asgi import _decode_header_item, _parse_active_request_count_attrs
+        from opentelemetry.instrumentation.utils import _start_internal_or_server_span, is_http_instrumentation_enabled
+
+        self.parse_active_request_count_attrs = _parse_active_request_count_attrs
+        self.decode_header_item = _decode_header_item
+        self.start_internal_or_server_span = _start_internal_or_server_span
+        self.is_http_instrumentation_enabled = is_http_instrumentation_enabled
+        for name in ("default_timer", "get_host_port_url_tuple", "collect_request_attributes"):
+            getattr(asgi, name)
+
+
+try:
+    _replay_parts: _ReplayParts | None = _ReplayParts()
+except (ImportError, AttributeError):
+    _log.warning("otel-llm: this opentelemetry-instrumentation-asgi lacks what the export process needs to make "
+                 "the HTTP server spans: they are made in the API server")
+    _replay_parts = None
+
+class _HeaderGetter(type(asgi_getter)):
+    """asgi_getter's answers (a header's values, decoded as it decodes them) without decoding every
+    header name for each lookup: ASGI names are bytes, compared lowercased."""
+
+    def get(self, carrier: dict, key: str):
+        headers = carrier.get("headers")
+        if not headers:
+            return None
+        if not isinstance(headers[0][0], bytes):
+            return super().get(carrier, key)
+        name = key.lower().encode()
+        decoded = [_replay_parts.decode_header_item(value) for key_, value in headers if key_.lower() == name]
+        return decoded or None
+
+
+_header_getter = _HeaderGetter()
+_EXCLUDED = object()
+# the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
+_SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
+               "client", "server")
+# never sent to the export process unless the user captures request headers (then sanitized there)
+_CREDENTIAL_HEADERS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
+
 ROUTE_CACHE_SIZE = 1024
 # the routes whose match depends on the scope's type, path, root path and method only (not a Host's headers)
 _CACHEABLE_ROUTES = (Route, WebSocketRoute, Mount)
@@ -219,6 +379,7 @@ def lean_middleware(middleware: OpenTelemetryMiddleware, offload_metrics: bool) 
     lean = LeanMiddleware.__new__(LeanMiddleware)
     lean.__dict__.update(middleware.__dict__)
     lean.route_cache = {}
+    lean.active_cache = {}
     lean.default_span_details = cached_span_details(middleware.default_span_details, lean.route_cache)
     scope = getattr(middleware.meter, "_instrumentation_scope", None)  # (the SDK's meter)
     if offload_metrics and scope is not None:
@@ -227,7 +388,29 @@ def lean_middleware(middleware: OpenTelemetryMiddleware, offload_metrics: bool) 
             if getattr(lean, name) is not None:
                 setattr(lean, name, DeferredHistogram(name, lean.meter_scope))
         lean.active_requests_counter = ActiveRequests(lean.meter, middleware.active_requests_counter)
+        lean.replayed = replayable(lean)
+        lean.redacts = _hook(lean) is redacting_hold_nothing_hook
     return lean
+
+
+def _hook(middleware: OpenTelemetryMiddleware):
+    hook = middleware.server_request_hook  # (the middleware may wrap it)
+    return getattr(hook, "__wrapped__", hook)
+
+
+def replayable(middleware: OpenTelemetryMiddleware) -> bool:
+    """Whether the export process can make this middleware's HTTP spans and metrics again from plain
+    values (`HttpReplay`): what it does per request depends on nothing that stays in the API server
+    (no hooks but ours, no send spans, no response propagator), and the sampler reads no attributes
+    (the span is sampled before the export process knows them: the SDK's own samplers)."""
+    tracer = middleware.tracer
+    sampler = getattr(tracer, "sampler", None)
+    return _replay_parts is not None and isinstance(tracer, offload.DeferredTracer) \
+        and type(sampler).__module__ == "opentelemetry.sdk.trace.sampling" \
+        and _hook(middleware) in (hold_nothing_hook, redacting_hold_nothing_hook) \
+        and middleware.client_request_hook is None and middleware.client_response_hook is None \
+        and middleware.exclude_send_span and middleware.exclude_receive_span \
+        and get_global_response_propagator() is None
 
 
 def cached_span_details(details, cache: dict):
@@ -328,16 +511,21 @@ _held: ContextVar[list | None] = ContextVar("otel_llm_http_held", default=None)
 
 
 class HeldUntilRecorded:
-    """Around LeanMiddleware with the export process: the server span ends when the response's last
-    body is sent; the middleware records its metrics after that, and this hands the span's message
-    over when they are in."""
+    """Around LeanMiddleware with the export process. An HTTP request whose span and metrics the
+    export process makes (`LeanMiddleware.replayed`) goes to `LeanMiddleware.replayed_call`. Any other
+    goes through the maintained middleware's `__call__`: the server span ends when the response's
+    last body is sent, the middleware records its metrics after that, and this hands the span's
+    message over when they are in."""
 
-    def __init__(self, app):
+    def __init__(self, app: LeanMiddleware):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.app.replayed and trace.get_current_span() is trace.INVALID_SPAN \
+                and _replay_parts.is_http_instrumentation_enabled() and get_global_response_propagator() is None:
+            return await self.app.replayed_call(scope, receive, send)
         held: list = []
         token = _held.set(held)
         try:
@@ -346,6 +534,116 @@ class HeldUntilRecorded:
             _held.reset(token)
             if held:
                 release(held[0])
+
+
+class _Capture:
+    """The replayed middleware's tracer (it calls `start_span` only): its one span is a DeferredSpan
+    with the API server's span context, read (`merge_replayed`), never sent."""
+
+    hand_over = None
+
+    def __init__(self):
+        self.next: tuple | None = None  # (span context, sampled) of the request replayed
+        self.span: offload.DeferredSpan | None = None
+
+    def start_span(self, name, context=None, kind=trace.SpanKind.INTERNAL, attributes=None, links=None,
+                   start_time=None, **_ignored):
+        span_context, sampled = self.next
+        self.span = offload.DeferredSpan(name, span_context, None, kind, attributes if sampled else None, links, 0,
+                                         sampled, offload.Outbox(), self)
+        return self.span
+
+
+class _NotCounted:
+    """The replayed middleware's active-requests counter: they are counted live in the API server."""
+
+    def add(self, amount, attributes=None, context=None) -> None:
+        pass
+
+
+class _Route:
+    __slots__ = ("path_format",)
+
+    def __init__(self, path_format: str):
+        self.path_format = path_format
+
+
+async def _disconnected():
+    return {"type": "http.disconnect"}
+
+
+async def _sent(message) -> None:
+    pass
+
+
+class HttpReplay:
+    """In the export process: the maintained middleware (opentelemetry-instrumentation-asgi's, as
+    FastAPIInstrumentor configures it from the same environment) run again on what the API server
+    kept of one HTTP request (`LeanMiddleware._replay_record`): its own code sets the span's
+    attributes and status and records the HTTP metrics, with the API server's span context, route,
+    response start and duration (its clock, `asgi.default_timer`, answers the request's times)."""
+
+    def __init__(self, meter):
+        self.tracer = _Capture()
+        self.middleware = OpenTelemetryMiddleware(self._app, tracer=self.tracer, meter=meter,
+                                                  default_span_details=self._span_details,
+                                                  exclude_spans=["receive", "send"])
+        self.middleware.active_requests_counter = _NotCounted()
+        self._details: tuple = ("", {})
+        self._start: tuple | None = None
+
+    def _span_details(self, scope):
+        return self._details[0], dict(self._details[1])
+
+    async def _app(self, scope, receive, send):
+        if self._start is not None:
+            status, headers, _ = self._start
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def run(self, record: tuple) -> offload.DeferredSpan:
+        (_, redacts, trace_id, span_id, flags, sampled, name, attributes, scope, route, start, duration_s) = record
+        self.middleware.server_request_hook = redact_query_hook if redacts else None
+        self.tracer.next = (SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags)), sampled)
+        self.tracer.span = None
+        self._details = (name, attributes)
+        self._start = start
+        if route is not None:
+            scope["route"] = _Route(route)
+        ticks = iter((0.0, duration_s))
+        clock = asgi.default_timer
+        asgi.default_timer = lambda: next(ticks, duration_s)
+        try:
+            coroutine = self.middleware(scope, _disconnected, _sent)
+            try:
+                coroutine.send(None)
+            except StopIteration:
+                pass
+            else:
+                coroutine.close()
+                raise RuntimeError("the replayed middleware waited for something")
+        finally:
+            asgi.default_timer = clock
+        if self.tracer.span is None:
+            raise RuntimeError("the replayed middleware made no span")
+        return self.tracer.span
+
+
+def merge_replayed(span: tuple, captured: offload.DeferredSpan, start: tuple | None) -> tuple:
+    """The API server's span (its ids, times and what was set on it during the request: an exception's
+    event and status) completed with what the replayed middleware set: its attributes first (those
+    set in the API server win), its events first, and the status the span had last (the replay's is
+    set at the response start: the API server's wins if it was set after that, or is OK, which is
+    final)."""
+    attributes = dict(captured._attributes)
+    for key, value in span[11].items():
+        attributes.pop(key, None)
+        attributes[key] = value
+    status, replayed = span[12], captured._status
+    if replayed is not None and (status is None or (status[0] != StatusCode.OK.value
+                                                    and not (start is not None and start[2]))):
+        status = replayed
+    return (*span[:11], attributes, status, span[13], [*captured._events, *span[14]])
 
 
 @entry("http.release")

@@ -70,10 +70,13 @@ class Outbox:
     the requests nested in it handed over to go with it (`adopted`: the GenAI telemetry of the
     requests under an HTTP server span), so that one message carries one HTTP request.
     `http_metrics`: the HTTP server metrics' values of an HTTP request ((meter scope, [(instrument,
-    value, attributes)]), otel_llm/vllm/http.py), recorded by the export process; `held`: not handed
-    over when its span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
+    value, attributes)]), otel_llm/vllm/http.py), recorded by the export process; `http_replay`: what
+    the export process needs to make an HTTP request's span attributes and metrics with the
+    maintained middleware (http.py `LeanMiddleware._replay_record`); `held`: not handed over when its
+    span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
 
-    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted", "http_metrics", "held")
+    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted", "http_metrics", "http_replay",
+                 "held")
 
     def __init__(self, scope: tuple | None = None):
         self.spans: list[tuple] = []
@@ -83,15 +86,16 @@ class Outbox:
         self.scope = scope  # (name, version, schema_url, attributes) of another instrumentation; None: ours
         self.adopted: list[tuple] = []
         self.http_metrics: tuple | None = None
+        self.http_replay: tuple | None = None
         self.held = False
 
     def empty(self) -> bool:
         return not self.spans and self.measurement is None and self.usage_event is None and not self.adopted \
-            and self.http_metrics is None
+            and self.http_metrics is None and self.http_replay is None
 
     def parts(self) -> list[tuple]:
-        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope, self.http_metrics),
-                *self.adopted]
+        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope, self.http_metrics,
+                 self.http_replay), *self.adopted]
 
     def message(self) -> tuple:
         return REQUEST, self.parts()
@@ -657,7 +661,7 @@ def _plain(message: tuple) -> tuple:
     if kind != REQUEST:  # (a live sweep's increments: label values and counts)
         return _base_types(message)
     plain = []
-    for spans, measurement, usage_event, exemplar, scope, http_metrics in parts:
+    for spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay in parts:
         spans = [(*s[:11], clean(s[11]), s[12], [(*link[:5], clean(link[5])) for link in s[13]],
                   [(name, clean(attrs), ts) for name, attrs, ts in s[14]]) for s in spans]
         if usage_event is not None:
@@ -667,7 +671,7 @@ def _plain(message: tuple) -> tuple:
         if http_metrics is not None:
             meter_scope, records = http_metrics
             http_metrics = (meter_scope, [(name, value, clean(attributes)) for name, value, attributes in records])
-        plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics))
+        plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay))
     return _base_types((kind, plain))
 
 

@@ -497,10 +497,13 @@ def _fault_injector():
     return module
 
 
-def _serve_the_requests(http_module) -> list[tuple[int, bytes]]:
+def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
     """A FastAPI app as vLLM's is instrumented with the export process (the HTTP server span from
     the deferred tracer provider, our request hooks), a handler making a GenAI span under it and
-    handing it over: (status, body) of a request with a query, a failing handler and a 404."""
+    handing it over: (status, body) of a request with a query, a failing handler and a 404.
+    replayed: the HTTP metrics go to the export process too, which makes the span's attributes
+    (LeanMiddleware.replayed_call); else the maintained middleware's `__call__` runs here."""
+    from opentelemetry.sdk.metrics import MeterProvider
     from starlette.testclient import TestClient
 
     from otel_llm.config import Settings
@@ -526,7 +529,8 @@ def _serve_the_requests(http_module) -> list[tuple[int, bytes]]:
         raise ValueError("the engine is gone")
 
     http_module.instrument_app(app, Settings(), offload.DeferredTracerProvider(
-        tracer, lambda span: offload.hand_over(span, link)))
+        tracer, lambda span: offload.hand_over(span, link)), offload_metrics=replayed,
+        meter_provider=MeterProvider() if replayed else None)
     with TestClient(app, raise_server_exceptions=False) as client:
         responses = [client.post("/v1/chat/completions?api_key=secret", json={}),
                      client.post("/v1/completions", json={}), client.get("/v1/nothing")]
@@ -541,15 +545,16 @@ def _http_entry_points():
     return [(f"{m.__name__}:{name}", fn) for m in (offload, http) for name, fn in entry_points(m)]
 
 
+@pytest.mark.parametrize("replayed", [False, True], ids=["maintained call", "replayed"])
 @pytest.mark.parametrize("name,fn", _http_entry_points(), ids=[n for n, _ in _http_entry_points()])
-def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn):
+def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn, replayed):
     """Each entry point of the HTTP path (otel_llm/warn.py: `entry`, `inline_entry`), a fault raised
     inside its guard as the real-server fault test does: the responses are those without it, the
     failure is counted (otel_llm.instrumentation.failures), nothing escapes."""
     from otel_llm import warn
     from otel_llm.vllm import http
 
-    expected = _serve_the_requests(http)
+    expected = _serve_the_requests(http, replayed)
     injector = _fault_injector()
     hits = []
 
@@ -560,7 +565,7 @@ def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn):
     before = warn.failures().get(fn.what, 0)
     undo = injector.inject(fn, name, check)
     try:
-        got = _serve_the_requests(http)
+        got = _serve_the_requests(http, replayed)
     finally:
         undo()
     assert got == expected
@@ -671,6 +676,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
             tracer, lambda span: offload.hand_over(span, link)), offload_metrics=True, meter_provider=meters)
         assert _http_requests(app) == expected_status == [200, 200, 500, 404, 400, 400, 200, 404, 200]
         assert isinstance(app.middleware_stack.app, http.HeldUntilRecorded)
+        assert app.middleware_stack.app.app.replayed  # (made in the export process: http.HttpReplay)
         assert link.sent == 8  # one message per traced request: its span with its metrics
         link.close()
         meters.shutdown()
@@ -695,3 +701,97 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
                 point = replace(point, exemplars=[])     # is the span context current at the last +1, a
             assert got[key] == point, key                # client's span from its traceparent)
         assert any(p.exemplars for p in got.values())
+
+
+def _scope(method="POST", path="/v1/chat/completions", host=b"vllm:8000", agent=b"openai/1.0",
+           client=("10.0.0.7", 5123), server=("10.0.0.1", 8000), scheme="http", version="1.1", query=b"",
+           extra=()) -> dict:
+    headers = [(b"host", host), (b"user-agent", agent), (b"content-type", b"application/json"), *extra]
+    return {"type": "http", "http_version": version, "method": method, "scheme": scheme, "path": path,
+            "raw_path": path.encode(), "query_string": query, "root_path": "", "headers": headers, "client": client,
+            "server": server}
+
+
+def _lean():
+    from fastapi import FastAPI
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm import http
+
+    app = FastAPI()
+    http.instrument_app(app, Settings(), offload.DeferredTracerProvider(
+        offload.DeferredTracer(TracerProvider()), lambda span: None), offload_metrics=True,
+        meter_provider=MeterProvider())
+    lean = app.build_middleware_stack().app.app
+    assert isinstance(lean, http.LeanMiddleware) and lean.replayed
+    return lean
+
+
+@pytest.mark.parametrize("mode", ["", "http", "http/dup"])
+def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeypatch, mode):
+    """LeanMiddleware keeps the active-requests counter's attributes per method, scheme, version,
+    server and Host: for requests that differ in everything else (path, query, user agent, client)
+    and in those, they equal what the maintained middleware computes for each."""
+    from opentelemetry.instrumentation import _semconv, asgi
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
+    monkeypatch.setattr(_semconv._OpenTelemetrySemanticConventionStability, "_initialized", False)
+    lean = _lean()
+    scopes = [_scope(), _scope(path="/v1/completions", query=b"a=1"), _scope(agent=b"curl/8", client=("10.0.0.9", 1)),
+              _scope(method="GET", path="/v1/models"), _scope(host=b"other:8000"), _scope(scheme="https"),
+              _scope(version="2"), _scope(server=("10.0.0.2", 8001)), _scope(method="BREW")]
+    for scope in scopes * 2:
+        expected = asgi._parse_active_request_count_attrs(
+            asgi.collect_request_attributes(scope, lean._sem_conv_opt_in_mode), lean._sem_conv_opt_in_mode)
+        assert lean._active_attributes(scope) == expected
+    assert len(lean.active_cache) == 7  # (the first three share one key)
+
+
+def test_credentials_stay_in_the_api_server():
+    """The replay record (what crosses to the export process) has the request's headers but its
+    credentials, unless the user captures request headers (then the maintained middleware sanitizes
+    them in the export process as configured)."""
+    credentials = ((b"authorization", b"Bearer sk-live-1"), (b"cookie", b"session=2"), (b"x-api-key", b"sk-3"),
+                   (b"proxy-authorization", b"Basic 4"), (b"api-key", b"sk-5"))
+    scope = _scope(extra=credentials)
+    span = offload.DeferredTracer(TracerProvider()).start_span("POST")
+    lean = _lean()
+    record = lean._replay_record(span, ("POST /v1/chat/completions", {"http.route": "/v1/chat/completions"}), scope,
+                                 [({"type": "http.response.start", "status": 200, "headers": []}, None)], 0.25)
+    assert [name for name, _ in record[8]["headers"]] == [b"host", b"user-agent", b"content-type"]
+    assert b"sk-" not in repr(record).encode() and "sk-" not in repr(record)
+    assert record[10] == (200, [], False) and record[11] == 0.25  # (no status set on the span after the start)
+    lean.http_capture_headers_server_request = [".*"]
+    record = lean._replay_record(span, ("POST", {}), scope, [], 0.25)
+    assert len(record[8]["headers"]) == 3 + len(credentials) and record[10] is None
+
+
+def test_a_failing_replay_sends_the_span_as_the_api_server_made_it():
+    """The export process: when the maintained middleware cannot be replayed on a record, the
+    request's spans go as they came (the HTTP span without its HTTP attributes), the failure counted."""
+    from otel_llm import warn
+    from otel_llm.vllm.export_process import Exporter
+
+    exporter = Exporter({"resource": {}, "version": __version__, "traces": False, "metrics": False,
+                         "usage_events": False})
+    span = ("GET", 1, 2, 1, "", 0, False, 0, 1, 10, 20, {"a": 1}, None, [], [])
+    before = warn.failures().get("replaying an HTTP request's middleware", 0)
+    bad = (("fastapi", "1", None), False, 1, 2, 1, True, "GET", {}, {"type": "http"}, None, ("not", "a start"), 0.1)
+    assert exporter.replay_http([span], bad) == [span]
+    assert warn.failures()["replaying an HTTP request's middleware"] == before + 1
+
+
+def test_the_header_getter_answers_as_the_asgi_getter():
+    """LeanMiddleware's context extraction reads headers with its own getter: the same answers as the
+    instrumentation's asgi_getter (values decoded alike, names matched lowercased, repeats kept)."""
+    from opentelemetry.instrumentation.asgi import asgi_getter
+
+    from otel_llm.vllm.http import _header_getter
+
+    scopes = [{"headers": [(b"traceparent", b"00-1-2-01"), (b"Baggage", b"a=1"), (b"baggage", b"b=\xff"),
+                           (b"x-\xc3\xa9", b"\xc3\xa9t\xc3\xa9"), (b"tracestate", b"")]},
+              {"headers": [(b"TRACEPARENT", b"00-3-4-01")]}, {"headers": []}, {}]
+    for scope in scopes:
+        for key in ("traceparent", "TraceParent", "baggage", "tracestate", "x-\u00e9", "missing"):
+            assert _header_getter.get(scope, key) == asgi_getter.get(scope, key), (scope, key)
