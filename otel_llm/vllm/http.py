@@ -12,17 +12,24 @@ with its query. By default every query value is replaced with `REDACTED` in both
 OTEL_LLM_HTTP_REDACT_QUERY=false keeps them.
 
 The instrumentation's middleware (opentelemetry-instrumentation-asgi's OpenTelemetryMiddleware, as
-FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) is kept, with
-three changes to what it does per request on the API server, vLLM's bottleneck at high request rates
-(benchmarks/server_overhead.py --part fastapi):
-- `LeanMiddleware`: its route lookup (a match against every route of the app until one fits) is done
-  once per method and path, and its per-message `send` wrapper is one check per body chunk; what it
-  does on the response start (status, response headers, content length) is its own code.
-- With the export process, its HTTP metrics are not recorded here: the values it records go with the
-  request's message (`DeferredHistogram`), and the export process records them in the same
-  instruments (otel_llm/vllm/export_process.py). The server span's message is held until they are in
-  (`HeldUntilRecorded`). Its active-requests counter counts in a plain dict, observed at collection
-  (`ActiveRequests`).
+FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) stays the source of
+the HTTP span and metrics, with its per-request work moved off the API server, vLLM's bottleneck at
+high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
+- `LeanMiddleware` takes it over. With the export process (and a setup the export process can
+  reproduce: `replayable`) an HTTP request goes through `LeanMiddleware.replayed_call`: the API server
+  checks the exclusions, looks the route up (once per method and path), starts the span (ids, parent,
+  sampling: the maintained `_start_internal_or_server_span`), counts the request as active (in a dict
+  observed at collection: `ActiveRequests`) and keeps plain values: the request's ASGI connection scope
+  (its credential headers dropped unless request headers are captured), the route template, the
+  response start and the duration. The export process runs the maintained middleware again on them
+  (`HttpReplay`: its own `__call__`, with the API server's span context and duration), which sets the
+  span's attributes and status and records the HTTP metrics in the same instruments; `merge_replayed`
+  completes the API server's span with them. tests/vllm/test_offload.py compares the exported span
+  and metric points with the maintained middleware's, field for field.
+- Any other request (a websocket, one inside another span, a hook of the user's) goes through the
+  maintained `__call__`, with the route cached, one check per body chunk instead of its send
+  wrapper, and with the export process its histograms' values sent along (`DeferredHistogram`), the
+  span's message held until they are in (`HeldUntilRecorded`).
 """
 
 from __future__ import annotations

@@ -626,7 +626,15 @@ def _metric_points(receiver) -> dict:
     return {(p.name, tuple(sorted(p.attributes.items()))): p for p in receiver.latest_metrics()}
 
 
-def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch):
+# the HTTP conventions' modes (OTEL_SEMCONV_STABILITY_OPT_IN): the old names (default), both
+HTTP_SEMCONV_MODES = {"": {"http.server.duration", "http.server.active_requests", "http.server.response.size",
+                           "http.server.request.size"}}
+HTTP_SEMCONV_MODES["http/dup"] = HTTP_SEMCONV_MODES[""] | {
+    "http.server.request.duration", "http.server.response.body.size", "http.server.request.body.size"}
+
+
+@pytest.mark.parametrize("mode", list(HTTP_SEMCONV_MODES), ids=["old names", "http/dup"])
+def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch, mode):
     """The HTTP server span and the HTTP metrics of vLLM's app (FastAPI instrumentation as http.py puts
     it on: query redaction, exclusions) are the same, field for field after decoding, whether the
     maintained middleware makes and records them with the SDK in process, or our lean middleware hands
@@ -644,6 +652,11 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
     def meter_provider():
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=3_600_000)
         return MeterProvider(resource=RESOURCE, metric_readers=[reader])
+
+    from opentelemetry.instrumentation import _semconv
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
+    monkeypatch.setattr(_semconv._OpenTelemetrySemanticConventionStability, "_initialized", False)
 
     def fake_clock():
         ticks = iter(range(1, 10_000))
@@ -694,8 +707,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
 
         expected, got = _metric_points(sdk_receiver), _metric_points(our_receiver)
         assert got.keys() == expected.keys()
-        assert {name for name, _ in got} == {"http.server.duration", "http.server.active_requests",
-                                             "http.server.response.size", "http.server.request.size"}
+        assert {name for name, _ in got} == HTTP_SEMCONV_MODES[mode]
         for key, point in expected.items():
             if key[0] == "http.server.active_requests":  # observed, not measured: no exemplar (the SDK's
                 point = replace(point, exemplars=[])     # is the span context current at the last +1, a
