@@ -761,7 +761,8 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     that the route lookup matches as many. Variants: the maintained middleware (as http.py put it
     on before issue 24) with the SDK in process and with the export process (its HTTP metrics
     recorded here), and ours (http.py `LeanMiddleware`) the same two ways, with the export process
-    also recording the HTTP metrics there (the default); a second bare app for the A/A spread."""
+    making the span's attributes and the HTTP metrics there (`HttpReplay`, the default); a second
+    bare app for the A/A spread."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
@@ -808,7 +809,7 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
             app, excluded_urls=settings.http_excluded_urls, exclude_spans=["receive", "send"],
             tracer_provider=deferred, server_request_hook=http.redacting_hold_nothing_hook),
         "lean, SDK in process": lambda app: instrument_app(app, settings),
-        "lean, export process + its metrics (default)": lambda app: instrument_app(app, settings, deferred,
+        "ours, export process replays it (default)": lambda app: instrument_app(app, settings, deferred,
                                                                                   offload_metrics=True),
     }
     apps = {"bare": make_app(), "bare (A/A)": make_app()}
@@ -1354,8 +1355,9 @@ def main() -> int:
     if part in ("inprocess", "all"):
         part_inprocess(16, args.max_tokens, max(args.rounds, args.inprocess_rounds), bare_cpu, bare_source,
                        args.pace_ms / 1e3)
-    if part == "all":  # (its own SDK set-up: in a separate process)
+    if part == "all":  # (each its own SDK set-up: in a separate process)
         subprocess.run([sys.executable, __file__, "--part", "fastapi", "--rounds", str(args.rounds)], check=False)
+        subprocess.run([sys.executable, __file__, "--part", "api", "--rounds", str(max(args.rounds, 4))], check=False)
     return 0
 
 

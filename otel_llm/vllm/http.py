@@ -224,7 +224,7 @@ class LeanMiddleware(OpenTelemetryMiddleware):
         """The active-requests counter's attributes (the maintained middleware's: from the request's
         attributes), kept per method, scheme, HTTP version, server and Host header, which are all
         they read (tests/vllm/test_offload.py checks it against the maintained functions)."""
-        host = tuple(value for name, value in scope.get("headers") or () if name == b"host")
+        host = tuple(value for name, value in scope.get("headers") or () if name.lower() == b"host")
         key = (scope.get("method"), scope.get("scheme"), scope.get("http_version"), tuple(scope.get("server") or ()),
                host)
         found = self.active_cache.get(key)
@@ -353,6 +353,7 @@ except (ImportError, AttributeError):
     _log.warning("otel-llm: this opentelemetry-instrumentation-asgi lacks what the export process needs to make "
                  "the HTTP server spans: they are made in the API server")
     _replay_parts = None
+
 
 class _HeaderGetter(type(asgi_getter)):
     """asgi_getter's answers (a header's values, decoded as it decodes them) without decoding every

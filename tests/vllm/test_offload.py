@@ -633,13 +633,18 @@ HTTP_SEMCONV_MODES["http/dup"] = HTTP_SEMCONV_MODES[""] | {
     "http.server.request.duration", "http.server.response.body.size", "http.server.request.body.size"}
 
 
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "sampled out"])
 @pytest.mark.parametrize("mode", list(HTTP_SEMCONV_MODES), ids=["old names", "http/dup"])
-def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch, mode):
+def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch, mode, sampled):
     """The HTTP server span and the HTTP metrics of vLLM's app (FastAPI instrumentation as http.py puts
     it on: query redaction, exclusions) are the same, field for field after decoding, whether the
     maintained middleware makes and records them with the SDK in process, or our lean middleware hands
     them to the export process (times aside: the spans' are the clock's; the durations come from one
-    fake clock in both)."""
+    fake clock in both). Sampled out (the SDK's ALWAYS_OFF under ParentBased): the same spans (only the
+    one with a sampled parent) and the same metrics."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+
+    sampler = ParentBased(ALWAYS_ON if sampled else ALWAYS_OFF)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.instrumentation import asgi
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -667,7 +672,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         # (no length limit: the SDK cuts a URL before the redaction hook reads it back, ours after)
         monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
         fake_clock()
-        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence())
+        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence(), sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         meters = meter_provider()
         app = _http_app()
@@ -682,7 +687,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
         fake_clock()
         link = channel(metrics=True)
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence(), sampler=sampler))
         meters = meter_provider()  # (the API server's: the active requests)
         app = _http_app()
         http.instrument_app(app, Settings(), offload.DeferredTracerProvider(
@@ -700,10 +705,12 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         expected, got = times_aside(sdk_receiver.spans), times_aside(our_receiver.spans)
         for g, e in zip(got, expected):
             assert sorted(set(g.attributes.items()) ^ set(e.attributes.items()), key=str) == [], g.name
-        assert len(got) == 8 and got == expected
-        chat = next(s for s in got if "?" in s.attributes["http.url"])
-        assert chat.attributes["http.url"].endswith("?api_key=REDACTED&REDACTED")
-        assert {s.status for s in got} == {"UNSET", "ERROR"}
+        # (sampled out: the one request whose traceparent says sampled, ParentBased follows it)
+        assert len(got) == (8 if sampled else 1) and got == expected
+        if sampled:
+            chat = next(s for s in got if "?" in s.attributes["http.url"])
+            assert chat.attributes["http.url"].endswith("?api_key=REDACTED&REDACTED")
+            assert {s.status for s in got} == {"UNSET", "ERROR"}
 
         expected, got = _metric_points(sdk_receiver), _metric_points(our_receiver)
         assert got.keys() == expected.keys()
@@ -712,7 +719,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
             if key[0] == "http.server.active_requests":  # observed, not measured: no exemplar (the SDK's
                 point = replace(point, exemplars=[])     # is the span context current at the last +1, a
             assert got[key] == point, key                # client's span from its traceparent)
-        assert any(p.exemplars for p in got.values())
+        assert any(p.exemplars for p in got.values())  # (sampled out: the request with a sampled parent)
 
 
 def _scope(method="POST", path="/v1/chat/completions", host=b"vllm:8000", agent=b"openai/1.0",
@@ -752,12 +759,13 @@ def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeyp
     lean = _lean()
     scopes = [_scope(), _scope(path="/v1/completions", query=b"a=1"), _scope(agent=b"curl/8", client=("10.0.0.9", 1)),
               _scope(method="GET", path="/v1/models"), _scope(host=b"other:8000"), _scope(scheme="https"),
-              _scope(version="2"), _scope(server=("10.0.0.2", 8001)), _scope(method="BREW")]
+              _scope(version="2"), _scope(server=("10.0.0.2", 8001)), _scope(method="BREW"),
+              _scope(extra=((b"Host", b"shouting:8000"),))]
     for scope in scopes * 2:
         expected = asgi._parse_active_request_count_attrs(
             asgi.collect_request_attributes(scope, lean._sem_conv_opt_in_mode), lean._sem_conv_opt_in_mode)
         assert lean._active_attributes(scope) == expected
-    assert len(lean.active_cache) == 7  # (the first three share one key)
+    assert len(lean.active_cache) == 8  # (the first three share one key)
 
 
 def test_credentials_stay_in_the_api_server():
