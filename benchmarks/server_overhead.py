@@ -536,6 +536,18 @@ def configure_sdk(endpoint: str):
     return trace.get_tracer_provider(), metrics.get_meter_provider()
 
 
+def shut_down(tracer_provider, meter_provider, receiver, spool_root: Path, saved_env: dict) -> None:
+    """After an in-process part: the SDK flushed and shut down, the receiver stopped, the spools
+    removed, the OTEL_* environment as it was."""
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    receiver.terminate()
+    shutil.rmtree(spool_root, ignore_errors=True)
+    for name in [k for k in os.environ if k.startswith("OTEL_")]:
+        del os.environ[name]
+    os.environ.update(saved_env)
+
+
 def wait_for_backlog(channel, fraction: float, timeout_s: float = 30.0) -> float:
     """Sleep (no CPU) until at most `fraction` of the socket's buffer is still unread; the seconds waited."""
     started = time.monotonic()
@@ -665,13 +677,7 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
         micro = ledger_micro(spool_root / "micro")
     finally:
         tracer_provider.sampler = default_sampler
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
-        receiver.terminate()
-        shutil.rmtree(spool_root, ignore_errors=True)
-        for name in [k for k in os.environ if k.startswith("OTEL_")]:
-            del os.environ[name]
-        os.environ.update(saved_env)
+        shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
 
     def paired(variant: str) -> float:
         """The variant's cost minus bare's, median of same-round pairs (same moment of the VM's speed)."""
@@ -1082,13 +1088,7 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             usage_lines[variant] = (len(lines),
                                     sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens))
     finally:
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
-        receiver.terminate()
-        shutil.rmtree(spool_root, ignore_errors=True)
-        for name in [k for k in os.environ if k.startswith("OTEL_")]:
-            del os.environ[name]
-        os.environ.update(saved_env)
+        shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
     wall = time.perf_counter() - started_wall
 
     def added(variant: str, stream: bool, base: str = API_BARE) -> float:
