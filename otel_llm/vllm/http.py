@@ -177,23 +177,31 @@ class LeanMiddleware(OpenTelemetryMiddleware):
     redacts = False  # (with `replayed`) the replay runs the query-redaction hook
     active_cache: dict
 
-    async def replayed_call(self, scope, receive, send):
+    async def replayed_call(self, scope, receive, send) -> bool:
         """What the maintained middleware's `__call__` does for an HTTP request in the API server when
         the export process makes its span attributes and metrics (`replayed`; HeldUntilRecorded
-        calls it): the span and its context, the app, one message."""
+        calls it): the span and its context, the app, one message. False, before anything is sent,
+        on a failure of ours (counted): then the maintained `__call__` serves it."""
         start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
         begun = self._begin(scope)
-        if begun is None:  # (a failure of ours, counted: the maintained middleware serves it)
-            return await OpenTelemetryMiddleware.__call__(self, scope, receive, send)
+        if begun is None:
+            return False
         if begun is _EXCLUDED:
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return True
         span, token, active, details = begun
         response: list = []
+
+        def keep_start(message) -> None:  # (and the status set on the span before it)
+            if message["type"] == "http.response.start":
+                response.append((message, span._status))
+
         try:
             with trace.use_span(span, end_on_exit=False):
-                await self.app(scope, receive, self._replayed_send(span, send, response))
+                await self.app(scope, receive, _ending_send(span, send, keep_start))
         finally:
             self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
+        return True
 
     @inline_entry("LeanMiddleware._begin")
     def _begin(self, scope):
@@ -235,23 +243,6 @@ class LeanMiddleware(OpenTelemetryMiddleware):
                 self.active_cache[key] = found
         return found
 
-    @staticmethod
-    def _replayed_send(span, send, response: list):
-        """Sends the app's messages; keeps the response start (status and headers, for the replay)
-        and ends the span after the last body, as the maintained `otel_send` does."""
-
-        async def otel_send(message):
-            if message["type"] == "http.response.body":
-                await send(message)
-                if not message.get("more_body", False):
-                    span.end()
-                return
-            if message["type"] == "http.response.start":
-                response.append((message, span._status))  # (and the status set on the span before it)
-            await send(message)
-
-        return otel_send
-
     @inline_entry("LeanMiddleware._finish")
     def _finish(self, span, token, active, details, scope, response: list, duration_s: float) -> None:
         """After the app (as the maintained middleware's `finally`): the count, the context, and the
@@ -283,7 +274,7 @@ class LeanMiddleware(OpenTelemetryMiddleware):
             start = (message["status"], list(message.get("headers") or ()), span._status is not status)
         ctx = span._context
         return (self.meter_scope, self.redacts, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), span._sampled,
-                details[0], dict(details[1]), snapshot, route, start, duration_s)
+                details[0], details[1], snapshot, route, start, duration_s)
 
     @inline_entry("LeanMiddleware._get_otel_send")
     def _get_otel_send(self, server_span, server_span_name, scope, send, duration_attrs):
@@ -307,28 +298,37 @@ class LeanMiddleware(OpenTelemetryMiddleware):
 
     def _lean_send(self, server_span, send, duration_attrs):
         """The instrumentation's `otel_send` where it sends no `send` spans and no response
-        propagator is set: a body message only ends the span after the last one; the response start
-        does what `otel_send` does with it (status and captured headers on the span, the content
-        length for the size metric)."""
-        middleware = self
+        propagator is set: the response start does what `otel_send` does with it (status and
+        captured headers on the span, the content length for the size metric)."""
 
-        async def otel_send(message):
-            if message["type"] == "http.response.body":
-                await send(message)
-                if not message.get("more_body", False):
-                    server_span.end()
-                return
+        def on_start(message) -> None:
             status_code = message["status"] if message["type"] == "http.response.start" else None
-            middleware._set_server_span(server_span, message, status_code, duration_attrs)
+            self._set_server_span(server_span, message, status_code, duration_attrs)
             content_length = asgi_getter.get(message, "content-length")
             if content_length:
                 try:
-                    middleware.content_length_header = int(content_length[0])
+                    self.content_length_header = int(content_length[0])
                 except ValueError:
                     pass
-            await send(message)
 
-        return otel_send
+        return _ending_send(server_span, send, on_start)
+
+
+def _ending_send(span, send, on_other):
+    """An ASGI send that ends `span` after the response's last body, as the maintained `otel_send`
+    does, with one check per body chunk; any other message (the response start) goes to `on_other`
+    before it is sent."""
+
+    async def otel_send(message):
+        if message["type"] == "http.response.body":
+            await send(message)
+            if not message.get("more_body", False):
+                span.end()
+            return
+        on_other(message)
+        await send(message)
+
+    return otel_send
 
 
 class _ReplayParts:
@@ -414,16 +414,16 @@ def _hook(middleware: OpenTelemetryMiddleware):
 def replayable(middleware: OpenTelemetryMiddleware) -> bool:
     """Whether the export process can make this middleware's HTTP spans and metrics again from plain
     values (`HttpReplay`): what it does per request depends on nothing that stays in the API server
-    (no hooks but ours, no send spans, no response propagator), and the sampler reads no attributes
-    (the span is sampled before the export process knows them: the SDK's own samplers)."""
+    (no hooks but ours, no send spans; a response propagator is checked per request), and the sampler
+    reads no attributes (the span is sampled before the export process knows them: the SDK's own
+    samplers)."""
     tracer = middleware.tracer
     sampler = getattr(tracer, "sampler", None)
     return _replay_parts is not None and isinstance(tracer, offload.DeferredTracer) \
         and type(sampler).__module__ == "opentelemetry.sdk.trace.sampling" \
         and _hook(middleware) in (hold_nothing_hook, redacting_hold_nothing_hook) \
         and middleware.client_request_hook is None and middleware.client_response_hook is None \
-        and middleware.exclude_send_span and middleware.exclude_receive_span \
-        and get_global_response_propagator() is None
+        and middleware.exclude_send_span and middleware.exclude_receive_span
 
 
 def cached_span_details(details, cache: dict):
@@ -537,8 +537,9 @@ class HeldUntilRecorded:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.app.replayed and trace.get_current_span() is trace.INVALID_SPAN \
-                and _replay_parts.is_http_instrumentation_enabled() and get_global_response_propagator() is None:
-            return await self.app.replayed_call(scope, receive, send)
+                and _replay_parts.is_http_instrumentation_enabled() and get_global_response_propagator() is None \
+                and await self.app.replayed_call(scope, receive, send):
+            return
         held: list = []
         token = _held.set(held)
         try:
