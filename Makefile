@@ -40,6 +40,7 @@ prometheus:
 # ruff (pyproject.toml [tool.ruff]) and the generated files: part of `make test`
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: install model prometheus lint check
 	$(PY) -m pytest -q -ra tests

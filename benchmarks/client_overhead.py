@@ -85,67 +85,120 @@ VARIANTS = {
     "bare-aa": Variant(),
     "sdk-floor": Variant(floor=True),
     "otel-llm": Variant("otel_llm.openai", dists=["otel-llm"]),
-    "official": Variant("opentelemetry.instrumentation.genai.openai",
-                        ["opentelemetry-instrumentation-genai-openai==1.3b0", "opentelemetry-util-genai==1.3b0"],
-                        ["opentelemetry-instrumentation-genai-openai", "opentelemetry-util-genai"]),
-    "openai-v2": Variant("opentelemetry.instrumentation.openai_v2",
-                         # its util-genai floor (>=0.4b0) lets pip take 1.3b0, which no longer has the
-                         # `opentelemetry.util.genai.instruments` module 2.4b0 imports; 1.1b0 is the last with it
-                         ["opentelemetry-instrumentation-openai-v2==2.4b0", "opentelemetry-util-genai==1.1b0"],
-                         ["opentelemetry-instrumentation-openai-v2", "opentelemetry-util-genai"]),
-    "official+httpx": Variant("opentelemetry.instrumentation.genai.openai",
-                              ["opentelemetry-instrumentation-genai-openai==1.3b0", "opentelemetry-util-genai==1.3b0"],
-                              ["opentelemetry-instrumentation-genai-openai", "opentelemetry-util-genai"],
-                              with_httpx=True),
-    "openllmetry": Variant("opentelemetry.instrumentation.openai",
-                           ["opentelemetry-instrumentation-openai==0.62.4",
-                            "opentelemetry-semantic-conventions-ai>=0.5.1,<0.6"],
-                           ["opentelemetry-instrumentation-openai", "opentelemetry-semantic-conventions-ai"],
-                           env={"TRACELOOP_TRACE_CONTENT": "false"}),
+    "official": Variant(
+        "opentelemetry.instrumentation.genai.openai",
+        ["opentelemetry-instrumentation-genai-openai==1.3b0", "opentelemetry-util-genai==1.3b0"],
+        ["opentelemetry-instrumentation-genai-openai", "opentelemetry-util-genai"],
+    ),
+    "openai-v2": Variant(
+        "opentelemetry.instrumentation.openai_v2",
+        # its util-genai floor (>=0.4b0) lets pip take 1.3b0, which no longer has the
+        # `opentelemetry.util.genai.instruments` module 2.4b0 imports; 1.1b0 is the last with it
+        ["opentelemetry-instrumentation-openai-v2==2.4b0", "opentelemetry-util-genai==1.1b0"],
+        ["opentelemetry-instrumentation-openai-v2", "opentelemetry-util-genai"],
+    ),
+    "official+httpx": Variant(
+        "opentelemetry.instrumentation.genai.openai",
+        ["opentelemetry-instrumentation-genai-openai==1.3b0", "opentelemetry-util-genai==1.3b0"],
+        ["opentelemetry-instrumentation-genai-openai", "opentelemetry-util-genai"],
+        with_httpx=True,
+    ),
+    "openllmetry": Variant(
+        "opentelemetry.instrumentation.openai",
+        ["opentelemetry-instrumentation-openai==0.62.4", "opentelemetry-semantic-conventions-ai>=0.5.1,<0.6"],
+        ["opentelemetry-instrumentation-openai", "opentelemetry-semantic-conventions-ai"],
+        env={"TRACELOOP_TRACE_CONTENT": "false"},
+    ),
 }
 
 
 # --- fake OpenAI-compatible server (own process) -------------------------------------------
+
 
 def _sse(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _usage() -> dict:
-    return {"prompt_tokens": 22, "completion_tokens": 16, "total_tokens": 38,
-            "prompt_tokens_details": {"cached_tokens": 8, "audio_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
-                                          "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}
+    return {
+        "prompt_tokens": 22,
+        "completion_tokens": 16,
+        "total_tokens": 38,
+        "prompt_tokens_details": {"cached_tokens": 8, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
 
 
 def _chat_completion() -> bytes:
-    return json.dumps({
-        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": MODEL,
-        "system_fingerprint": "fp_bench", "service_tier": "default",
-        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                     "message": {"role": "assistant", "content": "Tracing shows where the time went.",
-                                 "refusal": None}}],
-        "usage": _usage()}).encode()
+    return json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": MODEL,
+            "system_fingerprint": "fp_bench",
+            "service_tier": "default",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                    "message": {"role": "assistant", "content": "Tracing shows where the time went.", "refusal": None},
+                }
+            ],
+            "usage": _usage(),
+        }
+    ).encode()
 
 
 def _chat_stream(k: int) -> bytes:
     def chunk(choices, usage=None):
-        return {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": MODEL,
-                "system_fingerprint": "fp_bench", "service_tier": "default", "choices": choices, "usage": usage}
+        return {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": MODEL,
+            "system_fingerprint": "fp_bench",
+            "service_tier": "default",
+            "choices": choices,
+            "usage": usage,
+        }
 
-    events = [chunk([{"index": 0, "delta": {"content": " tok", **({"role": "assistant"} if i == 0 else {})},
-                      "logprobs": None, "finish_reason": None}]) for i in range(k)]
+    events = [
+        chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"content": " tok", **({"role": "assistant"} if i == 0 else {})},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+        for i in range(k)
+    ]
     events.append(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]))
     events.append(chunk([], _usage()))
     return b"".join(_sse(e) for e in events) + b"data: [DONE]\n\n"
 
 
 def _completion() -> bytes:
-    return json.dumps({
-        "id": "cmpl-bench", "object": "text_completion", "created": 1700000000, "model": MODEL,
-        "system_fingerprint": "fp_bench",
-        "choices": [{"index": 0, "text": " where the time went.", "finish_reason": "length", "logprobs": None}],
-        "usage": _usage()}).encode()
+    return json.dumps(
+        {
+            "id": "cmpl-bench",
+            "object": "text_completion",
+            "created": 1700000000,
+            "model": MODEL,
+            "system_fingerprint": "fp_bench",
+            "choices": [{"index": 0, "text": " where the time went.", "finish_reason": "length", "logprobs": None}],
+            "usage": _usage(),
+        }
+    ).encode()
 
 
 def serve() -> int:
@@ -193,14 +246,21 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 # --- peers: own --target directories ------------------------------------------------------
 
+
 def _pip(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _import_check(target: Path, module: str) -> str | None:
-    code = (f"import sys; sys.path.insert(0, {str(target)!r}); import importlib; "
-            f"m = importlib.import_module({module!r}); m.OpenAIInstrumentor")
+    code = (
+        f"import sys; sys.path.insert(0, {str(target)!r}); import importlib; "
+        f"m = importlib.import_module({module!r}); m.OpenAIInstrumentor"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["import failed"])[-1]
 
@@ -243,6 +303,7 @@ def ensure_peer(name: str, install: bool) -> str | None:
 
 # --- worker: one variant, one fresh process, driven block by block over stdin -----------------
 
+
 def worker(args) -> int:
     name = args.worker
     spec = VARIANTS[name]
@@ -283,8 +344,9 @@ def worker(args) -> int:
 
         tracer_provider = TracerProvider()
         # a queue that never drops: a dropped span would be a span nobody paid to export
-        tracer_provider.add_span_processor(BatchSpanProcessor(
-            EncodeAndDiscard(), max_queue_size=1_000_000, schedule_delay_millis=600_000))  # export at flush only
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(EncodeAndDiscard(), max_queue_size=1_000_000, schedule_delay_millis=600_000)
+        )  # export at flush only
         reader = InMemoryMetricReader()
         meter_provider = MeterProvider(metric_readers=[reader])
         trace.set_tracer_provider(tracer_provider)
@@ -313,30 +375,48 @@ def worker(args) -> int:
         def call():
             n = 0
             for _ in client.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=16, stream=True,
-                    stream_options={"include_usage": True}, extra_headers={CHUNKS_HEADER: str(k)}):
+                model=MODEL,
+                messages=messages,
+                max_tokens=16,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={CHUNKS_HEADER: str(k)},
+            ):
                 n += 1
             assert n == k + 2, n
+
         return call
 
     def astream(k):
         async def one():
             n = 0
             async for _ in await aclient.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=16, stream=True,
-                    stream_options={"include_usage": True}, extra_headers={CHUNKS_HEADER: str(k)}):
+                model=MODEL,
+                messages=messages,
+                max_tokens=16,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={CHUNKS_HEADER: str(k)},
+            ):
                 n += 1
             assert n == k + 2, n
 
         def call():  # one loop for the whole run, run_until_complete per call: the same for all
             loop.run_until_complete(one())
+
         return call
 
     def legacy():
         client.completions.create(model=MODEL, prompt="tell me about tracing", max_tokens=16)
 
-    kinds = {"chat": chat, "stream1": stream(SHORT), f"stream{LONG}": stream(LONG), "astream1": astream(SHORT),
-             f"astream{LONG}": astream(LONG), "legacy": legacy}
+    kinds = {
+        "chat": chat,
+        "stream1": stream(SHORT),
+        f"stream{LONG}": stream(LONG),
+        "astream1": astream(SHORT),
+        f"astream{LONG}": astream(LONG),
+        "legacy": legacy,
+    }
 
     if spec.floor:
         kinds = sdk_floor(kinds, tracer_provider, meter_provider)
@@ -370,7 +450,7 @@ def worker(args) -> int:
     metric_points = {}
     if reader:
         data = reader.get_metrics_data()
-        for rm in (data.resource_metrics if data else []):
+        for rm in data.resource_metrics if data else []:
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
                     metric_points[m.name] = metric_points.get(m.name, 0) + len(m.data.data_points)
@@ -386,10 +466,19 @@ def worker(args) -> int:
     if tracer_provider:
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    proto.write("RESULT " + json.dumps({
-        "span_names": exported["names"], "span_attributes": exported["sample"],
-        "otlp_bytes_per_span": exported["bytes"] / exported["spans"] if exported["spans"] else 0,
-        "metric_points": metric_points, "versions": versions}) + "\n")
+    proto.write(
+        "RESULT "
+        + json.dumps(
+            {
+                "span_names": exported["names"],
+                "span_attributes": exported["sample"],
+                "otlp_bytes_per_span": exported["bytes"] / exported["spans"] if exported["spans"] else 0,
+                "metric_points": metric_points,
+                "versions": versions,
+            }
+        )
+        + "\n"
+    )
     return 0
 
 
@@ -403,13 +492,24 @@ def sdk_floor(kinds: dict, tracer_provider, meter_provider) -> dict:
     meter = meter_provider.get_meter("sdk-floor")
     duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
     tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
-    common = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": MODEL,
-              "server.address": "127.0.0.1", "server.port": 8000}
+    common = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": MODEL,
+        "server.address": "127.0.0.1",
+        "server.port": 8000,
+    }
     start = {**common, "gen_ai.request.max_tokens": 16, "gen_ai.request.temperature": 0.7}
-    end = {"gen_ai.response.id": "chatcmpl-bench", "gen_ai.response.model": MODEL,
-           "gen_ai.response.finish_reasons": ("stop",), "gen_ai.usage.input_tokens": 22,
-           "gen_ai.usage.output_tokens": 16, "gen_ai.usage.cache_read.input_tokens": 8,
-           "openai.response.service_tier": "default", "openai.response.system_fingerprint": "fp_bench"}
+    end = {
+        "gen_ai.response.id": "chatcmpl-bench",
+        "gen_ai.response.model": MODEL,
+        "gen_ai.response.finish_reasons": ("stop",),
+        "gen_ai.usage.input_tokens": 22,
+        "gen_ai.usage.output_tokens": 16,
+        "gen_ai.usage.cache_read.input_tokens": 8,
+        "openai.response.service_tier": "default",
+        "openai.response.system_fingerprint": "fp_bench",
+    }
     metric_attrs = {**common, "gen_ai.response.model": MODEL}
     input_attrs = {**metric_attrs, "gen_ai.token.type": "input"}
     output_attrs = {**metric_attrs, "gen_ai.token.type": "output"}
@@ -423,6 +523,7 @@ def sdk_floor(kinds: dict, tracer_provider, meter_provider) -> dict:
             duration.record(time.perf_counter() - started, metric_attrs)
             tokens.record(22, input_attrs)
             tokens.record(16, output_attrs)
+
         return call
 
     return {kind: wrap(fn) for kind, fn in kinds.items()}
@@ -440,8 +541,9 @@ class Worker:
         env.pop("PYTHONPATH", None)
         self.name = name
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1, env=env
+        )
 
     def _read(self, timeout: float = 300) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -482,6 +584,7 @@ class Worker:
 
 
 # --- parent ----------------------------------------------------------------------------------
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -529,8 +632,11 @@ def main() -> int:
         if "bare" not in workers:
             print("bare did not start:", skipped.get("bare"))
             return 1
-        print(f"{len(workers)} variants, one process each: {', '.join(workers)}; up to {args.rounds} rounds "
-              f"or ~{args.seconds:.0f} s ...", flush=True)
+        print(
+            f"{len(workers)} variants, one process each: {', '.join(workers)}; up to {args.rounds} rounds "
+            f"or ~{args.seconds:.0f} s ...",
+            flush=True,
+        )
         measuring, last_note = time.perf_counter(), time.perf_counter()
         for r in range(args.rounds):
             if r >= 3 and time.perf_counter() - measuring > args.seconds:
@@ -582,8 +688,11 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
 
     def per_chunk(prefix):  # per round: (t[K=LONG] - t[K=SHORT]) / (LONG - SHORT)
         def get(name, i=0):
-            return [(a - b) / (LONG - SHORT) for a, b in zip(series(name, f"{prefix}{LONG}", i),
-                                                             series(name, f"{prefix}{SHORT}", i))]
+            return [
+                (a - b) / (LONG - SHORT)
+                for a, b in zip(series(name, f"{prefix}{LONG}", i), series(name, f"{prefix}{SHORT}", i))
+            ]
+
         return get
 
     def per_call(kind):
@@ -597,15 +706,21 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
 
     rounds = len(samples["bare"]["chat"])
     versions = results["bare"]["versions"]
-    print(f"\nClient overhead of OpenAI instrumentations: openai {versions['openai']} (httpx2 {versions['httpx2']}), "
-          f"opentelemetry-sdk {versions['opentelemetry-sdk']}. {rounds} rounds, in each one block per variant and kind "
-          f"({args.calls} chat calls, {args.stream_calls} streams per K), variants alternated.")
-    print("us: client-process CPU microseconds (all threads, OTLP encoding of the spans included), wall in brackets; "
-          "x bare: median of same-round ratios to bare, ± a rough 95% interval; us = bare's median x that ratio; "
-          f"added = us - bare; per chunk = (t[K={LONG}] - t[K={SHORT}]) / {LONG - SHORT}, streams fully consumed; "
-          "spans: made during the timed blocks.")
-    print(f"{'variant':12} {'spans':>6} | {'us/call':>8} {'x bare':>12} {'added':>7} {'(wall)':>7} |"
-          f" {'us/chunk':>8} {'x bare':>12} {'added':>7} {'(wall)':>7}")
+    print(
+        f"\nClient overhead of OpenAI instrumentations: openai {versions['openai']} (httpx2 {versions['httpx2']}), "
+        f"opentelemetry-sdk {versions['opentelemetry-sdk']}. {rounds} rounds, in each one block per variant and kind "
+        f"({args.calls} chat calls, {args.stream_calls} streams per K), variants alternated."
+    )
+    print(
+        "us: client-process CPU microseconds (all threads, OTLP encoding of the spans included), wall in brackets; "
+        "x bare: median of same-round ratios to bare, ± a rough 95% interval; us = bare's median x that ratio; "
+        f"added = us - bare; per chunk = (t[K={LONG}] - t[K={SHORT}]) / {LONG - SHORT}, streams fully consumed; "
+        "spans: made during the timed blocks."
+    )
+    print(
+        f"{'variant':12} {'spans':>6} | {'us/call':>8} {'x bare':>12} {'added':>7} {'(wall)':>7} |"
+        f" {'us/chunk':>8} {'x bare':>12} {'added':>7} {'(wall)':>7}"
+    )
     sizes = _sizes(args)
     est = {}
     for name in done:
@@ -615,18 +730,27 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
             base, ratio, notch = versus(name, get)
             wbase, wratio, _ = versus(name, get, 1)
             est.setdefault(name, []).append((ratio, notch, (ratio - 1) * base))
-            row += (f" {base * ratio * 1e6:8{fmt}} {ratio:5.2f} ±{notch:5.2f} {(ratio - 1) * base * 1e6:+7{fmt}}"
-                    f" {wbase * wratio * 1e6:7{fmt}} |")
+            row += (
+                f" {base * ratio * 1e6:8{fmt}} {ratio:5.2f} ±{notch:5.2f} {(ratio - 1) * base * 1e6:+7{fmt}}"
+                f" {wbase * wratio * 1e6:7{fmt}} |"
+            )
         print(row.rstrip(" |"))
 
-    print(f"\nMore, CPU us (added): a stream's fixed cost (K={SHORT}), the async client per chunk, a legacy "
-          "completion; spans per call by kind")
-    print(f"{'variant':12} {'stream K=1 /call':>17} {'async /chunk':>16} {'legacy /call':>16}"
-          f" {'spans chat/stream/async/legacy':>31} {'OTLP B/span':>11}")
+    print(
+        f"\nMore, CPU us (added): a stream's fixed cost (K={SHORT}), the async client per chunk, a legacy "
+        "completion; spans per call by kind"
+    )
+    print(
+        f"{'variant':12} {'stream K=1 /call':>17} {'async /chunk':>16} {'legacy /call':>16}"
+        f" {'spans chat/stream/async/legacy':>31} {'OTLP B/span':>11}"
+    )
     for name in done:
         row = f"{name:12}"
-        for get, width, fmt in ((per_call("stream1"), 8, ".1f"), (per_chunk("astream"), 7, ".2f"),
-                                (per_call("legacy"), 7, ".1f")):
+        for get, width, fmt in (
+            (per_call("stream1"), 8, ".1f"),
+            (per_chunk("astream"), 7, ".2f"),
+            (per_call("legacy"), 7, ".1f"),
+        ):
             base, ratio, _ = versus(name, get)
             row += f" {base * ratio * 1e6:{width}{fmt}} ({(ratio - 1) * base * 1e6:+6{fmt}})"
         spc = [med(series(name, k, 2)) for k in ("chat", f"stream{LONG}", f"astream{LONG}", "legacy")]
@@ -639,8 +763,9 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
         if not VARIANTS[name].instrumented:
             continue
         res = results[name]
-        own = ", ".join(f"{d} {v}" for d, v in res["versions"].items()
-                        if d not in ("openai", "httpx2", "opentelemetry-sdk"))
+        own = ", ".join(
+            f"{d} {v}" for d, v in res["versions"].items() if d not in ("openai", "httpx2", "opentelemetry-sdk")
+        )
         print(f"  {name} ({own or 'the SDK alone'}): spans by name {res['span_names'] or 'NONE'}")
         for span_name, attrs in res["span_attributes"].items():
             print(f"      {span_name!r}: {len(attrs)} attributes: {', '.join(attrs)}")
@@ -663,10 +788,14 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
     print()
     if "bare-aa" in done:
         aa = [versus("bare-aa", get)[1] for get in (per_call("chat"), per_chunk("stream"))]
-        print(f"A/A: bare-aa, the same code as bare in another process, reads x{aa[0]:.2f} per call and x{aa[1]:.2f} "
-              "per chunk: differences of that size are the method's noise.")
-    print(f"Load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs: other work on "
-          f"the machine (and the fake server on the other core) adds noise, mostly to wall time; {elapsed:.0f} s.")
+        print(
+            f"A/A: bare-aa, the same code as bare in another process, reads x{aa[0]:.2f} per call and x{aa[1]:.2f} "
+            "per chunk: differences of that size are the method's noise."
+        )
+    print(
+        f"Load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs: other work on "
+        f"the machine (and the fake server on the other core) adds noise, mostly to wall time; {elapsed:.0f} s."
+    )
     rated = [n for n in done if VARIANTS[n].module and n not in broken]  # sdk-floor is a reference
     if rated:
         words = []
@@ -674,12 +803,16 @@ def report(done, samples, results, skipped, stderr, args, elapsed, load0) -> Non
             best, *rest = sorted(rated, key=lambda n: est[n][i][0])
             ratio, notch, added = est[best][i]
             tied = [n for n in rest if est[n][i][0] - est[n][i][1] <= ratio + notch]
-            words.append(f"{what} {best} ({added * 1e6:+.{1 + i}f} us, x{ratio:.2f})"
-                         + (f", within noise of {', '.join(tied)}" if tied else ""))
+            words.append(
+                f"{what} {best} ({added * 1e6:+.{1 + i}f} us, x{ratio:.2f})"
+                + (f", within noise of {', '.join(tied)}" if tied else "")
+            )
         print("Cheapest instrumented variant: " + "; ".join(words) + ".")
     if "otel-llm" in done:
-        print(f"otel-llm's stream proxy alone, in process (no HTTP, no parsing): {_proxy_ns_per_chunk():.0f} ns per "
-              "chunk: per-chunk costs that small are below this benchmark's resolution.")
+        print(
+            f"otel-llm's stream proxy alone, in process (no HTTP, no parsing): {_proxy_ns_per_chunk():.0f} ns per "
+            "chunk: per-chunk costs that small are below this benchmark's resolution."
+        )
 
 
 def _proxy_ns_per_chunk(n: int = 200_000) -> float:
@@ -693,11 +826,19 @@ def _proxy_ns_per_chunk(n: int = 200_000) -> float:
     from otel_llm.openai.streams import StreamProxy
     from otel_llm.openai.telemetry import ClientTelemetry, Invocation
 
-    telemetry = ClientTelemetry(TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench"),
-                                ClientSettings())
-    chunk = ChatCompletionChunk.model_validate({
-        "id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
-        "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}], "usage": None})
+    telemetry = ClientTelemetry(
+        TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench"), ClientSettings()
+    )
+    chunk = ChatCompletionChunk.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}],
+            "usage": None,
+        }
+    )
 
     def per_chunk(wrap: bool) -> float:
         stream = iter([chunk] * n)
@@ -712,8 +853,14 @@ def _proxy_ns_per_chunk(n: int = 200_000) -> float:
 
 
 def _sizes(args) -> dict[str, int]:
-    return {"chat": args.calls, "stream1": args.stream_calls, f"stream{LONG}": args.stream_calls,
-            "astream1": args.stream_calls, f"astream{LONG}": args.stream_calls, "legacy": max(1, args.calls // 2)}
+    return {
+        "chat": args.calls,
+        "stream1": args.stream_calls,
+        f"stream{LONG}": args.stream_calls,
+        "astream1": args.stream_calls,
+        f"astream{LONG}": args.stream_calls,
+        "legacy": max(1, args.calls // 2),
+    }
 
 
 if __name__ == "__main__":

@@ -63,8 +63,10 @@ def _engine_pid(parent: int) -> int:
         out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
         for pid in out:
             try:
-                if "EngineCore" in Path(f"/proc/{pid}/comm").read_text() or \
-                        b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if (
+                    "EngineCore" in Path(f"/proc/{pid}/comm").read_text()
+                    or b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                ):
                     return int(pid)
             except OSError:
                 continue
@@ -80,10 +82,16 @@ def driver(model_dir: str) -> None:
     from vllm.v1.engine.core_client import EngineCoreClient
     from vllm.v1.executor import Executor
 
-    config = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512,
-                        max_num_seqs=128).create_engine_config()
-    client = EngineCoreClient.make_client(multiprocess_mode=True, asyncio_mode=False, vllm_config=config,
-                                          executor_class=Executor.get_class(config), log_stats=False)
+    config = EngineArgs(
+        model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=128
+    ).create_engine_config()
+    client = EngineCoreClient.make_client(
+        multiprocess_mode=True,
+        asyncio_mode=False,
+        vllm_config=config,
+        executor_class=Executor.get_class(config),
+        log_stats=False,
+    )
     print(json.dumps({"ready": True}), flush=True)
     run = 0
     for line in sys.stdin:
@@ -94,11 +102,19 @@ def driver(model_dir: str) -> None:
         for i in range(batch):
             rid = f"r{run}-{i}"
             pending.add(rid)
-            client.add_request(EngineCoreRequest(
-                request_id=rid, prompt_token_ids=[5 + (i + j) % 90 for j in range(16)], mm_features=None,
-                sampling_params=SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0),
-                pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
-                data_parallel_rank=None))
+            client.add_request(
+                EngineCoreRequest(
+                    request_id=rid,
+                    prompt_token_ids=[5 + (i + j) % 90 for j in range(16)],
+                    mm_features=None,
+                    sampling_params=SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0),
+                    pooling_params=None,
+                    arrival_time=time.time(),
+                    lora_request=None,
+                    cache_salt=None,
+                    data_parallel_rank=None,
+                )
+            )
         while pending:
             for output in client.get_output().outputs:
                 if output.finish_reason is not None:
@@ -109,16 +125,32 @@ def driver(model_dir: str) -> None:
 
 class Driver:
     def __init__(self, name: str, instrumented: bool, model_dir: str, spool: str):
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-               "OTEL_SERVICE_NAME": "bench", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_SERVICE_NAME": "bench",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+        }
         command = [sys.executable, __file__, "--driver", model_dir]
         if instrumented:
             env["OTEL_LLM_USAGE_DIR"] = spool
             command = [str(Path(sys.executable).with_name("opentelemetry-instrument")), *command]
         self.name = name
-        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         self._read()
         self.engine = _engine_pid(self.process.pid)
 
@@ -166,36 +198,65 @@ def micro(rounds: int, steps: int = 400) -> dict[int, tuple[float, float, float]
     from otel_llm.usage import EngineSpool
     from otel_llm.vllm import engine_cost
 
-    config = EngineArgs(model=str(DEFAULT_MODEL_DIR), dtype="float32", enforce_eager=True, max_model_len=512,
-                        enable_prefix_caching=False, max_num_seqs=256).create_engine_config()
+    config = EngineArgs(
+        model=str(DEFAULT_MODEL_DIR),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        enable_prefix_caching=False,
+        max_num_seqs=256,
+    ).create_engine_config()
     config.cache_config.num_gpu_blocks = 20000
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=20000, kv_cache_tensors=[],
-                       kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)])
-    hooks = {"schedule": engine_cost.scheduled, "update_from_output": engine_cost.updated,
-             "_preempt_request": engine_cost.preempted, "_free_request_blocks": engine_cost.freeing,
-             "_free_request": engine_cost.finished}
+    kv = KVCacheConfig(
+        num_blocks=20000,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+    )
+    hooks = {
+        "schedule": engine_cost.scheduled,
+        "update_from_output": engine_cost.updated,
+        "_preempt_request": engine_cost.preempted,
+        "_free_request_blocks": engine_cost.freeing,
+        "_free_request": engine_cost.finished,
+    }
     serial = iter(range(10**9))
 
     def run(batch: int, instrumented: bool, spool: str) -> float:
         scheduler = Scheduler(config, kv, StructuredOutputManager(config), block_size=16)
         if instrumented:
-            book = engine_cost.CostBook(scheduler, EngineSpool(spool), instance="bench", service="bench",
-                                        engine_instance="bench/engine0", window_ns=60 * 10**9)
+            book = engine_cost.CostBook(
+                scheduler,
+                EngineSpool(spool),
+                instance="bench",
+                service="bench",
+                engine_instance="bench/engine0",
+                window_ns=60 * 10**9,
+            )
             setattr(scheduler, engine_cost.BOOK, book)
 
         def top_up():
             while len(scheduler.requests) < batch:
-                scheduler.add_request(Request(f"q{next(serial)}", [5 + i for i in range(16)],
-                                              SamplingParams(max_tokens=TOKENS, ignore_eos=True), None,
-                                              arrival_time=time.time()))
+                scheduler.add_request(
+                    Request(
+                        f"q{next(serial)}",
+                        [5 + i for i in range(16)],
+                        SamplingParams(max_tokens=TOKENS, ignore_eos=True),
+                        None,
+                        arrival_time=time.time(),
+                    )
+                )
 
         def step():
             top_up()
             so = scheduler.schedule()
             ids = list(so.num_scheduled_tokens)
-            scheduler.update_from_output(so, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)))
+            scheduler.update_from_output(
+                so,
+                ModelRunnerOutput(
+                    req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
+                ),
+            )
 
         for _ in range(64):  # warm up to a steady mix of prefills, decodes and finishes
             step()
@@ -209,7 +270,7 @@ def micro(rounds: int, steps: int = 400) -> dict[int, tuple[float, float, float]
         times = {(b, i): [] for b in BATCHES for i in (False, True)}
         for r in range(rounds):
             for batch in BATCHES:  # bare and instrumented back to back: a paired difference per round
-                for instrumented in ((False, True) if r % 2 == 0 else (True, False)):
+                for instrumented in (False, True) if r % 2 == 0 else (True, False):
                     if instrumented:
                         for name, factory in hooks.items():
                             wrapt.wrap_function_wrapper(Scheduler, name, factory(None))
@@ -221,8 +282,11 @@ def micro(rounds: int, steps: int = 400) -> dict[int, tuple[float, float, float]
                                 unwrap(Scheduler, name)
         for batch in BATCHES:
             bare, instr = times[(batch, False)], times[(batch, True)]
-            result[batch] = (statistics.median(bare), statistics.median(instr),
-                             statistics.median(i - b for b, i in zip(bare, instr)))
+            result[batch] = (
+                statistics.median(bare),
+                statistics.median(instr),
+                statistics.median(i - b for b, i in zip(bare, instr)),
+            )
     return result
 
 
@@ -239,8 +303,10 @@ def main() -> None:
 
     model_dir = str(build(DEFAULT_MODEL_DIR))
     with tempfile.TemporaryDirectory() as spool:
-        drivers = {"bare": Driver("bare", False, model_dir, spool),
-                   "instrumented": Driver("instrumented", True, model_dir, spool)}
+        drivers = {
+            "bare": Driver("bare", False, model_dir, spool),
+            "instrumented": Driver("instrumented", True, model_dir, spool),
+        }
         try:
             for d in drivers.values():  # warm-up
                 d.run(4, 8)
@@ -263,27 +329,39 @@ def main() -> None:
                 d.close()
     hooks = micro(args.rounds)
     bare_step = {b: statistics.median(wall[("bare", b)]) for b in BATCHES}
-    print(f"the hooks' own work on vLLM's real Scheduler (schedule + update_from_output), medians of {args.rounds}"
-          f" rounds of 400 steps (+: the median of paired differences), vs the bare engine's step wall time (tiny "
-          f"model on CPU):\n")
-    print(f"{'batch':>5} | {'bare sched.':>11} | {'with hooks':>10} | {'+ per step':>10} | {'+ per sched. req':>16} | "
-          f"{'bare engine step':>16} | {'+ of bare step':>14}")
+    print(
+        f"the hooks' own work on vLLM's real Scheduler (schedule + update_from_output), medians of {args.rounds}"
+        f" rounds of 400 steps (+: the median of paired differences), vs the bare engine's step wall time (tiny "
+        f"model on CPU):\n"
+    )
+    print(
+        f"{'batch':>5} | {'bare sched.':>11} | {'with hooks':>10} | {'+ per step':>10} | {'+ per sched. req':>16} | "
+        f"{'bare engine step':>16} | {'+ of bare step':>14}"
+    )
     for batch in BATCHES:
         bare, instr, extra = hooks[batch]
-        print(f"{batch:>5} | {bare:>8.1f} us | {instr:>7.1f} us | {extra:>7.1f} us | "
-              f"{extra / batch:>13.2f} us | {bare_step[batch] * 1e3:>13.2f} ms | "
-              f"{extra / (bare_step[batch] * 1e6) * 100:>13.2f}%")
-    print(f"\nend to end: engine-core process CPU and step wall time, bare vs instrumented, {args.steps} steps per "
-          f"run, median of {args.rounds} rounds ({records} engine records written; coarse: a few % between runs)\n")
-    print(f"{'batch':>5} | {'bare CPU/step':>13} | {'instr. CPU/step':>15} | {'+ per step':>10} | "
-          f"{'+ per sched. req':>16} | {'bare step wall':>14} | {'instr. step wall':>16} | {'+ of bare step':>14}")
+        print(
+            f"{batch:>5} | {bare:>8.1f} us | {instr:>7.1f} us | {extra:>7.1f} us | "
+            f"{extra / batch:>13.2f} us | {bare_step[batch] * 1e3:>13.2f} ms | "
+            f"{extra / (bare_step[batch] * 1e6) * 100:>13.2f}%"
+        )
+    print(
+        f"\nend to end: engine-core process CPU and step wall time, bare vs instrumented, {args.steps} steps per "
+        f"run, median of {args.rounds} rounds ({records} engine records written; coarse: a few % between runs)\n"
+    )
+    print(
+        f"{'batch':>5} | {'bare CPU/step':>13} | {'instr. CPU/step':>15} | {'+ per step':>10} | "
+        f"{'+ per sched. req':>16} | {'bare step wall':>14} | {'instr. step wall':>16} | {'+ of bare step':>14}"
+    )
     for batch in BATCHES:
         bare_cpu, instr_cpu = (statistics.median(cpu[(n, batch)]) for n in ("bare", "instrumented"))
         bare_wall, instr_wall = (statistics.median(wall[(n, batch)]) for n in ("bare", "instrumented"))
         extra = instr_cpu - bare_cpu
-        print(f"{batch:>5} | {bare_cpu * 1e6:>10.0f} us | {instr_cpu * 1e6:>12.0f} us | {extra * 1e6:>7.1f} us | "
-              f"{extra / batch * 1e6:>13.2f} us | {bare_wall * 1e3:>11.2f} ms | {instr_wall * 1e3:>13.2f} ms | "
-              f"{extra / bare_wall * 100:>13.2f}%")
+        print(
+            f"{batch:>5} | {bare_cpu * 1e6:>10.0f} us | {instr_cpu * 1e6:>12.0f} us | {extra * 1e6:>7.1f} us | "
+            f"{extra / batch * 1e6:>13.2f} us | {bare_wall * 1e3:>11.2f} ms | {instr_wall * 1e3:>13.2f} ms | "
+            f"{extra / bare_wall * 100:>13.2f}%"
+        )
 
 
 if __name__ == "__main__":

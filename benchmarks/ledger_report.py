@@ -62,14 +62,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from otel_llm import semconv  # noqa: E402
-from otel_llm.report import TOKEN_METRIC  # noqa: E402
+from otel_llm.billing.report import TOKEN_METRIC  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench-ledger"
 DAY = 86400
 SCRAPE_S = 15
 LABEL_LIMIT = 50  # Settings.label_limit default
-MODELS = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "qwen2.5-7b-instruct", "qwen2.5-32b-instruct",
-          "qwen2.5-coder-32b", "mistral-small-24b", "gemma-2-27b", "deepseek-r1-distill-32b", "phi-4", "bge-m3")
+MODELS = (
+    "llama-3.1-8b-instruct",
+    "llama-3.1-70b-instruct",
+    "qwen2.5-7b-instruct",
+    "qwen2.5-32b-instruct",
+    "qwen2.5-coder-32b",
+    "mistral-small-24b",
+    "gemma-2-27b",
+    "deepseek-r1-distill-32b",
+    "phi-4",
+    "bge-m3",
+)
 EMBEDDING_MODEL = "bge-m3"
 SCENES = ("chat", "search", "agent", "summarize", "code-assist", "support")
 INSTANCES = 6
@@ -77,6 +87,7 @@ COST_CENTERS = 20
 
 
 # --- the traffic: every field of record r (0 <= r < unique) as ClickHouse SQL ----------------------
+
 
 def _u(i: int, seed: int) -> str:
     """A uniform [0, 1) draw, the i-th of record r."""
@@ -161,29 +172,45 @@ def _log_attributes_sql() -> str:
 
 # --- steps run in their own subprocess (chDB holds a session directory per process) ---------------
 
+
 def step_build_table(directory: str, p: dict) -> None:
     from chdb import session
 
-    from otel_llm import ledger
+    from otel_llm.billing import ledger
 
     s = session.Session(directory)
     s.query("DROP TABLE IF EXISTS otel_logs")
     s.query(ledger.otel_logs_ddl())
     started = time.time()
-    s.query(f"INSERT INTO otel_logs (Timestamp, TraceId, SpanId, ServiceName, LogAttributes) "
-            f"SELECT fromUnixTimestamp64Nano(toInt64(time_ns), 'UTC'), trace_id, span_id, 'vllm', "
-            f"{_log_attributes_sql()} FROM ({records_sql(p)}) "
-            f"SETTINGS max_insert_threads = 2, max_memory_usage = 8000000000")
+    s.query(
+        f"INSERT INTO otel_logs (Timestamp, TraceId, SpanId, ServiceName, LogAttributes) "
+        f"SELECT fromUnixTimestamp64Nano(toInt64(time_ns), 'UTC'), trace_id, span_id, 'vllm', "
+        f"{_log_attributes_sql()} FROM ({records_sql(p)}) "
+        f"SETTINGS max_insert_threads = 2, max_memory_usage = 8000000000"
+    )
     inserted = time.time()
     # a table that has been there a while: its parts merged (the collector inserts small batches)
     s.query("OPTIMIZE TABLE otel_logs FINAL")
-    stats = s.query("SELECT count(), sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
-                    "WHERE database = 'default' AND table = 'otel_logs' AND active", "JSONCompact")
+    stats = s.query(
+        "SELECT count(), sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
+        "WHERE database = 'default' AND table = 'otel_logs' AND active",
+        "JSONCompact",
+    )
     parts, rows, disk, raw = json.loads(stats.bytes())["data"][0]
     s.close()
-    print(json.dumps({"insert_s": inserted - started, "optimize_s": time.time() - inserted, "parts": int(parts),
-                      "rows": int(rows), "disk_bytes": int(disk), "uncompressed_bytes": int(raw),
-                      "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "insert_s": inserted - started,
+                "optimize_s": time.time() - inserted,
+                "parts": int(parts),
+                "rows": int(rows),
+                "disk_bytes": int(disk),
+                "uncompressed_bytes": int(raw),
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def step_build_spool(directory: str, p: dict) -> None:
@@ -195,15 +222,22 @@ def step_build_spool(directory: str, p: dict) -> None:
 
     from otel_llm.usage import UsageLedger
 
-    writer = UsageLedger(NoOpMeter("bench"), directory=directory, events=False, instance="vllm-0", service="vllm",
-                         fsync_interval_s=1.0)
+    writer = UsageLedger(
+        NoOpMeter("bench"), directory=directory, events=False, instance="vllm-0", service="vllm", fsync_interval_s=1.0
+    )
     columns = ", ".join(column for _, column, _ in FIELDS) + ", time_ns, trace_id, span_id"
     converters = [(field, kind) for field, _, kind in FIELDS]
     write_s = 0.0
     chunk = 100_000
     for offset in range(0, p["records"], chunk):
-        text = chdb.query(f"SELECT {columns} FROM ({records_sql(p, offset, min(chunk, p['records'] - offset))})",
-                          "TabSeparatedRaw").bytes().decode()
+        text = (
+            chdb.query(
+                f"SELECT {columns} FROM ({records_sql(p, offset, min(chunk, p['records'] - offset))})",
+                "TabSeparatedRaw",
+            )
+            .bytes()
+            .decode()
+        )
         for line in text.splitlines():
             values = line.split("\t")
             fields = {}
@@ -223,14 +257,23 @@ def step_build_spool(directory: str, p: dict) -> None:
             write_s += time.perf_counter() - started
     writer.close()
     files = list(Path(directory).glob("usage-*.jsonl"))
-    print(json.dumps({"write_us_per_record": write_s / p["records"] * 1e6, "files": len(files),
-                      "bytes": sum(f.stat().st_size for f in files)}))
+    print(
+        json.dumps(
+            {
+                "write_us_per_record": write_s / p["records"] * 1e6,
+                "files": len(files),
+                "bytes": sum(f.stat().st_size for f in files),
+            }
+        )
+    )
 
 
 def _distinct_totals_sql(rows_sql: str) -> str:
-    return (f"SELECT tenant, sum(input) AS input, sum(cached_input) AS cached_input, sum(output) AS output, "
-            f"count() AS requests, uniqExact(key) AS keys FROM (SELECT DISTINCT * FROM ({rows_sql})) "
-            f"GROUP BY tenant")
+    return (
+        f"SELECT tenant, sum(input) AS input, sum(cached_input) AS cached_input, sum(output) AS output, "
+        f"count() AS requests, uniqExact(key) AS keys FROM (SELECT DISTINCT * FROM ({rows_sql})) "
+        f"GROUP BY tenant"
+    )
 
 
 def step_check_table(directory: str, start: float, end: float) -> None:
@@ -239,18 +282,26 @@ def step_check_table(directory: str, start: float, end: float) -> None:
     from chdb import session
 
     a = lambda f: f"LogAttributes['{f}']"  # noqa: E731
-    rows_sql = (f"SELECT {a(semconv.USAGE_ID)} AS key, {a(semconv.TENANT_ID)} AS tenant, "
-                f"toUInt64({a(semconv.GEN_AI_USAGE_INPUT_TOKENS)}) AS input, "
-                f"toUInt64({a(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)}) AS cached_input, "
-                f"toUInt64({a(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)}) AS output, Timestamp "
-                f"FROM otel_logs WHERE Timestamp >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
-                f"AND Timestamp < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC')")
+    rows_sql = (
+        f"SELECT {a(semconv.USAGE_ID)} AS key, {a(semconv.TENANT_ID)} AS tenant, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_INPUT_TOKENS)}) AS input, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)}) AS cached_input, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)}) AS output, Timestamp "
+        f"FROM otel_logs WHERE Timestamp >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
+        f"AND Timestamp < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC')"
+    )
     s = session.Session(directory)
     result = s.query(_distinct_totals_sql(rows_sql), "JSON")
     total = s.query("SELECT count() FROM otel_logs", "JSON")
     s.close()
-    print(json.dumps({"tenants": json.loads(result.bytes())["data"],
-                      "stored_rows": int(json.loads(total.bytes())["data"][0]["count()"])}))
+    print(
+        json.dumps(
+            {
+                "tenants": json.loads(result.bytes())["data"],
+                "stored_rows": int(json.loads(total.bytes())["data"][0]["count()"]),
+            }
+        )
+    )
 
 
 def step_check_spool(directory: str, start: float, end: float) -> None:
@@ -259,13 +310,15 @@ def step_check_spool(directory: str, start: float, end: float) -> None:
 
     pattern = os.path.join(os.path.abspath(directory), "usage-*.jsonl")
     j = lambda f, t: f"JSONExtract(line, '{f}', '{t}')"  # noqa: E731
-    rows_sql = (f"SELECT {j(semconv.USAGE_ID, 'String')} AS key, {j(semconv.TENANT_ID, 'String')} AS tenant, "
-                f"{j(semconv.GEN_AI_USAGE_INPUT_TOKENS, 'UInt64')} AS input, "
-                f"{j(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 'UInt64')} AS cached_input, "
-                f"{j(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 'UInt64')} AS output, "
-                f"{j(semconv.USAGE_TIME, 'UInt64')} AS t "
-                f"FROM file('{pattern}', 'LineAsString', 'line String') "
-                f"WHERE t >= {int(start * 1e9)} AND t < {int(end * 1e9)}")
+    rows_sql = (
+        f"SELECT {j(semconv.USAGE_ID, 'String')} AS key, {j(semconv.TENANT_ID, 'String')} AS tenant, "
+        f"{j(semconv.GEN_AI_USAGE_INPUT_TOKENS, 'UInt64')} AS input, "
+        f"{j(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 'UInt64')} AS cached_input, "
+        f"{j(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 'UInt64')} AS output, "
+        f"{j(semconv.USAGE_TIME, 'UInt64')} AS t "
+        f"FROM file('{pattern}', 'LineAsString', 'line String') "
+        f"WHERE t >= {int(start * 1e9)} AND t < {int(end * 1e9)}"
+    )
     result = chdb.query(_distinct_totals_sql(rows_sql), "JSON")
     print(json.dumps({"tenants": json.loads(result.bytes())["data"]}))
 
@@ -277,34 +330,46 @@ def step_openmetrics(directory: str, out_path: str, start: float, end: float, mo
     from chdb import session
 
     a = lambda f: f"LogAttributes['{f}']"  # noqa: E731
-    window = lambda lo, hi: (f"Timestamp >= fromUnixTimestamp64Nano({int(lo * 1e9)}, 'UTC') "  # noqa: E731
-                             f"AND Timestamp < fromUnixTimestamp64Nano({int(hi * 1e9)}, 'UTC')")
-    records = lambda lo, hi: (f"SELECT DISTINCT {a(semconv.USAGE_ID)} AS key, {a(semconv.TENANT_ID)} AS tenant, "
-               f"{a(semconv.TENANT_SCENE)} AS scene, {a(semconv.TENANT_COST_CENTER)} AS cost_center, "
-               f"{a(semconv.GEN_AI_REQUEST_MODEL)} AS model, {a(semconv.GEN_AI_OPERATION_NAME)} AS operation, "
-               f"{a(semconv.SERVICE_INSTANCE_ID)} AS instance, {a(semconv.REQUEST_OUTCOME)} AS outcome, "
-               f"toUInt64({a(semconv.GEN_AI_USAGE_INPUT_TOKENS)}) AS i, "
-               f"toUInt64({a(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)}) AS c, "
-               f"toUInt64({a(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)}) AS o, Timestamp "
-               f"FROM otel_logs WHERE {window(lo, hi)}")
+    window = lambda lo, hi: (
+        f"Timestamp >= fromUnixTimestamp64Nano({int(lo * 1e9)}, 'UTC') "  # noqa: E731
+        f"AND Timestamp < fromUnixTimestamp64Nano({int(hi * 1e9)}, 'UTC')"
+    )
+    records = lambda lo, hi: (
+        f"SELECT DISTINCT {a(semconv.USAGE_ID)} AS key, {a(semconv.TENANT_ID)} AS tenant, "
+        f"{a(semconv.TENANT_SCENE)} AS scene, {a(semconv.TENANT_COST_CENTER)} AS cost_center, "
+        f"{a(semconv.GEN_AI_REQUEST_MODEL)} AS model, {a(semconv.GEN_AI_OPERATION_NAME)} AS operation, "
+        f"{a(semconv.SERVICE_INSTANCE_ID)} AS instance, {a(semconv.REQUEST_OUTCOME)} AS outcome, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_INPUT_TOKENS)}) AS i, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)}) AS c, "
+        f"toUInt64({a(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)}) AS o, Timestamp "
+        f"FROM otel_logs WHERE {window(lo, hi)}"
+    )
     # LabelGuard keeps the first 50 tenants a process sees; here: the 50 largest of the 30 days
-    top = (f"SELECT {a(semconv.TENANT_ID)} FROM otel_logs GROUP BY {a(semconv.TENANT_ID)} "
-           f"ORDER BY count() DESC LIMIT {LABEL_LIMIT}")
-    labels = (f"if(tenant IN ({top}), tenant, '{semconv.LABEL_OTHER}') AS t, scene, cost_center, model, "
-              f"if(outcome = 'finished', model, '') AS response_model, operation, instance")
-    sql = (f"SELECT {labels}, type, "
-           f"intDiv(toUnixTimestamp64Nano(Timestamp) - {int(start * 1e9)}, {SCRAPE_S * 10**9}) + 1 AS step, "
-           f"sum(tokens) FROM ({records(start, end)}) "
-           f"ARRAY JOIN ['input', 'cached_input', 'output'] AS type, [i, c, o] AS tokens "
-           f"GROUP BY t, scene, cost_center, model, response_model, operation, instance, type, step "
-           f"ORDER BY t, scene, cost_center, model, response_model, operation, instance, type, step")
+    top = (
+        f"SELECT {a(semconv.TENANT_ID)} FROM otel_logs GROUP BY {a(semconv.TENANT_ID)} "
+        f"ORDER BY count() DESC LIMIT {LABEL_LIMIT}"
+    )
+    labels = (
+        f"if(tenant IN ({top}), tenant, '{semconv.LABEL_OTHER}') AS t, scene, cost_center, model, "
+        f"if(outcome = 'finished', model, '') AS response_model, operation, instance"
+    )
+    sql = (
+        f"SELECT {labels}, type, "
+        f"intDiv(toUnixTimestamp64Nano(Timestamp) - {int(start * 1e9)}, {SCRAPE_S * 10**9}) + 1 AS step, "
+        f"sum(tokens) FROM ({records(start, end)}) "
+        f"ARRAY JOIN ['input', 'cached_input', 'output'] AS type, [i, c, o] AS tokens "
+        f"GROUP BY t, scene, cost_center, model, response_model, operation, instance, type, step "
+        f"ORDER BY t, scene, cost_center, model, response_model, operation, instance, type, step"
+    )
     # the whole month as Prometheus would hold it (not built): each series from its first scrape on,
     # 3 token types per label set; and the samples of the last day (the largest day-long query)
     scrapes = lambda lo: f"intDiv({int(end)} - greatest(toUnixTimestamp(first), {int(lo)}), {SCRAPE_S})"  # noqa: E731
-    month_sql = (f"SELECT 3 * count() AS series, 3 * sum({scrapes(month_start)}) AS samples, "
-                 f"3 * sum(if(first < {int(end - DAY)}, {DAY // SCRAPE_S}, {scrapes(end - DAY)})) AS last_day "
-                 f"FROM (SELECT {labels}, min(Timestamp) AS first FROM ({records(month_start, end)}) "
-                 f"GROUP BY t, scene, cost_center, model, response_model, operation, instance)")
+    month_sql = (
+        f"SELECT 3 * count() AS series, 3 * sum({scrapes(month_start)}) AS samples, "
+        f"3 * sum(if(first < {int(end - DAY)}, {DAY // SCRAPE_S}, {scrapes(end - DAY)})) AS last_day "
+        f"FROM (SELECT {labels}, min(Timestamp) AS first FROM ({records(month_start, end)}) "
+        f"GROUP BY t, scene, cost_center, model, response_model, operation, instance)"
+    )
     s = session.Session(directory)
     text = s.query(sql, "TabSeparatedRaw").bytes().decode()
     month = json.loads(s.query(month_sql, "JSON").bytes())["data"][0]
@@ -329,11 +394,13 @@ def step_openmetrics(directory: str, out_path: str, start: float, end: float, mo
         current, increments = None, {}
         for line in text.splitlines():
             tenant, scene, cc, model, response_model, operation, instance, token_type, step, tokens = line.split("\t")
-            labels = (f'gen_ai_operation_name="{operation}",gen_ai_provider_name="vllm",'
-                      f'gen_ai_request_model="{model}",'
-                      + (f'gen_ai_response_model="{response_model}",' if response_model else "")
-                      + f'gen_ai_token_type="{token_type}",instance="{instance}",job="vllm",'
-                      f'tenant_cost_center="{cc}",tenant_id="{tenant}",tenant_scene="{scene}"')
+            labels = (
+                f'gen_ai_operation_name="{operation}",gen_ai_provider_name="vllm",'
+                f'gen_ai_request_model="{model}",'
+                + (f'gen_ai_response_model="{response_model}",' if response_model else "")
+                + f'gen_ai_token_type="{token_type}",instance="{instance}",job="vllm",'
+                f'tenant_cost_center="{cc}",tenant_id="{tenant}",tenant_scene="{scene}"'
+            )
             if labels != current:
                 if current is not None:
                     flush(current, increments)
@@ -342,14 +409,29 @@ def step_openmetrics(directory: str, out_path: str, start: float, end: float, mo
         if current is not None:
             flush(current, increments)
         out.write("# EOF\n")
-    print(json.dumps({"series": series, "samples": samples, "bytes": os.path.getsize(out_path),
-                      "half_series": half_series, "half_samples": half_samples,
-                      "month_series": int(month["series"]), "month_samples": int(month["samples"]),
-                      "last_day_samples": int(month["last_day"])}))
+    print(
+        json.dumps(
+            {
+                "series": series,
+                "samples": samples,
+                "bytes": os.path.getsize(out_path),
+                "half_series": half_series,
+                "half_samples": half_samples,
+                "month_series": int(month["series"]),
+                "month_samples": int(month["samples"]),
+                "last_day_samples": int(month["last_day"]),
+            }
+        )
+    )
 
 
-STEPS = {"build-table": step_build_table, "build-spool": step_build_spool, "check-table": step_check_table,
-         "check-spool": step_check_spool, "openmetrics": step_openmetrics}
+STEPS = {
+    "build-table": step_build_table,
+    "build-spool": step_build_spool,
+    "check-table": step_check_table,
+    "check-spool": step_check_spool,
+    "openmetrics": step_openmetrics,
+}
 
 
 def run_step(name: str, *args) -> dict:
@@ -363,17 +445,22 @@ def run_step(name: str, *args) -> dict:
 
 # --- measuring a report ---------------------------------------------------------------------------
 
+
 def measure(argv: list[str], out_path: Path, timeout: float = 900) -> dict:
     """Runs `otel-llm report ARGV` in a fresh process: wall seconds, that process's peak RSS, output.
 
     The peak comes from GNU time (`/usr/bin/time -f %M`), not from our own wait4(): a child
     started by vfork+exec from this (large) process would inherit our RSS as its high-water mark."""
     command = [sys.executable, "-m", "otel_llm.cli", "report", *argv]
-    with open(out_path, "wb") as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r", suffix=".time") as rss:
+    with (
+        open(out_path, "wb") as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".time") as rss,
+    ):
         started = time.perf_counter()
-        process = subprocess.Popen(["/usr/bin/time", "-o", rss.name, "-f", "%M %U %S", *command],
-                                   stdout=out, stderr=err, cwd=ROOT)
+        process = subprocess.Popen(
+            ["/usr/bin/time", "-o", rss.name, "-f", "%M %U %S", *command], stdout=out, stderr=err, cwd=ROOT
+        )
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -384,8 +471,13 @@ def measure(argv: list[str], out_path: Path, timeout: float = 900) -> dict:
         stderr = err.read().decode(errors="replace")
         fields = rss.read().split()[-3:]
     peak_kib, user_s, sys_s = (float(f) for f in fields)
-    result = {"wall_s": wall, "peak_mib": peak_kib / 1024, "cpu_s": user_s + sys_s, "rc": process.returncode,
-              "stderr": stderr[-2000:]}
+    result = {
+        "wall_s": wall,
+        "peak_mib": peak_kib / 1024,
+        "cpu_s": user_s + sys_s,
+        "rc": process.returncode,
+        "stderr": stderr[-2000:],
+    }
     if process.returncode == 0 and "--help" not in argv:
         result["json"] = json.loads(out_path.read_text())
     return result
@@ -400,9 +492,14 @@ def _summary(runs: list[dict]) -> dict:
     failed = [r for r in runs if r["rc"] != 0]
     result = dict(failed[0] if failed else runs[-1])
     walls = sorted(r["wall_s"] for r in runs)
-    result.update(wall_s=statistics.median(walls), wall_min=walls[0], wall_max=walls[-1],
-                  peak_mib=statistics.median(r["peak_mib"] for r in runs), runs=len(runs),
-                  cpu_s=statistics.median(r["cpu_s"] for r in runs))
+    result.update(
+        wall_s=statistics.median(walls),
+        wall_min=walls[0],
+        wall_max=walls[-1],
+        peak_mib=statistics.median(r["peak_mib"] for r in runs),
+        runs=len(runs),
+        cpu_s=statistics.median(r["cpu_s"] for r in runs),
+    )
     if "prometheus_peak_mib" in runs[0]:
         result["prometheus_peak_mib"] = max(r["prometheus_peak_mib"] for r in runs)
         result["prometheus_cpu_s"] = statistics.median(r["prometheus_cpu_s"] for r in runs)
@@ -425,15 +522,24 @@ def tenant_totals(report: dict) -> dict[str, dict]:
 
 
 def compare(report_totals: dict[str, dict], check: dict, with_requests: bool = True) -> str:
-    expected = {row["tenant"]: {"input": int(row["input"]), "cached_input": int(row["cached_input"]),
-                                "output": int(row["output"]), "requests": int(row["requests"])}
-                for row in check["tenants"]}
+    expected = {
+        row["tenant"]: {
+            "input": int(row["input"]),
+            "cached_input": int(row["cached_input"]),
+            "output": int(row["output"]),
+            "requests": int(row["requests"]),
+        }
+        for row in check["tenants"]
+    }
     duplicate_keys = [row["tenant"] for row in check["tenants"] if int(row["keys"]) != int(row["requests"])]
     if duplicate_keys:
         return f"FAIL: one key with different fields in tenants {duplicate_keys[:3]} (generator bug)"
     fields = ("input", "cached_input", "output") + (("requests",) if with_requests else ())
-    wrong = [t for t in expected.keys() | report_totals.keys()
-             if any(expected.get(t, {}).get(f, 0) != report_totals.get(t, {}).get(f, 0) for f in fields)]
+    wrong = [
+        t
+        for t in expected.keys() | report_totals.keys()
+        if any(expected.get(t, {}).get(f, 0) != report_totals.get(t, {}).get(f, 0) for f in fields)
+    ]
     if wrong:
         return f"FAIL: {len(wrong)} tenants differ, e.g. {wrong[:3]}"
     grand = {f: sum(e[f] for e in expected.values()) for f in fields}
@@ -441,6 +547,7 @@ def compare(report_totals: dict[str, dict], check: dict, with_requests: bool = T
 
 
 # --- Prometheus -----------------------------------------------------------------------------------
+
 
 def process_cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -457,20 +564,35 @@ def build_prometheus(table_dir: Path, prom_dir: Path, start: float, end: float, 
     t0 = time.perf_counter()
     info = run_step("openmetrics", str(table_dir), str(text_path), start, end, month_start)
     t1 = time.perf_counter()
-    result = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-                             str(text_path), str(prom_dir / "data")], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            "promtool",
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=24h",
+            str(text_path),
+            str(prom_dir / "data"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"promtool failed:\n{result.stderr[-3000:]}")
     t2 = time.perf_counter()
     text_path.unlink()
-    info.update(openmetrics_s=t1 - t0, promtool_s=t2 - t1,
-                tsdb_bytes=sum(f.stat().st_size for f in (prom_dir / "data").rglob("*") if f.is_file()))
+    info.update(
+        openmetrics_s=t1 - t0,
+        promtool_s=t2 - t1,
+        tsdb_bytes=sum(f.stat().st_size for f in (prom_dir / "data").rglob("*") if f.is_file()),
+    )
     info_path.write_text(json.dumps(info))
     return info
 
 
-def prometheus_reports(prom_dir: Path, windows: dict[str, tuple[int, float]], by: str, out_dir: Path,
-                       repeat: int) -> dict[str, dict]:
+def prometheus_reports(
+    prom_dir: Path, windows: dict[str, tuple[int, float]], by: str, out_dir: Path, repeat: int
+) -> dict[str, dict]:
     """`report --prometheus` over each window (name -> (minutes, end)), alternated, against one
     Prometheus serving the built TSDB; with the server's CPU seconds and peak RSS."""
     from devkit.devserver import PrometheusServer
@@ -479,16 +601,31 @@ def prometheus_reports(prom_dir: Path, windows: dict[str, tuple[int, float]], by
     # the built TSDB, used in place; no compaction (min = max block duration), no retention cut
     (workdir / "data").symlink_to(prom_dir / "data")
     server = PrometheusServer([], workdir, scrape_interval="1h")
-    server.command += ["--storage.tsdb.retention.time=100y", "--storage.tsdb.min-block-duration=2h",
-                       "--storage.tsdb.max-block-duration=2h"]
+    server.command += [
+        "--storage.tsdb.retention.time=100y",
+        "--storage.tsdb.min-block-duration=2h",
+        "--storage.tsdb.max-block-duration=2h",
+    ]
     runs: dict[str, list[dict]] = {name: [] for name in windows}
     try:
         server.start(timeout=120)
         for index in range(repeat):
-            for name in (list(windows) if index % 2 == 0 else list(reversed(windows))):
+            for name in list(windows) if index % 2 == 0 else list(reversed(windows)):
                 minutes, end = windows[name]
-                argv = ["--prometheus", server.url, "--range", f"{minutes}m", "--end", str(int(end)), "--by", by,
-                        "--format", "json", "--timeout", "600"]
+                argv = [
+                    "--prometheus",
+                    server.url,
+                    "--range",
+                    f"{minutes}m",
+                    "--end",
+                    str(int(end)),
+                    "--by",
+                    by,
+                    "--format",
+                    "json",
+                    "--timeout",
+                    "600",
+                ]
                 cpu0 = process_cpu_seconds(server.process.pid)
                 result = measure(argv, out_dir / f"prom-{minutes}.json")
                 result["prometheus_cpu_s"] = process_cpu_seconds(server.process.pid) - cpu0
@@ -502,6 +639,7 @@ def prometheus_reports(prom_dir: Path, windows: dict[str, tuple[int, float]], by
 
 
 # --- main -----------------------------------------------------------------------------------------
+
 
 def _params_dir(kind: str, params: dict) -> Path:
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
@@ -520,9 +658,13 @@ def _built(directory: Path, params: dict) -> dict | None:
 def _cpu_of_others() -> float:
     """CPU seconds used on the machine so far by everything but this process and its children."""
     busy = sum(int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]) - sum(
-        int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[4:6])  # all but idle, iowait
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
+        int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[4:6]
+    )  # all but idle, iowait
+    own = sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
     return busy / os.sysconf("SC_CLK_TCK") - own
 
 
@@ -549,11 +691,17 @@ def main() -> int:
         STEPS[args.step](*json.loads(args.step_args))
         return 0
 
-    from otel_llm.report import parse_time
+    from otel_llm.billing.report import parse_time
 
     end = parse_time(args.end)
-    params = {"records": args.records, "duplicates": round(args.records * args.duplicates), "tenants": args.tenants,
-              "days": args.days, "end": end, "seed": 1}
+    params = {
+        "records": args.records,
+        "duplicates": round(args.records * args.duplicates),
+        "tenants": args.tenants,
+        "days": args.days,
+        "end": end,
+        "seed": 1,
+    }
     spool_params = {**params, "records": args.spool_records, "duplicates": round(args.spool_records * args.duplicates)}
     start = end - args.days * DAY
     iso = lambda ts: dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
@@ -566,8 +714,11 @@ def main() -> int:
     table_dir = _params_dir("table", params)
     built = _built(table_dir, params)
     if built is None:
-        print(f"building otel_logs: {args.records:,} rows ({params['duplicates']:,} duplicates), {args.tenants:,} "
-              f"tenants, {args.days} days to {iso(end)} in {table_dir} ...", flush=True)
+        print(
+            f"building otel_logs: {args.records:,} rows ({params['duplicates']:,} duplicates), {args.tenants:,} "
+            f"tenants, {args.days} days to {iso(end)} in {table_dir} ...",
+            flush=True,
+        )
         shutil.rmtree(table_dir, ignore_errors=True)
         table_dir.mkdir(parents=True)
         t0 = time.perf_counter()
@@ -578,10 +729,12 @@ def main() -> int:
     else:
         print(f"reusing otel_logs in {table_dir}", flush=True)
     info = built["info"]
-    print(f"  otel_logs: {info['rows']:,} rows in {info['parts']} parts, {info['disk_bytes'] / 2**20:,.0f} MiB on "
-          f"disk ({info['uncompressed_bytes'] / 2**20:,.0f} MiB uncompressed); built in {info['build_s']:.0f} s "
-          f"(insert {info['insert_s']:.0f} s, merge {info['optimize_s']:.0f} s, peak {info['peak_mib']:,.0f} MiB)",
-          flush=True)
+    print(
+        f"  otel_logs: {info['rows']:,} rows in {info['parts']} parts, {info['disk_bytes'] / 2**20:,.0f} MiB on "
+        f"disk ({info['uncompressed_bytes'] / 2**20:,.0f} MiB uncompressed); built in {info['build_s']:.0f} s "
+        f"(insert {info['insert_s']:.0f} s, merge {info['optimize_s']:.0f} s, peak {info['peak_mib']:,.0f} MiB)",
+        flush=True,
+    )
 
     # 2. ledger reports over the table, 30 days
     print("checking the table: distinct records per tenant ...", flush=True)
@@ -589,8 +742,22 @@ def main() -> int:
     ledger_url = f"chdb://{table_dir}"
     for by in ("tenant,model,day", "tenant"):
         print(f"report --ledger chdb://... --range {args.days}d --by {by} ...", flush=True)
-        r = measure_n(["--ledger", ledger_url, "--range", f"{args.days}d", "--end", str(int(end)), "--by", by,
-                       "--format", "json"], out_dir / f"ledger-{by}.json", args.repeat)
+        r = measure_n(
+            [
+                "--ledger",
+                ledger_url,
+                "--range",
+                f"{args.days}d",
+                "--end",
+                str(int(end)),
+                "--by",
+                by,
+                "--format",
+                "json",
+            ],
+            out_dir / f"ledger-{by}.json",
+            args.repeat,
+        )
         r["check"] = compare(tenant_totals(r["json"]), check) if r["rc"] == 0 else f"FAIL rc={r['rc']}: {r['stderr']}"
         r["rows"] = len(r["json"]["rows"]) if r["rc"] == 0 else 0
         results[f"ledger table, {args.days}d, --by {by}"] = r
@@ -602,8 +769,10 @@ def main() -> int:
         spool_dir = _params_dir("spool", spool_params)
         built_spool = _built(spool_dir, spool_params)
         if built_spool is None:
-            print(f"writing {args.spool_records:,} records as spool files with UsageLedger.write in {spool_dir} ...",
-                  flush=True)
+            print(
+                f"writing {args.spool_records:,} records as spool files with UsageLedger.write in {spool_dir} ...",
+                flush=True,
+            )
             shutil.rmtree(spool_dir, ignore_errors=True)
             spool_dir.mkdir(parents=True)
             t0 = time.perf_counter()
@@ -612,21 +781,42 @@ def main() -> int:
             built_spool = {"params": spool_params, "info": spool_info}
             (spool_dir / "params.json").write_text(json.dumps(built_spool))
         spool_info = built_spool["info"]
-        print(f"  spool: {spool_info['files']} files, {spool_info['bytes'] / 2**20:,.0f} MiB "
-              f"({spool_info['bytes'] / args.spool_records:.0f} bytes/record), written in {spool_info['build_s']:.0f} s "
-              f"(UsageLedger.write {spool_info['write_us_per_record']:.1f} us/record of it)", flush=True)
+        print(
+            f"  spool: {spool_info['files']} files, {spool_info['bytes'] / 2**20:,.0f} MiB "
+            f"({spool_info['bytes'] / args.spool_records:.0f} bytes/record), written in {spool_info['build_s']:.0f} s "
+            f"(UsageLedger.write {spool_info['write_us_per_record']:.1f} us/record of it)",
+            flush=True,
+        )
         spool_check = run_step("check-spool", str(spool_dir), start, end)
         print(f"report --ledger SPOOL_DIR --range {args.days}d --by tenant ...", flush=True)
-        r = measure_n(["--ledger", str(spool_dir), "--range", f"{args.days}d", "--end", str(int(end)), "--by",
-                       "tenant", "--format", "json"], out_dir / "spool-tenant.json", args.repeat)
-        r["check"] = (compare(tenant_totals(r["json"]), spool_check) if r["rc"] == 0
-                      else f"FAIL rc={r['rc']}: {r['stderr']}")
+        r = measure_n(
+            [
+                "--ledger",
+                str(spool_dir),
+                "--range",
+                f"{args.days}d",
+                "--end",
+                str(int(end)),
+                "--by",
+                "tenant",
+                "--format",
+                "json",
+            ],
+            out_dir / "spool-tenant.json",
+            args.repeat,
+        )
+        r["check"] = (
+            compare(tenant_totals(r["json"]), spool_check) if r["rc"] == 0 else f"FAIL rc={r['rc']}: {r['stderr']}"
+        )
         r["rows"] = len(r["json"]["rows"]) if r["rc"] == 0 else 0
         r["mb_s"] = spool_info["bytes"] / 1e6 / r["wall_s"]
         r["records_s"] = args.spool_records / r["wall_s"]
         results[f"ledger spool ({args.spool_records / 1e6:g}M records), --by tenant"] = r
-        print(f"  {_walls(r)}, {r['peak_mib']:,.0f} MiB: {r['mb_s']:.0f} MB/s, {r['records_s']:,.0f} records/s; "
-              f"totals {r['check']}", flush=True)
+        print(
+            f"  {_walls(r)}, {r['peak_mib']:,.0f} MiB: {r['mb_s']:.0f} MB/s, {r['records_s']:,.0f} records/s; "
+            f"totals {r['check']}",
+            flush=True,
+        )
 
     # 4. Prometheus on the last --prom-hours of the same traffic, and the ledger on the same window
     prom = None
@@ -636,15 +826,22 @@ def main() -> int:
         p_end = end - 3600
         p_start = p_end - args.prom_hours * 3600
         prom_dir = _params_dir("prom", {**params, "window_end": p_end, "hours": args.prom_hours, "scrape_s": SCRAPE_S})
-        print(f"Prometheus TSDB: {TOKEN_METRIC} of {iso(p_start)} .. {iso(p_end)} every {SCRAPE_S} s "
-              f"in {prom_dir} ...", flush=True)
+        print(
+            f"Prometheus TSDB: {TOKEN_METRIC} of {iso(p_start)} .. {iso(p_end)} every {SCRAPE_S} s in {prom_dir} ...",
+            flush=True,
+        )
         prom = build_prometheus(table_dir, prom_dir, p_start, p_end, start)
-        print(f"  {prom['series']:,} series, {prom['samples']:,} samples; OpenMetrics {prom['bytes'] / 2**20:,.0f} MiB "
-              f"written in {prom['openmetrics_s']:.0f} s, promtool {prom['promtool_s']:.0f} s, TSDB "
-              f"{prom['tsdb_bytes'] / 2**20:,.1f} MiB", flush=True)
+        print(
+            f"  {prom['series']:,} series, {prom['samples']:,} samples; OpenMetrics {prom['bytes'] / 2**20:,.0f} MiB "
+            f"written in {prom['openmetrics_s']:.0f} s, promtool {prom['promtool_s']:.0f} s, TSDB "
+            f"{prom['tsdb_bytes'] / 2**20:,.1f} MiB",
+            flush=True,
+        )
         minutes = args.prom_hours * 60
-        windows = {f"prometheus, {minutes // 2}m, --by tenant": (minutes // 2, p_end),
-                   f"prometheus, {minutes}m, --by tenant": (minutes, p_end)}
+        windows = {
+            f"prometheus, {minutes // 2}m, --by tenant": (minutes // 2, p_end),
+            f"prometheus, {minutes}m, --by tenant": (minutes, p_end),
+        }
         print(f"report --prometheus --range {minutes // 2}m and {minutes}m --by tenant, alternated ...", flush=True)
         prom_results = prometheus_reports(prom_dir, windows, "tenant", out_dir, args.repeat)
         for name, r in prom_results.items():
@@ -656,24 +853,46 @@ def main() -> int:
                 kept = {t: v for t, v in got.items() if t != semconv.LABEL_OTHER}
                 check_kept = {"tenants": [row for row in window_check["tenants"] if row["tenant"] in kept]}
                 other = got.get(semconv.LABEL_OTHER, {})
-                expected_other = {f: sum(int(row[f]) for row in window_check["tenants"] if row["tenant"] not in kept)
-                                  for f in ("input", "cached_input", "output")}
-                r["check"] = (f"{len(kept)} labelled tenants: " + compare(kept, check_kept, with_requests=False)
-                              + f"; 'other' ({len(labelled) - len(kept):,} tenants) "
-                              + ("ok" if all(other.get(f, 0) == v for f, v in expected_other.items()) else "FAIL"))
+                expected_other = {
+                    f: sum(int(row[f]) for row in window_check["tenants"] if row["tenant"] not in kept)
+                    for f in ("input", "cached_input", "output")
+                }
+                r["check"] = (
+                    f"{len(kept)} labelled tenants: "
+                    + compare(kept, check_kept, with_requests=False)
+                    + f"; 'other' ({len(labelled) - len(kept):,} tenants) "
+                    + ("ok" if all(other.get(f, 0) == v for f, v in expected_other.items()) else "FAIL")
+                )
                 r["rows"] = len(r["json"]["rows"])
-                print(f"  {name}: {_walls(r)}, {r['peak_mib']:,.0f} MiB (Prometheus server: "
-                      f"{r['prometheus_cpu_s']:.2f} s CPU, peak RSS {r['prometheus_peak_mib']:,.0f} MiB); {r['check']}",
-                      flush=True)
+                print(
+                    f"  {name}: {_walls(r)}, {r['peak_mib']:,.0f} MiB (Prometheus server: "
+                    f"{r['prometheus_cpu_s']:.2f} s CPU, peak RSS {r['prometheus_peak_mib']:,.0f} MiB); {r['check']}",
+                    flush=True,
+                )
             else:
                 r["check"], r["rows"] = f"FAIL rc={r['rc']}: {r['stderr']}", 0
                 print(f"  {name}: {r['check']}", flush=True)
             results[name] = r
         print(f"report --ledger chdb://... --range {minutes}m --by tenant (the same window) ...", flush=True)
-        r = measure_n(["--ledger", ledger_url, "--range", f"{minutes}m", "--end", str(int(p_end)),
-                       "--by", "tenant", "--format", "json"], out_dir / "ledger-window.json", args.repeat)
-        r["check"] = (compare(tenant_totals(r["json"]), window_check) if r["rc"] == 0
-                      else f"FAIL rc={r['rc']}: {r['stderr']}")
+        r = measure_n(
+            [
+                "--ledger",
+                ledger_url,
+                "--range",
+                f"{minutes}m",
+                "--end",
+                str(int(p_end)),
+                "--by",
+                "tenant",
+                "--format",
+                "json",
+            ],
+            out_dir / "ledger-window.json",
+            args.repeat,
+        )
+        r["check"] = (
+            compare(tenant_totals(r["json"]), window_check) if r["rc"] == 0 else f"FAIL rc={r['rc']}: {r['stderr']}"
+        )
         r["rows"] = len(r["json"]["rows"]) if r["rc"] == 0 else 0
         results[f"ledger table, {minutes}m, --by tenant"] = r
         print(f"  {_walls(r)}, {r['peak_mib']:,.0f} MiB; totals {r['check']}", flush=True)
@@ -683,71 +902,106 @@ def main() -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
 
     # 5. the table
-    print(f"\nBilling report, fleet scale ({dt.date.today()}, {os.cpu_count()} cores): {args.records:,} usage records "
-          f"({params['duplicates']:,} re-shipped duplicates), {args.tenants:,} tenants, {args.days} days. Each report "
-          f"a fresh process, {args.repeat} runs: median wall (min-max), including Python's start "
-          f"({base['wall_s']:.2f} s, {base['peak_mib']:.0f} MiB for `report --help`); peak = that process's max RSS")
+    print(
+        f"\nBilling report, fleet scale ({dt.date.today()}, {os.cpu_count()} cores): {args.records:,} usage records "
+        f"({params['duplicates']:,} re-shipped duplicates), {args.tenants:,} tenants, {args.days} days. Each report "
+        f"a fresh process, {args.repeat} runs: median wall (min-max), including Python's start "
+        f"({base['wall_s']:.2f} s, {base['peak_mib']:.0f} MiB for `report --help`); peak = that process's max RSS"
+    )
     print(f"{'report':46} {'wall s':>7} {'(min-max)':>13} {'peak MiB':>9} {'rows':>8}  totals")
     for name, r in results.items():
         spread = f"({r['wall_min']:.1f}-{r['wall_max']:.1f})"
-        print(f"{name:46} {r['wall_s']:7.2f} {spread:>13} {r['peak_mib']:9,.0f} {r['rows']:8,}  "
-              f"{r['check'].split(' (')[0]}")
+        print(
+            f"{name:46} {r['wall_s']:7.2f} {spread:>13} {r['peak_mib']:9,.0f} {r['rows']:8,}  "
+            f"{r['check'].split(' (')[0]}"
+        )
     key30 = f"ledger table, {args.days}d, --by tenant"
-    ratios = [(f"ledger, {args.days} days, --by {by} / 10 s target",
-               f"x{results[f'ledger table, {args.days}d, --by {by}']['wall_s'] / 10:.2f}")
-              for by in ("tenant", "tenant,model,day")]
+    ratios = [
+        (
+            f"ledger, {args.days} days, --by {by} / 10 s target",
+            f"x{results[f'ledger table, {args.days}d, --by {by}']['wall_s'] / 10:.2f}",
+        )
+        for by in ("tenant", "tenant,model,day")
+    ]
     spool_key = f"ledger spool ({args.spool_records / 1e6:g}M records), --by tenant"
     if spool_key in results:
         table_rate = args.records / results[key30]["wall_s"]
-        ratios.append(("ledger records/s, spool files / otel_logs table (--by tenant)",
-                       f"x{results[spool_key]['records_s'] / table_rate:.2f} ({results[spool_key]['records_s']:,.0f} "
-                       f"vs {table_rate:,.0f} records/s)"))
+        ratios.append(
+            (
+                "ledger records/s, spool files / otel_logs table (--by tenant)",
+                f"x{results[spool_key]['records_s'] / table_rate:.2f} ({results[spool_key]['records_s']:,.0f} "
+                f"vs {table_rate:,.0f} records/s)",
+            )
+        )
     others = _cpu_of_others() - others0
-    used = [(name, _dir_bytes(d)) for name, d in (("table", table_dir), ("spool", spool_dir), ("Prometheus TSDB", prom_dir))
-            if d is not None and d.exists()]
+    used = [
+        (name, _dir_bytes(d))
+        for name, d in (("table", table_dir), ("spool", spool_dir), ("Prometheus TSDB", prom_dir))
+        if d is not None and d.exists()
+    ]
     print(f"disk under {CACHE.relative_to(ROOT)}: " + ", ".join(f"{name} {b / 2**20:,.0f} MiB" for name, b in used))
-    print(f"noise: other processes used {others:,.0f} CPU-seconds during this run"
-          + (" -- the machine was not quiet; rerun when it is" if others > 30 else ""))
+    print(
+        f"noise: other processes used {others:,.0f} CPU-seconds during this run"
+        + (" -- the machine was not quiet; rerun when it is" if others > 30 else "")
+    )
     if prom is not None:
         minutes = args.prom_hours * 60
         half, full = (results[f"prometheus, {m}m, --by tenant"] for m in (minutes // 2, minutes))
         lw = results[f"ledger table, {minutes}m, --by tenant"]
-        print(f"\nSame traffic, same window ({minutes} min: {prom['series']:,} series, {prom['samples']:,} samples at "
-              f"{SCRAPE_S} s; {minutes // 2} min: {prom['half_series']:,} series, {prom['half_samples']:,} samples. "
-              f"Prometheus names {LABEL_LIMIT} tenants + 'other', the ledger all {lw['rows']:,} of the window):")
+        print(
+            f"\nSame traffic, same window ({minutes} min: {prom['series']:,} series, {prom['samples']:,} samples at "
+            f"{SCRAPE_S} s; {minutes // 2} min: {prom['half_series']:,} series, {prom['half_samples']:,} samples. "
+            f"Prometheus names {LABEL_LIMIT} tenants + 'other', the ledger all {lw['rows']:,} of the window):"
+        )
         if half["rc"] == 0 and full["rc"] == 0:
-            print(f"  Prometheus / ledger, measured: wall x{full['wall_s'] / lw['wall_s']:.2f}, report process peak "
-                  f"memory x{full['peak_mib'] / lw['peak_mib']:.2f}; the Prometheus server besides: "
-                  f"{full['prometheus_cpu_s']:.2f} s CPU, {full['prometheus_peak_mib']:,.0f} MiB peak RSS")
+            print(
+                f"  Prometheus / ledger, measured: wall x{full['wall_s'] / lw['wall_s']:.2f}, report process peak "
+                f"memory x{full['peak_mib'] / lw['peak_mib']:.2f}; the Prometheus server besides: "
+                f"{full['prometheus_cpu_s']:.2f} s CPU, {full['prometheus_peak_mib']:,.0f} MiB peak RSS"
+            )
             # Extrapolation: a straight line through the two windows, in samples (the month has
             # month_samples; the report works a day at a time, so its memory is that of the largest day)
             dn = prom["samples"] - prom["half_samples"]
             slope = lambda key: max((full[key] - half[key]) / dn, 0.0) if dn > 0 else 0.0  # noqa: E731
             method = f"a straight line through the {minutes // 2} and {minutes} min runs, in samples,"
             if full["wall_min"] <= half["wall_max"]:  # the two windows' runs overlap: no usable slope
-                method = (f"(the {minutes // 2} and {minutes} min runs overlap: no usable slope) the {minutes} min run "
-                          f"scaled in proportion to samples")
+                method = (
+                    f"(the {minutes // 2} and {minutes} min runs overlap: no usable slope) the {minutes} min run "
+                    f"scaled in proportion to samples"
+                )
                 ratio = lambda key, base_value: (full[key] - base_value) / prom["samples"]  # noqa: E731
                 # memory: left as measured (it may grow with series rather than samples)
                 slope = lambda key: 0.0 if key == "peak_mib" else max(ratio(key, base.get(key, 0.0)), 0.0)  # noqa: E731
             est_wall = full["wall_s"] + slope("wall_s") * (prom["month_samples"] - prom["samples"])
             est_cpu = full["prometheus_cpu_s"] + slope("prometheus_cpu_s") * (prom["month_samples"] - prom["samples"])
             est_peak = full["peak_mib"] + slope("peak_mib") * max(prom["last_day_samples"] - prom["samples"], 0)
-            print(f"  ESTIMATE for {args.days} days, not measured: the same traffic is {prom['month_series']:,} series and "
-                  f"{prom['month_samples']:,} samples in {args.days} days ({prom['last_day_samples']:,} in the last "
-                  f"day's query); {method} gives "
-                  f"~{est_wall:,.0f} s wall (Prometheus server CPU ~{est_cpu:,.0f} s) and a report process peak of "
-                  f"~{est_peak:,.0f} MiB: x{est_wall / results[key30]['wall_s']:,.0f} the ledger's measured "
-                  f"{args.days}-day wall, for {LABEL_LIMIT} of {args.tenants:,} tenants")
+            print(
+                f"  ESTIMATE for {args.days} days, not measured: the same traffic is {prom['month_series']:,} series and "
+                f"{prom['month_samples']:,} samples in {args.days} days ({prom['last_day_samples']:,} in the last "
+                f"day's query); {method} gives "
+                f"~{est_wall:,.0f} s wall (Prometheus server CPU ~{est_cpu:,.0f} s) and a report process peak of "
+                f"~{est_peak:,.0f} MiB: x{est_wall / results[key30]['wall_s']:,.0f} the ledger's measured "
+                f"{args.days}-day wall, for {LABEL_LIMIT} of {args.tenants:,} tenants"
+            )
             if prom["last_day_samples"] > 50_000_000:
-                print(f"  (a query fetching one day's raw samples, {prom['last_day_samples']:,}, is over Prometheus' "
-                      f"default --query.max-samples of 50,000,000, which refuses it)")
-            ratios.append((f"Prometheus / ledger, same {minutes} min window",
-                           f"wall x{full['wall_s'] / lw['wall_s']:.2f}, report process memory "
-                           f"x{full['peak_mib'] / lw['peak_mib']:.2f}"))
-            ratios.append((f"Prometheus / ledger, {args.days} days (Prometheus ESTIMATED)",
-                           f"wall x{est_wall / results[key30]['wall_s']:,.0f}, report process memory "
-                           f"x{est_peak / results[key30]['peak_mib']:.2f}"))
+                print(
+                    f"  (a query fetching one day's raw samples, {prom['last_day_samples']:,}, is over Prometheus' "
+                    f"default --query.max-samples of 50,000,000, which refuses it)"
+                )
+            ratios.append(
+                (
+                    f"Prometheus / ledger, same {minutes} min window",
+                    f"wall x{full['wall_s'] / lw['wall_s']:.2f}, report process memory "
+                    f"x{full['peak_mib'] / lw['peak_mib']:.2f}",
+                )
+            )
+            ratios.append(
+                (
+                    f"Prometheus / ledger, {args.days} days (Prometheus ESTIMATED)",
+                    f"wall x{est_wall / results[key30]['wall_s']:,.0f}, report process memory "
+                    f"x{est_peak / results[key30]['peak_mib']:.2f}",
+                )
+            )
     print(f"\nRatios (medians of this run; target: a {args.days}-day ledger report under 10 s on this machine)")
     for name, value in ratios:
         print(f"  {name:64} {value}")

@@ -33,15 +33,25 @@ INFO = RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True, tenant="ac
 
 
 def engine_state(i: int, generated: list) -> SimpleNamespace:
-    return SimpleNamespace(request_id=f"r{i}", external_req_id=f"chatcmpl-r{i}", prompt_len=100, num_cached_tokens=16,
-                           stats=None, parent_req=None, request_index=0,
-                           detokenizer=SimpleNamespace(num_output_tokens=lambda: generated[0]))
+    return SimpleNamespace(
+        request_id=f"r{i}",
+        external_req_id=f"chatcmpl-r{i}",
+        prompt_len=100,
+        num_cached_tokens=16,
+        stats=None,
+        parent_req=None,
+        request_index=0,
+        detokenizer=SimpleNamespace(num_output_tokens=lambda: generated[0]),
+    )
 
 
 def telemetry(spool: str, interval: float) -> Telemetry:
-    return Telemetry(TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench"),
-                     Settings(usage_dir=spool, usage_fsync_interval_s=0, live_interval_s=interval),
-                     {semconv.SERVICE_INSTANCE_ID: "host:8000"})
+    return Telemetry(
+        TracerProvider().get_tracer("bench"),
+        MeterProvider().get_meter("bench"),
+        Settings(usage_dir=spool, usage_fsync_interval_s=0, live_interval_s=interval),
+        {semconv.SERVICE_INSTANCE_ID: "host:8000"},
+    )
 
 
 def per_request_us(interval: float, n: int) -> float:
@@ -85,12 +95,18 @@ def main(argv=None) -> int:
     off = statistics.median(per_request_us(0.0, args.requests) for _ in range(3))
     on = statistics.median(per_request_us(5.0, args.requests) for _ in range(3))
     grew, same = per_sweep_us(args.in_flight)
-    print(f"a short request's telemetry: {on:.1f} us with live counting, {off:.1f} us without "
-          f"(ratio {on / off:.3f}, +{on - off:.2f} us)")
-    print(f"a sweep, per request in flight: {grew:.1f} us when its tokens grew (progress record + increment), "
-          f"{same:.1f} us when not ({args.in_flight} in flight)")
-    print(f"at the default 5 s interval, {args.in_flight} long requests in flight: {grew * args.in_flight / 1e3:.1f} ms "
-          f"of event-loop time per sweep ({grew * args.in_flight / 5e6 * 100:.2f} % of the loop)")
+    print(
+        f"a short request's telemetry: {on:.1f} us with live counting, {off:.1f} us without "
+        f"(ratio {on / off:.3f}, +{on - off:.2f} us)"
+    )
+    print(
+        f"a sweep, per request in flight: {grew:.1f} us when its tokens grew (progress record + increment), "
+        f"{same:.1f} us when not ({args.in_flight} in flight)"
+    )
+    print(
+        f"at the default 5 s interval, {args.in_flight} long requests in flight: {grew * args.in_flight / 1e3:.1f} ms "
+        f"of event-loop time per sweep ({grew * args.in_flight / 5e6 * 100:.2f} % of the loop)"
+    )
     return 0
 
 

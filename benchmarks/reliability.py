@@ -9,7 +9,7 @@ main pid (what Kubernetes sends). Printed side by side:
 - the RSS of the API server (main process) and of the whole process tree, before and after the
   workload;
 - SIGTERM to the end of the whole process tree, and our shutdown's own time and dropped counts
-  (the one warning line otel_llm/shutdown.py logs).
+  (the one warning line otel_llm/sdk/shutdown.py logs).
 
 `bare` (no instrumentation) gives vLLM's own shutdown time, the floor. `--sdk-default` adds the
 faulty cases once more with OTEL_LLM_SHUTDOWN_TIMEOUT=0, the SDK's own unbounded exit hooks (the
@@ -44,11 +44,13 @@ from devkit.devserver import VLLMServer, otlp_env  # noqa: E402
 from devkit.faulty_otlp import BlackHole, FaultyOTLP, Refused  # noqa: E402
 from devkit.tiny_model import MODEL_NAME  # noqa: E402
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT, shutdown_timeout  # noqa: E402
-from otel_llm.shutdown import DROPPED_MESSAGE  # noqa: E402
+from otel_llm.sdk.shutdown import DROPPED_MESSAGE  # noqa: E402
 
 CASES = ["healthy", "refused", "blackhole", "slow"]
-DROPPED_RE = re.compile(re.escape(DROPPED_MESSAGE) + r": (\d+) spans, (\d+) log records, (\d+) metric points "
-                        r"not exported \((.+?); took ([\d.]+) s")
+DROPPED_RE = re.compile(
+    re.escape(DROPPED_MESSAGE) + r": (\d+) spans, (\d+) log records, (\d+) metric points "
+    r"not exported \((.+?); took ([\d.]+) s"
+)
 
 
 def group(pgid: int) -> list[int]:
@@ -60,7 +62,7 @@ def group(pgid: int) -> list[int]:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 pids.append(int(entry))
     return pids
@@ -80,8 +82,15 @@ def rss_mib(pids) -> float:
 
 def one_request(url: str, i: int) -> float:
     stream = i % 2 == 1
-    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": f"tell me about tracing {i}"}],
-                       "max_tokens": 16, "ignore_eos": True, "stream": stream})
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": f"tell me about tracing {i}"}],
+            "max_tokens": 16,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+    )
     request = urllib.request.Request(url + "/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -117,10 +126,18 @@ def p95(values):
 
 
 def run_case(case: str, args, workdir: Path, sdk_default: bool = False) -> dict:
-    endpoint = {"healthy": lambda: FaultyOTLP("slow", 0.0, decode=False), "refused": Refused, "blackhole": BlackHole,
-                "slow": lambda: FaultyOTLP("slow", args.slow_delay, decode=False), "bare": Refused}[case]()
-    env = {k: v for k, v in otlp_env(endpoint.endpoint).items()
-           if k not in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_METRIC_EXPORT_INTERVAL")}  # the SDK's defaults
+    endpoint = {
+        "healthy": lambda: FaultyOTLP("slow", 0.0, decode=False),
+        "refused": Refused,
+        "blackhole": BlackHole,
+        "slow": lambda: FaultyOTLP("slow", args.slow_delay, decode=False),
+        "bare": Refused,
+    }[case]()
+    env = {
+        k: v
+        for k, v in otlp_env(endpoint.endpoint).items()
+        if k not in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_METRIC_EXPORT_INTERVAL")
+    }  # the SDK's defaults
     env.update({"OTEL_LOGS_EXPORTER": "otlp", "OTEL_LLM_USAGE_EVENTS": "true"})
     if sdk_default:
         env[ENV_SHUTDOWN_TIMEOUT] = "0"
@@ -147,7 +164,9 @@ def run_case(case: str, args, workdir: Path, sdk_default: bool = False) -> dict:
     finally:
         server.stop()
         endpoint.close()
-    lines = [DROPPED_RE.search(line) for line in log.read_text(errors="replace").splitlines() if DROPPED_MESSAGE in line]
+    lines = [
+        DROPPED_RE.search(line) for line in log.read_text(errors="replace").splitlines() if DROPPED_MESSAGE in line
+    ]
     result["warnings"] = len(lines)
     if lines and lines[0]:
         spans, logs, points, why, took = lines[0].groups()
@@ -168,15 +187,21 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--slow-delay", type=float, default=6.0, help="seconds the slow endpoint takes to answer")
     parser.add_argument("--shutdown-timeout", type=float, default=None, help=f"{ENV_SHUTDOWN_TIMEOUT} (default: unset)")
-    parser.add_argument("--sdk-default", action="store_true",
-                        help=f"also the faulty cases with {ENV_SHUTDOWN_TIMEOUT}=0 (the SDK's own exit hooks)")
+    parser.add_argument(
+        "--sdk-default",
+        action="store_true",
+        help=f"also the faulty cases with {ENV_SHUTDOWN_TIMEOUT}=0 (the SDK's own exit hooks)",
+    )
     parser.add_argument("--cases", default=",".join(["bare", *CASES]))
     args = parser.parse_args(argv)
 
     bound = args.shutdown_timeout if args.shutdown_timeout is not None else shutdown_timeout({})
-    print(f"workload: {args.requests} chat completions (half streamed, 16 tokens), concurrency "
-          f"{args.concurrency}, after {args.warmup} warm-up; bound {ENV_SHUTDOWN_TIMEOUT}={bound:g} s; "
-          f"slow endpoint answers after {args.slow_delay:g} s", flush=True)
+    print(
+        f"workload: {args.requests} chat completions (half streamed, 16 tokens), concurrency "
+        f"{args.concurrency}, after {args.warmup} warm-up; bound {ENV_SHUTDOWN_TIMEOUT}={bound:g} s; "
+        f"slow endpoint answers after {args.slow_delay:g} s",
+        flush=True,
+    )
     load_before = os.getloadavg()[0]
     results = []
     logs = ROOT / ".cache" / "bench-reliability"  # the servers' logs, kept until the next run
@@ -190,25 +215,31 @@ def main(argv=None) -> int:
 
     healthy = next((r for r in results if r["case"] == "healthy"), None)
     print()
-    header = (f"{'case':<24} {'median s':>8} {'p95 s':>7} {'req/s':>6} {'x med':>6} {'x p95':>6} {'x req/s':>7} "
-              f"{'RSS main MiB':>13} {'RSS tree MiB':>13} {'SIGTERM->exit s':>15} {'ours s':>6} "
-              f"{'spans':>5} {'logs':>4} {'points':>6} warn {'load':>5}")
+    header = (
+        f"{'case':<24} {'median s':>8} {'p95 s':>7} {'req/s':>6} {'x med':>6} {'x p95':>6} {'x req/s':>7} "
+        f"{'RSS main MiB':>13} {'RSS tree MiB':>13} {'SIGTERM->exit s':>15} {'ours s':>6} "
+        f"{'spans':>5} {'logs':>4} {'points':>6} warn {'load':>5}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         ratio = lambda key: (r[key] / healthy[key]) if healthy and r.get(key) is not None else None  # noqa: E731
-        print(f"{r['case']:<24} {fmt(r.get('median'), '8.3f')} {fmt(r.get('p95'), '7.3f')} {fmt(r.get('rps'), '6.2f')} "
-              f"{fmt(ratio('median'), '6.2f')} {fmt(ratio('p95'), '6.2f')} {fmt(ratio('rps'), '7.2f')} "
-              f"{r['rss_main_before']:>6.0f}->{r['rss_main_after']:<6.0f} {r['rss_tree_before']:>6.0f}->{r['rss_tree_after']:<6.0f} "
-              f"{r['stop_s']:>15.1f} {fmt(r.get('took'), '6.1f')} {fmt(r.get('spans'), '5d')} {fmt(r.get('logs'), '4d')} "
-              f"{fmt(r.get('points'), '6d')} {r['warnings']:>4} {r['load']:>5.1f}")
+        print(
+            f"{r['case']:<24} {fmt(r.get('median'), '8.3f')} {fmt(r.get('p95'), '7.3f')} {fmt(r.get('rps'), '6.2f')} "
+            f"{fmt(ratio('median'), '6.2f')} {fmt(ratio('p95'), '6.2f')} {fmt(ratio('rps'), '7.2f')} "
+            f"{r['rss_main_before']:>6.0f}->{r['rss_main_after']:<6.0f} {r['rss_tree_before']:>6.0f}->{r['rss_tree_after']:<6.0f} "
+            f"{r['stop_s']:>15.1f} {fmt(r.get('took'), '6.1f')} {fmt(r.get('spans'), '5d')} {fmt(r.get('logs'), '4d')} "
+            f"{fmt(r.get('points'), '6d')} {r['warnings']:>4} {r['load']:>5.1f}"
+        )
     print()
     for r in results:
         if r.get("why"):
             print(f"{r['case']}: {r['why']}")
-    print(f"noise: load average {load_before:.1f} at the start, {load_after:.1f} at the end, `load` when each "
-          "workload began (2 cores): latency ratios on a busy VM are noise within 10-30% (bare against healthy "
-          "shows it); the shutdown times and counts are not")
+    print(
+        f"noise: load average {load_before:.1f} at the start, {load_after:.1f} at the end, `load` when each "
+        "workload began (2 cores): latency ratios on a busy VM are noise within 10-30% (bare against healthy "
+        "shows it); the shutdown times and counts are not"
+    )
     return 0
 
 

@@ -6,7 +6,7 @@ explicit providers, or with OTEL_LLM_EXPORT_PROCESS=false). The new path (the de
 `opentelemetry-instrument`, where our configurator set the SDK up from OTEL_*): the API server keeps
 plain values per request and hands them, one message per request over a Unix socket, to a child
 "export process" that builds the SDK's spans and metrics and exports them
-(otel_llm/vllm/offload.py, otel_llm/vllm/export_process.py). Target: the new path adds <= 2% of
+(otel_llm/vllm/export/channel.py, otel_llm/vllm/export/process.py). Target: the new path adds <= 2% of
 the bare API server's CPU per request.
 
 Part 1, end to end: the same load on the same tiny model against `vllm serve` bare, under
@@ -91,7 +91,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # --bare-cpu-ms is not given.
 LAST_BARE_CPU_MS = 5.89
 TARGET_SHARE = 2.0  # % of bare API-server CPU per request: the new path's target
-EXPORT_MODULE = "otel_llm.vllm.export_process"
+EXPORT_MODULE = "otel_llm.vllm.export.process"
 
 # part 2's variants: how each is instrumented
 BARE = "bare"
@@ -160,7 +160,7 @@ def quiet_cpu_seconds(pid: int, window_s: float = 0.5, timeout_s: float = 60.0, 
 
 
 def export_child(pid: int) -> int | None:
-    """The export process of the API server `pid`: its child running otel_llm.vllm.export_process."""
+    """The export process of the API server `pid`: its child running otel_llm.vllm.export.process."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -176,8 +176,12 @@ def export_child(pid: int) -> int | None:
 
 def start_receiver_process() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "devkit.otlp_receiver", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devkit.otlp_receiver", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.5)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -205,8 +209,9 @@ def start_sink_process() -> tuple[subprocess.Popen, str]:
     import socket
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SINK_CODE, str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SINK_CODE, str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -221,13 +226,20 @@ def start_sink_process() -> tuple[subprocess.Popen, str]:
 
 # --- part 1 -------------------------------------------------------------------------------
 
+
 async def run_load(url: str, requests: int, concurrency: int, stream: bool, max_tokens: int) -> float:
     import httpx
 
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "tell me about tracing"}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "tell me about tracing"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     semaphore = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as client:
+
         async def one():
             async with semaphore:
                 if stream:
@@ -257,7 +269,7 @@ def measure_servers(configs: dict, requests: int, rounds: int, concurrency: int,
             wants_child = config.pop("export_child", False)
             with VLLMServer(**config) as server:
                 pid = server.process.pid
-                for stream in ((False, True) if r % 2 == 0 else (True, False)):
+                for stream in (False, True) if r % 2 == 0 else (True, False):
                     asyncio.run(run_load(server.url, 16, concurrency, stream, max_tokens))  # warm
                     child = export_child(pid) if wants_child else None
                     if wants_child and child is None:
@@ -284,10 +296,20 @@ def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> d
         "bare": dict(instrumented=False),
         "otel-llm": dict(instrumented=True, env=otlp, export_child=True),
         "otel-llm in process": dict(instrumented=True, env={**otlp, "OTEL_LLM_EXPORT_PROCESS": "false"}),
-        "otel-llm 10% sampled": dict(instrumented=True, export_child=True, env={
-            **otlp, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(SAMPLE_RATIO)}),
-        "vllm-native": dict(instrumented=False, extra_args=["--otlp-traces-endpoint", endpoint + "/v1/traces"],
-                            env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}),
+        "otel-llm 10% sampled": dict(
+            instrumented=True,
+            export_child=True,
+            env={
+                **otlp,
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": str(SAMPLE_RATIO),
+            },
+        ),
+        "vllm-native": dict(
+            instrumented=False,
+            extra_args=["--otlp-traces-endpoint", endpoint + "/v1/traces"],
+            env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"},
+        ),
         "fastapi-only": dict(instrumented=True, env={**otlp, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_llm_vllm"}),
         "bare (A/A)": dict(instrumented=False),
     }
@@ -295,10 +317,14 @@ def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> d
         results = measure_servers(configs, requests, rounds, concurrency, max_tokens)
     finally:
         receiver.terminate()
-    print(f"\nPart 1: end to end, {requests} requests x {rounds} runs each, closed loop at concurrency {concurrency} "
-          f"(the highest rate the server sustains), {max_tokens} output tokens; medians")
-    print(f"{'config':21} {'mode':10} {'API CPU ms/req':>15} {'vs bare':>8} {'export ms/req':>14} "
-          f"{'req/s':>8} {'vs bare':>8}")
+    print(
+        f"\nPart 1: end to end, {requests} requests x {rounds} runs each, closed loop at concurrency {concurrency} "
+        f"(the highest rate the server sustains), {max_tokens} output tokens; medians"
+    )
+    print(
+        f"{'config':21} {'mode':10} {'API CPU ms/req':>15} {'vs bare':>8} {'export ms/req':>14} "
+        f"{'req/s':>8} {'vs bare':>8}"
+    )
     summary = {}
     for stream in (False, True):
         mode = "stream" if stream else "non-stream"
@@ -312,15 +338,19 @@ def part_e2e(requests: int, rounds: int, concurrency: int, max_tokens: int) -> d
             child = f"{statistics.median(children) * 1e3:14.2f}" if children else f"{'-':>14}"
             summary[(name, mode)] = cpu
             summary[(name, mode, "req/s")] = tput
-            print(f"{name:21} {mode:10} {cpu * 1e3:15.2f} {cpu / base_cpu:8.2f} {child} {tput:8.1f} "
-                  f"{tput / base_tput:8.2f}")
+            print(
+                f"{name:21} {mode:10} {cpu * 1e3:15.2f} {cpu / base_cpu:8.2f} {child} {tput:8.1f} "
+                f"{tput / base_tput:8.2f}"
+            )
     print("  (export ms/req: the export process's CPU per request, another process; API CPU excludes it)")
     for mode in ("non-stream", "stream"):
         aa_cpu = summary[("bare (A/A)", mode)] / summary[("bare", mode)] - 1
         aa_tput = summary[("bare (A/A)", mode, "req/s")] / summary[("bare", mode, "req/s")] - 1
         ours = summary[("otel-llm", mode, "req/s")] / summary[("bare", mode, "req/s")] - 1
-        print(f"  {mode:10}: requests/s otel-llm vs bare {ours * 100:+.1f}%; A/A spread (bare vs bare): "
-              f"req/s {aa_tput * 100:+.1f}%, API CPU {aa_cpu * 100:+.1f}% (differences within this are noise)")
+        print(
+            f"  {mode:10}: requests/s otel-llm vs bare {ours * 100:+.1f}%; A/A spread (bare vs bare): "
+            f"req/s {aa_tput * 100:+.1f}%, API CPU {aa_cpu * 100:+.1f}% (differences within this are noise)"
+        )
     return summary
 
 
@@ -347,10 +377,18 @@ async def run_raw_load(url: str, requests: int, concurrency: int, max_tokens: in
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": max_tokens, "ignore_eos": True}).encode()
-    message = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+    ).encode()
+    message = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     todo = iter(range(requests))
 
     async def connection():
@@ -400,17 +438,29 @@ def memory_growth(configs: dict, checkpoints: list[int], bare_requests: int, con
                     quiet_cpu_seconds(child)  # what it was sent handled and exported
                 child_rss = rss_bytes(child) if child else None
                 points.setdefault(name, []).append((mark, rss_bytes(pid), child_rss, child, elapsed))
-                print(f"  {mark:7} requests, {elapsed:5.0f} s: API server {rss_bytes(pid) / 2**20:.1f} MiB"
-                      + (f", export process {child_rss / 2**20:.1f} MiB" if child else ""), flush=True)
-        warnings = [line for line in log.read_text(errors="replace").splitlines() if "otel-llm:" in line and "dropped" in line]
+                print(
+                    f"  {mark:7} requests, {elapsed:5.0f} s: API server {rss_bytes(pid) / 2**20:.1f} MiB"
+                    + (f", export process {child_rss / 2**20:.1f} MiB" if child else ""),
+                    flush=True,
+                )
+        warnings = [
+            line for line in log.read_text(errors="replace").splitlines() if "otel-llm:" in line and "dropped" in line
+        ]
         log.unlink()
         for line in warnings:  # telemetry dropped: the export process did not keep up, or was gone
             print(f"  WARNING, the API server logged: {line[-200:]}")
     return points
 
 
-def part_default(requests: int, rounds: int, concurrency: int, max_tokens: int, checkpoints: list[int],
-                 bare_requests: int, memory_concurrency: int) -> None:
+def part_default(
+    requests: int,
+    rounds: int,
+    concurrency: int,
+    max_tokens: int,
+    checkpoints: list[int],
+    bare_requests: int,
+    memory_concurrency: int,
+) -> None:
     """Issue 24: the default setup (`opentelemetry-instrument vllm serve`: HTTP server span, GenAI
     and phase spans, request metrics, usage record, HTTP metrics; the export process) against
     vLLM's native tracing in the same run; API-server CPU per request non-stream and streamed,
@@ -423,10 +473,16 @@ def part_default(requests: int, rounds: int, concurrency: int, max_tokens: int, 
     configs = {
         "bare": dict(instrumented=False),
         DEFAULT: dict(instrumented=True, env=default_env, export_child=True),
-        NO_HTTP_SPAN: dict(instrumented=True, export_child=True,
-                           env={**default_env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"}),
-        NATIVE_E2E: dict(instrumented=False, extra_args=["--otlp-traces-endpoint", endpoint + "/v1/traces"],
-                         env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}),
+        NO_HTTP_SPAN: dict(
+            instrumented=True,
+            export_child=True,
+            env={**default_env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi"},
+        ),
+        NATIVE_E2E: dict(
+            instrumented=False,
+            extra_args=["--otlp-traces-endpoint", endpoint + "/v1/traces"],
+            env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"},
+        ),
         FASTAPI_ONLY: dict(instrumented=True, env={**otlp, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_llm_vllm"}),
         "bare (A/A)": dict(instrumented=False),
     }
@@ -434,18 +490,27 @@ def part_default(requests: int, rounds: int, concurrency: int, max_tokens: int, 
     try:
         results = measure_servers(configs, requests, rounds, concurrency, max_tokens) if rounds else None
         cpu_s = time.perf_counter() - started
-        memory = memory_growth({"bare": configs["bare"], DEFAULT: configs[DEFAULT]}, checkpoints, bare_requests,
-                               memory_concurrency) if checkpoints else None
+        memory = (
+            memory_growth(
+                {"bare": configs["bare"], DEFAULT: configs[DEFAULT]}, checkpoints, bare_requests, memory_concurrency
+            )
+            if checkpoints
+            else None
+        )
     finally:
         receiver.terminate()
         shutil.rmtree(spool, ignore_errors=True)
     if results:
-        print(f"\nDefault setup against vLLM's native tracing, end to end ({cpu_s / 60:.1f} min): {requests} "
-              f"requests x {rounds} alternated runs per config and mode, closed loop at concurrency {concurrency}, "
-              f"{max_tokens} output tokens (the stream: {max_tokens} chunks); medians of the API-server process's "
-              f"CPU per request (/proc)")
-        print(f"{'config':36} {'non-stream us':>13} {'vs bare':>8} {'stream us':>10} {'vs bare':>8} "
-              f"{'export us (ns/s)':>17}")
+        print(
+            f"\nDefault setup against vLLM's native tracing, end to end ({cpu_s / 60:.1f} min): {requests} "
+            f"requests x {rounds} alternated runs per config and mode, closed loop at concurrency {concurrency}, "
+            f"{max_tokens} output tokens (the stream: {max_tokens} chunks); medians of the API-server process's "
+            f"CPU per request (/proc)"
+        )
+        print(
+            f"{'config':36} {'non-stream us':>13} {'vs bare':>8} {'stream us':>10} {'vs bare':>8} "
+            f"{'export us (ns/s)':>17}"
+        )
         cpu = {}
         for name in configs:
             line = f"{name:36}"
@@ -463,30 +528,40 @@ def part_default(requests: int, rounds: int, concurrency: int, max_tokens: int, 
             aa = cpu[("bare (A/A)", stream)] - cpu[("bare", stream)]
             vs_native = cpu[(DEFAULT, stream)] - cpu[(NATIVE_E2E, stream)]
             http_span = cpu[(DEFAULT, stream)] - cpu[(NO_HTTP_SPAN, stream)]
-            print(f"  {mode:18}: default - native {vs_native * 1e6:+6.0f} us ({cpu[(DEFAULT, stream)] / cpu[(NATIVE_E2E, stream)]:.2f}x); "
-                  f"the HTTP span (default - no HTTP span) {http_span * 1e6:+6.0f} us; A/A spread (bare (A/A) - bare) "
-                  f"{aa * 1e6:+6.0f} us = {aa / cpu[('bare', stream)] * 100:+.1f}% (differences within it are noise)")
+            print(
+                f"  {mode:18}: default - native {vs_native * 1e6:+6.0f} us ({cpu[(DEFAULT, stream)] / cpu[(NATIVE_E2E, stream)]:.2f}x); "
+                f"the HTTP span (default - no HTTP span) {http_span * 1e6:+6.0f} us; A/A spread (bare (A/A) - bare) "
+                f"{aa * 1e6:+6.0f} us = {aa / cpu[('bare', stream)] * 100:+.1f}% (differences within it are noise)"
+            )
     if memory:
         last = memory[DEFAULT][-1]
         bare_last = memory["bare"][-1]
-        print(f"\nMemory, default setup, non-stream requests of 1 output token at concurrency {memory_concurrency} "
-              f"(RSS from /proc; the export process's once it has handled what it was sent): "
-              f"{last[0]} requests in {last[4] / 60:.1f} min")
+        print(
+            f"\nMemory, default setup, non-stream requests of 1 output token at concurrency {memory_concurrency} "
+            f"(RSS from /proc; the export process's once it has handled what it was sent): "
+            f"{last[0]} requests in {last[4] / 60:.1f} min"
+        )
         print(f"{'requests':>9} {'API server MiB':>15} {'added vs bare MiB':>18} {'export process MiB':>19}")
         bare_at = {n: rss for n, rss, *_ in memory["bare"]}
         for n, rss, child_rss, _, _ in memory[DEFAULT]:
             base = bare_at.get(n, bare_last[1])
-            print(f"{n:9} {rss / 2**20:15.1f} {(rss - base) / 2**20:18.1f} "
-                  f"{(child_rss or 0) / 2**20:19.1f}")
-        print("  bare API server: " + ", ".join(f"{rss / 2**20:.1f} MiB after {n}" for n, rss, *_ in memory["bare"])
-              + (f" (added vs bare: against bare after {bare_last[0]} where bare ran fewer)"
-                 if bare_last[0] < last[0] else ""))
+            print(f"{n:9} {rss / 2**20:15.1f} {(rss - base) / 2**20:18.1f} {(child_rss or 0) / 2**20:19.1f}")
+        print(
+            "  bare API server: "
+            + ", ".join(f"{rss / 2**20:.1f} MiB after {n}" for n, rss, *_ in memory["bare"])
+            + (
+                f" (added vs bare: against bare after {bare_last[0]} where bare ran fewer)"
+                if bare_last[0] < last[0]
+                else ""
+            )
+        )
         pids = {child for _, _, _, child, _ in memory[DEFAULT] if child}
         if len(pids) > 1:
             print(f"  WARNING: the export process was restarted during the run (pids {sorted(pids)})")
 
 
 # --- part 2 -------------------------------------------------------------------------------
+
 
 def record_engine_traffic(n_requests: int, max_tokens: int):
     """Run the real engine offline and keep what the frontend's OutputProcessor received."""
@@ -507,8 +582,15 @@ def record_engine_traffic(n_requests: int, max_tokens: int):
         return original_process(self, outputs, engine_core_timestamp, iteration_stats, **kwargs)
 
     OutputProcessor.add_request, OutputProcessor.process_outputs = add, process
-    llm = LLM(model=str(build(DEFAULT_MODEL_DIR)), served_model_name=MODEL_NAME, dtype="float32", enforce_eager=True,
-              max_model_len=512, gpu_memory_utilization=0.3, disable_log_stats=False)
+    llm = LLM(
+        model=str(build(DEFAULT_MODEL_DIR)),
+        served_model_name=MODEL_NAME,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        disable_log_stats=False,
+    )
     try:
         prompts = [f"request {i}: tell me about tracing" for i in range(n_requests)]
         llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -525,7 +607,7 @@ def configure_sdk(endpoint: str):
     Returns the global tracer and meter providers."""
     from opentelemetry import metrics, trace
 
-    from otel_llm.distro import OtelLLMConfigurator
+    from otel_llm.sdk.distro import OtelLLMConfigurator
 
     os.environ.update(otlp_env(endpoint, service_name="bench"))
     # a queue that never drops (here and in the export process): a dropped span is one not paid for
@@ -557,8 +639,14 @@ def wait_for_backlog(channel, fraction: float, timeout_s: float = 30.0) -> float
     return time.monotonic() - started
 
 
-def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_request: float,
-                   bare_cpu_source: str, pace_s: float = 0.015) -> None:
+def part_inprocess(
+    n_requests: int,
+    max_tokens: int,
+    rounds: int,
+    bare_cpu_per_request: float,
+    bare_cpu_source: str,
+    pace_s: float = 0.015,
+) -> None:
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.v1.engine.output_processor import OutputProcessor
@@ -570,13 +658,19 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     added, batches, tokenizer, n_outputs = record_engine_traffic(n_requests, max_tokens)
     receiver, endpoint = start_receiver_process()
     saved_env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
-    for name in ("OTEL_LLM_USAGE_DIR", "OTEL_LLM_EXPORT_PROCESS", "OTEL_LLM_PHASE_SPANS", "OTEL_TRACES_SAMPLER",
-                 "OTEL_TRACES_SAMPLER_ARG"):
+    for name in (
+        "OTEL_LLM_USAGE_DIR",
+        "OTEL_LLM_EXPORT_PROCESS",
+        "OTEL_LLM_PHASE_SPANS",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+    ):
         os.environ.pop(name, None)
     tracer_provider, meter_provider = configure_sdk(endpoint)
     default_sampler = tracer_provider.sampler
-    chat_request = ChatCompletionRequest(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
-                                         max_tokens=max_tokens, temperature=0.7)
+    chat_request = ChatCompletionRequest(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens, temperature=0.7
+    )
     raw_request = SimpleNamespace(headers={"x-tenant-id": "bench"}, state=SimpleNamespace())
     instrumentor = VLLMInstrumentor()
 
@@ -620,7 +714,7 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     spool_root = Path(tempfile.mkdtemp(prefix="bench-usage-spool-", dir=ROOT / ".cache"))
     try:
         for r in range(-1, rounds):  # round -1 warms every variant up (first instrumentation, caches); not kept
-            for variant in (variants if r % 2 == 0 else tuple(reversed(variants))):
+            for variant in variants if r % 2 == 0 else tuple(reversed(variants)):
                 spec = VARIANTS[variant]
                 path = spec["path"]
                 channel = child = None
@@ -685,13 +779,19 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
 
     bare_us = bare_cpu_per_request * 1e6
     expected_sent = (rounds + 1) * per_replay
-    print(f"\nPart 2: in process, real vLLM objects ({len(added)} requests, {n_outputs} engine outputs recorded, "
-          f"{max_tokens} tokens each), {rounds} alternated runs (after a warm-up run) x {iterations} replays, "
-          f"paced {pace_s * 1e3:.0f} ms per {len(added)} requests; medians")
-    print(f"  SDK set up as opentelemetry-instrument does (OTLP/HTTP to a receiver in another process); bare "
-          f"API-server CPU per request for the share: {bare_cpu_per_request * 1e3:.2f} ms ({bare_cpu_source})")
-    print(f"  {'variant':34} {'API CPU us/req':>14} {'added':>8} {'share':>7} {'export proc us/req':>19} "
-          f"{'sent/dropped':>16}")
+    print(
+        f"\nPart 2: in process, real vLLM objects ({len(added)} requests, {n_outputs} engine outputs recorded, "
+        f"{max_tokens} tokens each), {rounds} alternated runs (after a warm-up run) x {iterations} replays, "
+        f"paced {pace_s * 1e3:.0f} ms per {len(added)} requests; medians"
+    )
+    print(
+        f"  SDK set up as opentelemetry-instrument does (OTLP/HTTP to a receiver in another process); bare "
+        f"API-server CPU per request for the share: {bare_cpu_per_request * 1e3:.2f} ms ({bare_cpu_source})"
+    )
+    print(
+        f"  {'variant':34} {'API CPU us/req':>14} {'added':>8} {'share':>7} {'export proc us/req':>19} "
+        f"{'sent/dropped':>16}"
+    )
     for variant in variants:
         cost = statistics.median(samples[variant])
         line = f"  {variant:34} {cost * 1e6:14.1f}"
@@ -708,31 +808,43 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
         print(line)
     print("  (API CPU: this process, which is the API server's side; added: minus bare, median of same-round pairs;")
     print("   share: of the bare API-server CPU per request; export proc: the export process's CPU per request,")
-    print(f"   another process, from /proc once it drained; sent/dropped: messages over all runs, "
-          f"{expected_sent} expected each)")
+    print(
+        f"   another process, from /proc once it drained; sent/dropped: messages over all runs, "
+        f"{expected_sent} expected each)"
+    )
     for variant, (sent, dropped) in channel_counts.items():
         if dropped or sent != expected_sent:
-            print(f"  WARNING: {variant}: {dropped} messages dropped, {sent} sent of {expected_sent}: its figures "
-                  f"do not count (telemetry was not paid for); run again with a larger --pace-ms")
+            print(
+                f"  WARNING: {variant}: {dropped} messages dropped, {sent} sent of {expected_sent}: its figures "
+                f"do not count (telemetry was not paid for); run again with a larger --pace-ms"
+            )
     for problem in problems:
         print(f"  WARNING: {problem}")
     today_us, export_us = paired(TODAY) * 1e6, paired(EXPORT) * 1e6
-    print(f"  ... of today's path, the SDK's 4 spans + OTLP export:  {sdk_floor * 1e6:8.1f} us (the bare SDK floor: "
-          f"same spans, same attributes, created and exported by the SDK alone)")
+    print(
+        f"  ... of today's path, the SDK's 4 spans + OTLP export:  {sdk_floor * 1e6:8.1f} us (the bare SDK floor: "
+        f"same spans, same attributes, created and exported by the SDK alone)"
+    )
     print("  per engine output (hooks on the output path):   0 (none: process_outputs is not wrapped)")
     print(f"  SSE stream wrapper, per chunk after the first:  {chunk_cost * 1e6:8.2f} us")
     stream_us = chunk_cost * 1e6 * max_tokens
     for label, added_us in (("today's path", today_us), ("export process", export_us)):
         total = added_us + stream_us
-        print(f"  total per streamed request ({max_tokens} chunks), {label + ':':15} {total:8.1f} us = "
-              f"{total / bare_us * 100:.2f}% of bare API-server CPU per request")
+        print(
+            f"  total per streamed request ({max_tokens} chunks), {label + ':':15} {total:8.1f} us = "
+            f"{total / bare_us * 100:.2f}% of bare API-server CPU per request"
+        )
     if child_samples[EXPORT]:
         child_us = statistics.median(child_samples[EXPORT]) * 1e6
-        print(f"  CPU of both processes, export process: {export_us:.1f} us (API server) + {child_us:.1f} us (export "
-              f"process) = {export_us + child_us:.1f} us per request, against {today_us:.1f} us in process today")
+        print(
+            f"  CPU of both processes, export process: {export_us:.1f} us (API server) + {child_us:.1f} us (export "
+            f"process) = {export_us + child_us:.1f} us per request, against {today_us:.1f} us in process today"
+        )
     usage_total = paired(EXPORT_USAGE) * 1e6 + stream_us
-    print(f"  ... with the usage record too (spool line + OTLP event), {EXPORT_USAGE}: {usage_total:8.1f} us = "
-          f"{usage_total / bare_us * 100:.2f}%")
+    print(
+        f"  ... with the usage record too (spool line + OTLP event), {EXPORT_USAGE}: {usage_total:8.1f} us = "
+        f"{usage_total / bare_us * 100:.2f}%"
+    )
     verdict = "met" if usage_total / bare_us * 100 <= TARGET_SHARE else "NOT met"
     print(f"  target <= {TARGET_SHARE:.0f}% (new path, streamed, spans + metrics + usage record): {verdict}")
 
@@ -740,23 +852,47 @@ def part_inprocess(n_requests: int, max_tokens: int, rounds: int, bare_cpu_per_r
     ledger_us = statistics.median(ledger_deltas) * 1e6
     with_spool = statistics.median(samples[SPOOL_VARIANT])
     expected_lines = 2 * (rounds + 1) * per_replay  # (both spool variants)
-    print(f"\n  Usage ledger (billing record per request; {SPOOL_VARIANT}: OTEL_LLM_USAGE_DIR on the real disk, "
-          f"fsync every 1 s by its thread)")
-    print(f"  ... with otel-llm + usage spool:                {with_spool * 1e6:8.1f} us  "
-          f"({spool_lines:,} records written, {expected_lines:,} expected)")
-    print(f"  the ledger's own cost per request:              {ledger_us:8.1f} us  (spool minus today's path, median "
-          f"of {rounds} same-round pairs; sorted: {', '.join(f'{d * 1e6:.0f}' for d in ledger_deltas)})")
-    print(f"  as a share of bare API-server CPU per request ({bare_cpu_per_request * 1e3:.2f} ms, {bare_cpu_source}): "
-          f"{ledger_us / bare_us * 100:.2f}%  (target <= 1%)")
+    print(
+        f"\n  Usage ledger (billing record per request; {SPOOL_VARIANT}: OTEL_LLM_USAGE_DIR on the real disk, "
+        f"fsync every 1 s by its thread)"
+    )
+    print(
+        f"  ... with otel-llm + usage spool:                {with_spool * 1e6:8.1f} us  "
+        f"({spool_lines:,} records written, {expected_lines:,} expected)"
+    )
+    print(
+        f"  the ledger's own cost per request:              {ledger_us:8.1f} us  (spool minus today's path, median "
+        f"of {rounds} same-round pairs; sorted: {', '.join(f'{d * 1e6:.0f}' for d in ledger_deltas)})"
+    )
+    print(
+        f"  as a share of bare API-server CPU per request ({bare_cpu_per_request * 1e3:.2f} ms, {bare_cpu_source}): "
+        f"{ledger_us / bare_us * 100:.2f}%  (target <= 1%)"
+    )
     print_ledger_micro(micro, bare_us, bare_cpu_source)
 
 
 # --- the HTTP server span --------------------------------------------------------------------
 
 # vLLM 0.32's routes matched before /v1/chat/completions (FastAPI's docs routes, health, metrics, tokenize, ...)
-VLLM_ROUTES_BEFORE_CHAT = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/load", "/version",
-                           "/kv_event_sources", "/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
-                           "/v1/systemone", "/ping", "/ping-post", "/invocations")
+VLLM_ROUTES_BEFORE_CHAT = (
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/load",
+    "/version",
+    "/kv_event_sources",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/v1/models",
+    "/v1/systemone",
+    "/ping",
+    "/ping-post",
+    "/invocations",
+)
+
 
 def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     """What the HTTP server span (opentelemetry-instrumentation-fastapi, as otel_llm/vllm/http.py
@@ -780,12 +916,16 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     receiver, endpoint = start_receiver_process()
     tracer_provider, meter_provider = configure_sdk(endpoint)
     drops: list[str] = []
-    channel = offload.ExportChannel({**offload.plan(Settings.from_env(), tracer_provider, False), "version": __version__},
-                                    on_drop=drops.append, shutdown_timeout_s=10)
+    channel = offload.ExportChannel(
+        {**offload.plan(Settings.from_env(), tracer_provider, False), "version": __version__},
+        on_drop=drops.append,
+        shutdown_timeout_s=10,
+    )
     channel.start()
     child_cpu0 = quiet_cpu_seconds(channel.process.pid, min_threads=2)
-    deferred = offload.DeferredTracerProvider(offload.DeferredTracer(tracer_provider),
-                                              lambda span: offload.hand_over(span, channel))
+    deferred = offload.DeferredTracerProvider(
+        offload.DeferredTracer(tracer_provider), lambda span: offload.hand_over(span, channel)
+    )
 
     def make_app():
         app = FastAPI()
@@ -795,10 +935,12 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
         @app.post("/v1/chat/completions")
         async def chat(body: dict):
             if body.get("stream"):
+
                 async def sse():
                     for i in range(chunks):
-                        yield f"data: {{\"i\": {i}}}\n\n"
+                        yield f'data: {{"i": {i}}}\n\n'
                     yield "data: [DONE]\n\n"
+
                 return StreamingResponse(sse(), media_type="text/event-stream")
             return {"id": "chatcmpl-1", "choices": [{"message": {"content": "hi"}}]}
 
@@ -809,14 +951,22 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     settings = Settings()
     variants = {  # (label, how the app is instrumented)
         "maintained, SDK in process": lambda app: FastAPIInstrumentor.instrument_app(
-            app, excluded_urls=settings.http_excluded_urls, exclude_spans=["receive", "send"],
-            server_request_hook=http.redact_query_hook),
+            app,
+            excluded_urls=settings.http_excluded_urls,
+            exclude_spans=["receive", "send"],
+            server_request_hook=http.redact_query_hook,
+        ),
         "maintained, export process": lambda app: FastAPIInstrumentor.instrument_app(
-            app, excluded_urls=settings.http_excluded_urls, exclude_spans=["receive", "send"],
-            tracer_provider=deferred, server_request_hook=http.redacting_hold_nothing_hook),
+            app,
+            excluded_urls=settings.http_excluded_urls,
+            exclude_spans=["receive", "send"],
+            tracer_provider=deferred,
+            server_request_hook=http.redacting_hold_nothing_hook,
+        ),
         "lean, SDK in process": lambda app: instrument_app(app, settings),
-        "ours, export process replays it (default)": lambda app: instrument_app(app, settings, deferred,
-                                                                                  offload_metrics=True),
+        "ours, export process replays it (default)": lambda app: instrument_app(
+            app, settings, deferred, offload_metrics=True
+        ),
     }
     apps = {"bare": make_app(), "bare (A/A)": make_app()}
     for label, instrument in variants.items():
@@ -840,7 +990,7 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     samples: dict = {}
     try:
         for r in range(-1, rounds):
-            for name in (apps if r % 2 == 0 else reversed(list(apps))):
+            for name in apps if r % 2 == 0 else reversed(list(apps)):
                 for stream in (False, True):
                     cost = asyncio.run(load(apps[name], stream))
                     if r >= 0:
@@ -852,18 +1002,24 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
         meter_provider.shutdown()
         receiver.terminate()
     exported = (rounds + 1) * 2 * requests
-    print(f"\nHTTP server span (FastAPI instrumentation as on vLLM's app), {requests} requests x "
-          f"{rounds} alternated runs; medians of the API server's added CPU per request, and its share of "
-          f"the bare API server's {LAST_BARE_CPU_MS} ms")
+    print(
+        f"\nHTTP server span (FastAPI instrumentation as on vLLM's app), {requests} requests x "
+        f"{rounds} alternated runs; medians of the API server's added CPU per request, and its share of "
+        f"the bare API server's {LAST_BARE_CPU_MS} ms"
+    )
     for stream in (False, True):
         bare = statistics.median(samples[("bare", stream)])
-        line = f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us"
+        line = (
+            f"  {'stream (' + str(chunks) + ' chunks)' if stream else 'non-stream':18} app alone {bare * 1e6:7.1f} us"
+        )
         print(line)
         for variant in ("bare (A/A)", *variants):
             added = statistics.median([i - b for i, b in zip(samples[(variant, stream)], samples[("bare", stream)])])
             print(f"    {variant:46} {added * 1e6:+7.1f} us = {added / (LAST_BARE_CPU_MS / 1e3) * 100:5.2f}%")
-    print(f"  export process: {child_cpu / exported * 1e6:.1f} us CPU per HTTP span; {channel.sent} messages sent, "
-          f"{len(drops)} dropped")
+    print(
+        f"  export process: {child_cpu / exported * 1e6:.1f} us CPU per HTTP span; {channel.sent} messages sent, "
+        f"{len(drops)} dropped"
+    )
 
 
 # --- the API server's whole per-request CPU, in process (issue: default setup vs native tracing) ---
@@ -917,8 +1073,15 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     engine_request, prompt = added[0]
     receiver, endpoint = start_receiver_process()
     saved_env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
-    for name in ("OTEL_LLM_USAGE_DIR", "OTEL_LLM_USAGE_EVENTS", "OTEL_LLM_EXPORT_PROCESS", "OTEL_LLM_PHASE_SPANS",
-                 "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"):
+    for name in (
+        "OTEL_LLM_USAGE_DIR",
+        "OTEL_LLM_USAGE_EVENTS",
+        "OTEL_LLM_EXPORT_PROCESS",
+        "OTEL_LLM_PHASE_SPANS",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
+    ):
         os.environ.pop(name, None)
     tracer_provider, meter_provider = configure_sdk(endpoint)
     instrumentor = VLLMInstrumentor()
@@ -938,9 +1101,18 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             for outputs, timestamp in batches:
                 result = op.process_outputs(outputs, timestamp, IterationStats())
                 text = "".join(o.outputs[0].text for o in result.request_outputs)
-                yield "data: " + json.dumps({"id": response_id, "object": "chat.completion.chunk",
-                                             "model": MODEL_NAME,
-                                             "choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n"
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {
+                            "id": response_id,
+                            "object": "chat.completion.chunk",
+                            "model": MODEL_NAME,
+                            "choices": [{"index": 0, "delta": {"content": text}}],
+                        }
+                    )
+                    + "\n\n"
+                )
             yield "data: [DONE]\n\n"
 
         async def handler(request, raw_request):  # OpenAIServingChat.create_chat_completion's part
@@ -956,12 +1128,21 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
                 final = result.request_outputs[-1] if result.request_outputs else final
             completion = final.outputs[0]
             return ChatCompletionResponse(
-                id=response_id, model=MODEL_NAME,
-                choices=[ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant",
-                                                                                   content=completion.text),
-                                                      finish_reason=completion.finish_reason)],
-                usage=UsageInfo(prompt_tokens=len(final.prompt_token_ids), completion_tokens=len(completion.token_ids),
-                                total_tokens=len(final.prompt_token_ids) + len(completion.token_ids)))
+                id=response_id,
+                model=MODEL_NAME,
+                choices=[
+                    ChatCompletionResponseChoice(
+                        index=0,
+                        message=ChatMessage(role="assistant", content=completion.text),
+                        finish_reason=completion.finish_reason,
+                    )
+                ],
+                usage=UsageInfo(
+                    prompt_tokens=len(final.prompt_token_ids),
+                    completion_tokens=len(completion.token_ids),
+                    total_tokens=len(final.prompt_token_ids) + len(completion.token_ids),
+                ),
+            )
 
         async def create_chat_completion(request, raw_request):
             if hook is None:
@@ -980,8 +1161,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
         return app
 
-    bare_apps = {name: (make_app(OutputProcessor(tokenizer, log_stats=True), None), None)
-                 for name in (API_BARE, API_AA)}  # (kept across rounds)
+    bare_apps = {
+        name: (make_app(OutputProcessor(tokenizer, log_stats=True), None), None) for name in (API_BARE, API_AA)
+    }  # (kept across rounds)
 
     def set_up(variant: str, r: int):
         """(app, channel) for one round of `variant`; instrument() where it needs it."""
@@ -1004,8 +1186,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         if variant == API_NO_HTTP:
             os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "fastapi"
         try:  # vLLM's build_app under our hook: export process started, routes wrapped, HTTP middleware
-            app = http.build_app_wrapper(tel)(lambda: make_app(OutputProcessor(tokenizer, log_stats=True), hook),
-                                              None, (), {})
+            app = http.build_app_wrapper(tel)(
+                lambda: make_app(OutputProcessor(tokenizer, log_stats=True), hook), None, (), {}
+            )
         finally:
             os.environ.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
         if tel.channel.process is None:
@@ -1024,10 +1207,15 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     problems: list[str] = []
 
     async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
-        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "tell me about tracing"}],
-                "max_tokens": max_tokens, "stream": stream}
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm",
-                                     headers={"x-tenant-id": "bench"}) as client:
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "tell me about tracing"}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://vllm", headers={"x-tenant-id": "bench"}
+        ) as client:
             for i in range(API_WARM):
                 r = await client.post("/v1/chat/completions", json=body)
                 r.raise_for_status()
@@ -1061,13 +1249,13 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     try:
         for r in range(-1, rounds):  # round -1 warms every variant up; not kept
             print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
-            for variant in (API_VARIANTS if r % 2 == 0 else tuple(reversed(API_VARIANTS))):
+            for variant in API_VARIANTS if r % 2 == 0 else tuple(reversed(API_VARIANTS)):
                 app, channel = set_up(variant, r)
                 try:
                     child = channel.process.pid if channel is not None else None
                     if child is not None:
                         quiet_cpu_seconds(child, min_threads=2)  # its start-up
-                    for stream in ((False, True) if r % 2 == 0 else (True, False)):
+                    for stream in (False, True) if r % 2 == 0 else (True, False):
                         cost, child_cost = asyncio.run(load(app, stream, channel, child, f"{variant}, round {r}"))
                         if channel is not None and (channel.process is None or channel.process.pid != child):
                             problems.append(f"{variant}, round {r}: the export process was restarted")
@@ -1083,10 +1271,16 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
                     tear_down(variant, app)
         usage_lines = {}
         for variant in channel_counts:
-            lines = [json.loads(line) for f in spool_root.glob(f"{API_VARIANTS.index(variant)}-round-*/usage-*.jsonl")
-                     for line in f.read_text().splitlines() if line.strip()]
-            usage_lines[variant] = (len(lines),
-                                    sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens))
+            lines = [
+                json.loads(line)
+                for f in spool_root.glob(f"{API_VARIANTS.index(variant)}-round-*/usage-*.jsonl")
+                for line in f.read_text().splitlines()
+                if line.strip()
+            ]
+            usage_lines[variant] = (
+                len(lines),
+                sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens),
+            )
     finally:
         shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
     wall = time.perf_counter() - started_wall
@@ -1096,12 +1290,16 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         return statistics.median(v - b for v, b in zip(samples[(variant, stream)], samples[(base, stream)]))
 
     per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
-    print(f"\nThe API server's whole CPU per request, in process ({wall / 60:.1f} min): a FastAPI app with vLLM's "
-          f"routes, its chat route replaying one recorded request ({max_tokens} output tokens, {len(batches)} engine "
-          f"outputs) through a real vLLM OutputProcessor; {requests} sequential requests per run through httpx's ASGI "
-          f"transport (its CPU in every variant), {rounds} alternated rounds after a warm-up round; medians")
-    print(f"  {'variant':27} {'non-stream us':>13} {'added':>7} {'/native':>7} {'stream us':>10} {'added':>7} "
-          f"{'/native':>7} {'export proc us (ns/s)':>22}")
+    print(
+        f"\nThe API server's whole CPU per request, in process ({wall / 60:.1f} min): a FastAPI app with vLLM's "
+        f"routes, its chat route replaying one recorded request ({max_tokens} output tokens, {len(batches)} engine "
+        f"outputs) through a real vLLM OutputProcessor; {requests} sequential requests per run through httpx's ASGI "
+        f"transport (its CPU in every variant), {rounds} alternated rounds after a warm-up round; medians"
+    )
+    print(
+        f"  {'variant':27} {'non-stream us':>13} {'added':>7} {'/native':>7} {'stream us':>10} {'added':>7} "
+        f"{'/native':>7} {'export proc us (ns/s)':>22}"
+    )
     native = {stream: added(API_NATIVE, stream) for stream in (False, True)}
     for variant in API_VARIANTS:
         line = f"  {variant:27}"
@@ -1114,20 +1312,30 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
                 extra = added(variant, stream)
                 ratio = f"{extra / native[stream]:7.2f}" if native[stream] > 0 else f"{'n/a':>7}"
                 line += f" {cost * 1e6:{width}.0f} {extra * 1e6:+7.0f} {ratio}"
-        children = [f"{statistics.median(child_samples[(variant, s)]) * 1e6:.0f}"
-                    if child_samples.get((variant, s)) else "-" for s in (False, True)]
+        children = [
+            f"{statistics.median(child_samples[(variant, s)]) * 1e6:.0f}" if child_samples.get((variant, s)) else "-"
+            for s in (False, True)
+        ]
         print(line + f" {' / '.join(children) if variant in channel_counts else '-':>22}")
-    print("  (us: this process's CPU per request, every thread; added: minus bare, median of same-round pairs; "
-          "/native: added over vLLM native tracing's added;")
-    print(f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
-          f"process, from /proc once it drained)")
+    print(
+        "  (us: this process's CPU per request, every thread; added: minus bare, median of same-round pairs; "
+        "/native: added over vLLM native tracing's added;"
+    )
+    print(
+        f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
+        f"process, from /proc once it drained)"
+    )
     for variant, (sent, dropped) in channel_counts.items():
         records, full = usage_lines[variant]
-        print(f"  {variant}: {sent} messages sent to the export process, {dropped} dropped; usage records "
-              f"{records} ({full} with {max_tokens} output tokens) of {per_run} requests")
+        print(
+            f"  {variant}: {sent} messages sent to the export process, {dropped} dropped; usage records "
+            f"{records} ({full} with {max_tokens} output tokens) of {per_run} requests"
+        )
         if dropped:
-            print(f"  WARNING: {variant}: {dropped} messages dropped: its figures count telemetry not paid for; "
-                  f"run again with a longer pace")
+            print(
+                f"  WARNING: {variant}: {dropped} messages dropped: its figures count telemetry not paid for; "
+                f"run again with a longer pace"
+            )
         if records != per_run or full != per_run:
             print(f"  WARNING: {variant}: {records} usage records, {full} complete, of {per_run} requests")
     for problem in problems:
@@ -1137,9 +1345,11 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         vs_native = added(API_DEFAULT, stream, API_NATIVE)
         aa = added(API_AA, stream)
         bare = statistics.median(samples[(API_BARE, stream)])
-        print(f"  {mode:19}: default {default * 1e6:+.0f} us, native {native[stream] * 1e6:+.0f} us, default - native "
-              f"(same-round pairs) {vs_native * 1e6:+.0f} us; the HTTP span {(default - no_http) * 1e6:+.0f} us; "
-              f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare")
+        print(
+            f"  {mode:19}: default {default * 1e6:+.0f} us, native {native[stream] * 1e6:+.0f} us, default - native "
+            f"(same-round pairs) {vs_native * 1e6:+.0f} us; the HTTP span {(default - no_http) * 1e6:+.0f} us; "
+            f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare"
+        )
         print(f"  {mode:19}: default <= native: {'met' if default <= native[stream] else 'NOT met'}")
 
 
@@ -1147,14 +1357,24 @@ def sample_usage_fields() -> dict:
     """A usage record's fields as RequestTelemetry._write_usage builds them for a chat request."""
     request_id = "chatcmpl-7f3c2a9e4b1d4c8e9a6f0b2d5e8c1a47"
     return {
-        semconv.USAGE_ID: f"vllm-0/{request_id}-3f9a1c2e", semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
-        semconv.SERVICE_NAME: "vllm", semconv.SERVICE_INSTANCE_ID: "vllm-0", semconv.VLLM_REQUEST_ID: request_id,
-        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.REQUEST_OUTCOME: semconv.OUTCOME_FINISHED,
-        semconv.USAGE_DURATION: 1.2345678, semconv.GEN_AI_USAGE_INPUT_TOKENS: 812,
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 256, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 143,
-        semconv.GEN_AI_REQUEST_CHOICE_COUNT: 1, semconv.GEN_AI_REQUEST_MODEL: "llama-3.1-8b-instruct",
-        semconv.GEN_AI_RESPONSE_MODEL: "llama-3.1-8b-instruct", semconv.GEN_AI_RESPONSE_ID: request_id,
-        semconv.TENANT_ID: "tenant-0042", semconv.TENANT_SCENE: "search", semconv.TENANT_COST_CENTER: "cc-112",
+        semconv.USAGE_ID: f"vllm-0/{request_id}-3f9a1c2e",
+        semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
+        semconv.SERVICE_NAME: "vllm",
+        semconv.SERVICE_INSTANCE_ID: "vllm-0",
+        semconv.VLLM_REQUEST_ID: request_id,
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.REQUEST_OUTCOME: semconv.OUTCOME_FINISHED,
+        semconv.USAGE_DURATION: 1.2345678,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 812,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 256,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 143,
+        semconv.GEN_AI_REQUEST_CHOICE_COUNT: 1,
+        semconv.GEN_AI_REQUEST_MODEL: "llama-3.1-8b-instruct",
+        semconv.GEN_AI_RESPONSE_MODEL: "llama-3.1-8b-instruct",
+        semconv.GEN_AI_RESPONSE_ID: request_id,
+        semconv.TENANT_ID: "tenant-0042",
+        semconv.TENANT_SCENE: "search",
+        semconv.TENANT_COST_CENTER: "cc-112",
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
     }
 
@@ -1170,8 +1390,7 @@ def ledger_micro(directory: Path, records: int = 20000, rate: float = 200.0, sec
 
     fields = sample_usage_fields()
     context = SimpleNamespace(is_valid=True, trace_id=0x5B8EFFF798038103D269B633813FC60C, span_id=0xEEE19B7EC3C1B174)
-    ledger = UsageLedger(NoOpMeter("bench"), directory=str(directory), events=False, instance="vllm-0",
-                         service="vllm")
+    ledger = UsageLedger(NoOpMeter("bench"), directory=str(directory), events=False, instance="vllm-0", service="vllm")
     try:
         ledger.write(fields, time.time_ns(), context)  # opens the file, starts the fsync thread
         batch = records // 5
@@ -1215,22 +1434,36 @@ def ledger_micro(directory: Path, records: int = 20000, rate: float = 200.0, sec
     finally:
         ledger.close()
         shutil.rmtree(directory, ignore_errors=True)
-    return {"write_s": write_s, "encode_s": encode_s, "line_bytes": line_bytes, "rate": rate, "seconds": seconds,
-            "fsync_thread_per_record_s": fsync_thread_s / n, "fsync_thread_s": fsync_thread_s,
-            "sync_cpu_s": statistics.median(c for c, _ in syncs), "sync_wall_s": statistics.median(w for _, w in syncs)}
+    return {
+        "write_s": write_s,
+        "encode_s": encode_s,
+        "line_bytes": line_bytes,
+        "rate": rate,
+        "seconds": seconds,
+        "fsync_thread_per_record_s": fsync_thread_s / n,
+        "fsync_thread_s": fsync_thread_s,
+        "sync_cpu_s": statistics.median(c for c, _ in syncs),
+        "sync_wall_s": statistics.median(w for _, w in syncs),
+    }
 
 
 def print_ledger_micro(m: dict, bare_us: float, bare_cpu_source: str) -> None:
     fsync_us = m["fsync_thread_per_record_s"] * 1e6
-    print(f"  UsageLedger.write alone ({m['line_bytes']:.0f}-byte line, spool on the real disk): "
-          f"{m['write_s'] * 1e6:6.1f} us/record CPU (of which building the JSON line {m['encode_s'] * 1e6:.1f} us, "
-          f"the rest mostly the os.write)")
-    print(f"  its fsync thread at {m['rate']:.0f} records/s ({m['seconds']:.0f} s paced, fsync every 1 s): "
-          f"{m['fsync_thread_s'] * 1e3:.2f} ms CPU in all = {fsync_us:.2f} us/record "
-          f"(one fsync: {m['sync_cpu_s'] * 1e6:.0f} us CPU, {m['sync_wall_s'] * 1e3:.2f} ms wall, off the request path)")
+    print(
+        f"  UsageLedger.write alone ({m['line_bytes']:.0f}-byte line, spool on the real disk): "
+        f"{m['write_s'] * 1e6:6.1f} us/record CPU (of which building the JSON line {m['encode_s'] * 1e6:.1f} us, "
+        f"the rest mostly the os.write)"
+    )
+    print(
+        f"  its fsync thread at {m['rate']:.0f} records/s ({m['seconds']:.0f} s paced, fsync every 1 s): "
+        f"{m['fsync_thread_s'] * 1e3:.2f} ms CPU in all = {fsync_us:.2f} us/record "
+        f"(one fsync: {m['sync_cpu_s'] * 1e6:.0f} us CPU, {m['sync_wall_s'] * 1e3:.2f} ms wall, off the request path)"
+    )
     total = m["write_s"] * 1e6 + fsync_us
-    print(f"  write + fsync share per record at {m['rate']:.0f}/s: {total:.1f} us = {total / bare_us * 100:.2f}% of "
-          f"the bare API-server CPU per request ({bare_us / 1e3:.2f} ms, {bare_cpu_source}; target <= 1%)")
+    print(
+        f"  write + fsync share per record at {m['rate']:.0f}/s: {total:.1f} us = {total / bare_us * 100:.2f}% of "
+        f"the bare API-server CPU per request ({bare_us / 1e3:.2f} ms, {bare_cpu_source}; target <= 1%)"
+    )
 
 
 def sdk_span_floor(tracer_provider, n: int = 3000, pace_s: float = 0.0, batch: int = 16) -> float:
@@ -1239,17 +1472,43 @@ def sdk_span_floor(tracer_provider, n: int = 3000, pace_s: float = 0.0, batch: i
     from opentelemetry import trace
 
     tracer = tracer_provider.get_tracer("floor")
-    start_attrs = {semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_PROVIDER_NAME: "vllm",
-                   semconv.GEN_AI_REQUEST_MODEL: MODEL_NAME, semconv.GEN_AI_REQUEST_MAX_TOKENS: 16,
-                   semconv.GEN_AI_REQUEST_TEMPERATURE: 0.7, semconv.TENANT_ID: "bench"}
-    end_attrs = {name: 1 for name in (
-        semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.VLLM_PREEMPTIONS)}
-    end_attrs.update({name: 0.5 for name in (
-        semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS, semconv.VLLM_DECODE_SECONDS,
-        semconv.VLLM_TTFT_SECONDS, semconv.VLLM_TPOT_SECONDS)})
-    end_attrs.update({semconv.GEN_AI_RESPONSE_ID: "chatcmpl-x", semconv.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
-                      semconv.VLLM_REQUEST_ID: "chatcmpl-x", semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["length"]})
+    start_attrs = {
+        semconv.GEN_AI_OPERATION_NAME: "chat",
+        semconv.GEN_AI_PROVIDER_NAME: "vllm",
+        semconv.GEN_AI_REQUEST_MODEL: MODEL_NAME,
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: 16,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: 0.7,
+        semconv.TENANT_ID: "bench",
+    }
+    end_attrs = {
+        name: 1
+        for name in (
+            semconv.GEN_AI_USAGE_INPUT_TOKENS,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            semconv.VLLM_PREEMPTIONS,
+        )
+    }
+    end_attrs.update(
+        {
+            name: 0.5
+            for name in (
+                semconv.VLLM_QUEUE_SECONDS,
+                semconv.VLLM_PREFILL_SECONDS,
+                semconv.VLLM_DECODE_SECONDS,
+                semconv.VLLM_TTFT_SECONDS,
+                semconv.VLLM_TPOT_SECONDS,
+            )
+        }
+    )
+    end_attrs.update(
+        {
+            semconv.GEN_AI_RESPONSE_ID: "chatcmpl-x",
+            semconv.GEN_AI_RESPONSE_MODEL: MODEL_NAME,
+            semconv.VLLM_REQUEST_ID: "chatcmpl-x",
+            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["length"],
+        }
+    )
     started = time.process_time()
     for i in range(n):
         span = tracer.start_span("chat tiny-llama", attributes=start_attrs)
@@ -1294,37 +1553,59 @@ def stream_wrapper_cost(chunks: int = 20000) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "api",
-                                           "all"),
-                        default="all",
-                        help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
-                             "micro-measurements (seconds, no vLLM); default: the default setup against vLLM's "
-                             "native tracing end to end, and its memory over many requests (issue 24); api: the "
-                             "API server's whole CPU per request for the same setups, in one process")
+    parser.add_argument(
+        "--part",
+        choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "api", "all"),
+        default="all",
+        help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
+        "micro-measurements (seconds, no vLLM); default: the default setup against vLLM's "
+        "native tracing end to end, and its memory over many requests (issue 24); api: the "
+        "API server's whole CPU per request for the same setups, in one process",
+    )
     parser.add_argument("--requests", type=int, default=None, help="default 128 (--part api: 200)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (--part api: 6)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--inprocess-rounds", type=int, default=8,
-                        help="alternated rounds of part 2's variants (after one warm-up round)")
-    parser.add_argument("--pace-ms", type=float, default=15.0,
-                        help="part 2: sleep after each replay of the recorded requests, in every variant (no CPU), "
-                             "so the export process keeps up (nothing dropped)")
-    parser.add_argument("--bare-cpu-ms", type=float, default=None,
-                        help="bare API-server CPU per request (ms) for part 2's share, when part 1 is skipped")
-    parser.add_argument("--checkpoints", default="10000,100000",
-                        help="--part default: request counts at which the default setup's memory is read "
-                             "(comma-separated; empty: no memory run)")
-    parser.add_argument("--bare-memory-requests", type=int, default=None,
-                        help="--part default: requests through the bare server for the API-server RSS baseline "
-                             "(default: the last checkpoint)")
+    parser.add_argument(
+        "--inprocess-rounds",
+        type=int,
+        default=8,
+        help="alternated rounds of part 2's variants (after one warm-up round)",
+    )
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=15.0,
+        help="part 2: sleep after each replay of the recorded requests, in every variant (no CPU), "
+        "so the export process keeps up (nothing dropped)",
+    )
+    parser.add_argument(
+        "--bare-cpu-ms",
+        type=float,
+        default=None,
+        help="bare API-server CPU per request (ms) for part 2's share, when part 1 is skipped",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        default="10000,100000",
+        help="--part default: request counts at which the default setup's memory is read "
+        "(comma-separated; empty: no memory run)",
+    )
+    parser.add_argument(
+        "--bare-memory-requests",
+        type=int,
+        default=None,
+        help="--part default: requests through the bare server for the API-server RSS baseline "
+        "(default: the last checkpoint)",
+    )
     parser.add_argument("--memory-concurrency", type=int, default=64)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
     if part == "api":
         build(DEFAULT_MODEL_DIR)
-        part_api(6 if args.rounds is None else args.rounds, 200 if args.requests is None else args.requests,
-                 args.max_tokens)
+        part_api(
+            6 if args.rounds is None else args.rounds, 200 if args.requests is None else args.requests, args.max_tokens
+        )
         return 0
     if args.rounds is None:
         args.rounds = 2
@@ -1345,16 +1626,24 @@ def main() -> int:
     build(DEFAULT_MODEL_DIR)
     if part == "default":
         checkpoints = sorted(int(n) for n in args.checkpoints.split(",") if n.strip())
-        part_default(args.requests, args.rounds, args.concurrency, args.max_tokens, checkpoints,
-                     args.bare_memory_requests or (checkpoints or [0])[-1], args.memory_concurrency)
+        part_default(
+            args.requests,
+            args.rounds,
+            args.concurrency,
+            args.max_tokens,
+            checkpoints,
+            args.bare_memory_requests or (checkpoints or [0])[-1],
+            args.memory_concurrency,
+        )
         return 0
     if part in ("e2e", "all"):
         summary = part_e2e(args.requests, args.rounds, args.concurrency, args.max_tokens)
         bare_cpu = min(summary[("bare", "stream")], summary[("bare", "non-stream")])
         bare_source = "part 1 of this run"
     if part in ("inprocess", "all"):
-        part_inprocess(16, args.max_tokens, max(args.rounds, args.inprocess_rounds), bare_cpu, bare_source,
-                       args.pace_ms / 1e3)
+        part_inprocess(
+            16, args.max_tokens, max(args.rounds, args.inprocess_rounds), bare_cpu, bare_source, args.pace_ms / 1e3
+        )
     if part == "all":  # (each its own SDK set-up: in a separate process)
         subprocess.run([sys.executable, __file__, "--part", "fastapi", "--rounds", str(args.rounds)], check=False)
         subprocess.run([sys.executable, __file__, "--part", "api", "--rounds", str(max(args.rounds, 4))], check=False)

@@ -44,8 +44,9 @@ class ServerProcess:
 
     def start(self, timeout: float = 60.0):
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -79,9 +80,18 @@ class ServerProcess:
 class VLLMServer(ServerProcess):
     """`[opentelemetry-instrument] vllm serve MODEL ...` as a subprocess on a free port."""
 
-    def __init__(self, *, instrumented: bool = True, extra_args=(), env=None, model_dir: Path | None = None,
-                 log_path: Path | None = None, served_model_name: str = tiny_model.MODEL_NAME, paced: bool = False,
-                 scorer: bool = False):
+    def __init__(
+        self,
+        *,
+        instrumented: bool = True,
+        extra_args=(),
+        env=None,
+        model_dir: Path | None = None,
+        log_path: Path | None = None,
+        served_model_name: str = tiny_model.MODEL_NAME,
+        paced: bool = False,
+        scorer: bool = False,
+    ):
         """paced: the tiny tokenizer on tiny_model.PACED_NETWORK with made-up weights, for tests in
         which the server must see a client leave while the engine still generates."""
         self.port = free_port()
@@ -90,21 +100,40 @@ class VLLMServer(ServerProcess):
             self.model_dir = tiny_model.build_paced(paced_dir, DEFAULT_MODEL_DIR)
             extra_args = (*tiny_model.PACED_SERVE_ARGS, *extra_args)
         elif scorer:  # the tiny model as a cross-encoder (/classify, /score, /rerank)
-            scorer_dir = Path(model_dir) if model_dir else \
-                DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-scorer")
+            scorer_dir = (
+                Path(model_dir) if model_dir else DEFAULT_MODEL_DIR.with_name(DEFAULT_MODEL_DIR.name + "-scorer")
+            )
             self.model_dir = tiny_model.build_scorer(scorer_dir, DEFAULT_MODEL_DIR)
             extra_args = ("--runner", "pooling", *extra_args)
         else:
             self.model_dir = tiny_model.build(model_dir or DEFAULT_MODEL_DIR)
         self.served_model_name = served_model_name
-        command = [bin_path("vllm"), "serve", str(self.model_dir), "--port", str(self.port),
-                   "--host", "127.0.0.1", "--served-model-name", served_model_name, *CPU_ARGS, *extra_args]
+        command = [
+            bin_path("vllm"),
+            "serve",
+            str(self.model_dir),
+            "--port",
+            str(self.port),
+            "--host",
+            "127.0.0.1",
+            "--served-model-name",
+            served_model_name,
+            *CPU_ARGS,
+            *extra_args,
+        ]
         if instrumented:
             command = [bin_path("opentelemetry-instrument"), *command]
         self.command = command
-        self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
-                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                    "DO_NOT_TRACK": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            **(env or {}),
+        }
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -125,8 +154,9 @@ class VLLMServer(ServerProcess):
         return [int(p) for p in out.split()]
 
 
-def otlp_env(endpoint: str, service_name: str | None = None, metric_interval_ms: int = 1000,
-             protocol: str = "http/protobuf") -> dict[str, str]:
+def otlp_env(
+    endpoint: str, service_name: str | None = None, metric_interval_ms: int = 1000, protocol: str = "http/protobuf"
+) -> dict[str, str]:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
@@ -150,15 +180,35 @@ class GatewayServer(ServerProcess):
 
     name = "gateway"
 
-    def __init__(self, upstream_url: str, keys_file: Path, env=None, log_path: Path | None = None,
-                 upstream_api_key: str | None = None):
+    def __init__(
+        self,
+        upstream_url: str,
+        keys_file: Path,
+        env=None,
+        log_path: Path | None = None,
+        upstream_api_key: str | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.env = {**os.environ, "GATEWAY_UPSTREAM_URL": upstream_url, "GATEWAY_KEYS_FILE": str(keys_file),
-                    **({"GATEWAY_UPSTREAM_API_KEY": upstream_api_key} if upstream_api_key else {}), **(env or {})}
-        self.command = [bin_path("opentelemetry-instrument"), bin_path("uvicorn"), "gateway:app",
-                        "--app-dir", str(GATEWAY_DIR), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {
+            **os.environ,
+            "GATEWAY_UPSTREAM_URL": upstream_url,
+            "GATEWAY_KEYS_FILE": str(keys_file),
+            **({"GATEWAY_UPSTREAM_API_KEY": upstream_api_key} if upstream_api_key else {}),
+            **(env or {}),
+        }
+        self.command = [
+            bin_path("opentelemetry-instrument"),
+            bin_path("uvicorn"),
+            "gateway:app",
+            "--app-dir",
+            str(GATEWAY_DIR),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
 
     def ready(self) -> bool:
         socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -166,18 +216,30 @@ class GatewayServer(ServerProcess):
 
 
 class BudgetServer(ServerProcess):
-    """`otel-llm budget-server` over a spool directory (otel_llm/budget_server.py)."""
+    """`otel-llm budget-server` over a spool directory (otel_llm/ops/budget_server.py)."""
 
     name = "budget-server"
 
-    def __init__(self, budgets_file: Path, ledger: str, log_path: Path | None = None, interval: float = 0.2,
-                 extra_args=()):
+    def __init__(
+        self, budgets_file: Path, ledger: str, log_path: Path | None = None, interval: float = 0.2, extra_args=()
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.env = dict(os.environ)
-        self.command = [bin_path("otel-llm"), "budget-server", "--budgets", str(budgets_file), "--ledger", ledger,
-                        "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra_args]
+        self.command = [
+            bin_path("otel-llm"),
+            "budget-server",
+            "--budgets",
+            str(budgets_file),
+            "--ledger",
+            ledger,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--interval",
+            str(interval),
+            *extra_args,
+        ]
 
     def ready(self) -> bool:
         with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
@@ -195,21 +257,34 @@ def write_keys_file(path: Path, keys: dict[str, tuple[str, str | None]]) -> Path
     import hashlib
     import json
 
-    entries = [{"sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": tenant,
-                **({"scene": scene} if scene else {})} for key, (tenant, scene) in keys.items()]
+    entries = [
+        {"sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": tenant, **({"scene": scene} if scene else {})}
+        for key, (tenant, scene) in keys.items()
+    ]
     path.write_text(json.dumps({"keys": entries}))
     return path
 
 
-def run_app(call: str, base_url: str, api_key: str, env=None, model: str | None = None,
-            timeout: float = 120.0) -> list[dict]:
+def run_app(
+    call: str, base_url: str, api_key: str, env=None, model: str | None = None, timeout: float = 120.0
+) -> list[dict]:
     """examples/app/app.py CALL under `opentelemetry-instrument`; its JSON lines."""
     import json
 
-    full_env = {**os.environ, "APP_BASE_URL": base_url, "APP_API_KEY": api_key,
-                **({"APP_MODEL": model} if model else {}), **(env or {})}
-    result = subprocess.run([bin_path("opentelemetry-instrument"), sys.executable, str(APP_PATH), call],
-                            env=full_env, capture_output=True, text=True, timeout=timeout)
+    full_env = {
+        **os.environ,
+        "APP_BASE_URL": base_url,
+        "APP_API_KEY": api_key,
+        **({"APP_MODEL": model} if model else {}),
+        **(env or {}),
+    }
+    result = subprocess.run(
+        [bin_path("opentelemetry-instrument"), sys.executable, str(APP_PATH), call],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"app.py {call} exited with {result.returncode}:\n{result.stderr}")
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -220,8 +295,7 @@ class PrometheusServer(ServerProcess):
 
     name = "prometheus"
 
-    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s",
-                 rule_files: list[Path] = ()):
+    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s", rule_files: list[Path] = ()):
         import shutil
 
         binary = shutil.which("prometheus")
@@ -237,9 +311,15 @@ class PrometheusServer(ServerProcess):
             + (f"rule_files: [{', '.join(repr(str(f)) for f in rule_files)}]\n" if rule_files else "")
             + "scrape_configs:\n"
             "  - job_name: vllm\n"
-            f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n")
-        self.command = [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+            f"    static_configs: [{{targets: [{', '.join(repr(t) for t in targets)}]}}]\n"
+        )
+        self.command = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
         self.env = dict(os.environ)
         self.log_path = workdir / "prometheus.log"
 
@@ -249,6 +329,6 @@ class PrometheusServer(ServerProcess):
 
     def query(self, expr: str) -> list[dict]:
         """An instant query now (the same client `otel-llm report` uses)."""
-        from otel_llm.report import Prometheus
+        from otel_llm.billing.report import Prometheus
 
         return Prometheus(self.url, timeout=10).query(expr, time.time())

@@ -61,8 +61,12 @@ class FaultyOTLP:
                 time.sleep(outer.delay)
                 if decode and self.path.endswith("/v1/traces"):
                     request = ExportTraceServiceRequest.FromString(body)
-                    outer.received.extend((s.trace_id.hex(), s.name) for rs in request.resource_spans
-                                          for ss in rs.scope_spans for s in ss.spans)
+                    outer.received.extend(
+                        (s.trace_id.hex(), s.name)
+                        for rs in request.resource_spans
+                        for ss in rs.scope_spans
+                        for s in ss.spans
+                    )
                 self.answer_ok()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

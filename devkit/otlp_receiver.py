@@ -231,20 +231,43 @@ class Receiver:
                     kind = m.WhichOneof("data")
                     if kind == "histogram":
                         for p in m.histogram.data_points:
-                            points.append(MetricPoint(
-                                m.name, m.unit, "histogram", attributes(p.attributes), count=p.count,
-                                total=p.sum, bounds=tuple(p.explicit_bounds), bucket_counts=tuple(p.bucket_counts),
-                                exemplars=[{"trace_id": e.trace_id.hex(), "span_id": e.span_id.hex(),
-                                            "value": e.as_double or e.as_int} for e in p.exemplars],
-                                resource=resource))
+                            points.append(
+                                MetricPoint(
+                                    m.name,
+                                    m.unit,
+                                    "histogram",
+                                    attributes(p.attributes),
+                                    count=p.count,
+                                    total=p.sum,
+                                    bounds=tuple(p.explicit_bounds),
+                                    bucket_counts=tuple(p.bucket_counts),
+                                    exemplars=[
+                                        {
+                                            "trace_id": e.trace_id.hex(),
+                                            "span_id": e.span_id.hex(),
+                                            "value": e.as_double or e.as_int,
+                                        }
+                                        for e in p.exemplars
+                                    ],
+                                    resource=resource,
+                                )
+                            )
                     elif kind in ("sum", "gauge"):
                         for p in getattr(m, kind).data_points:
                             value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
-                            points.append(MetricPoint(
-                                m.name, m.unit, kind, attributes(p.attributes), value=value,
-                                exemplars=[{"trace_id": e.trace_id.hex(), "span_id": e.span_id.hex()}
-                                           for e in p.exemplars],
-                                resource=resource))
+                            points.append(
+                                MetricPoint(
+                                    m.name,
+                                    m.unit,
+                                    kind,
+                                    attributes(p.attributes),
+                                    value=value,
+                                    exemplars=[
+                                        {"trace_id": e.trace_id.hex(), "span_id": e.span_id.hex()} for e in p.exemplars
+                                    ],
+                                    resource=resource,
+                                )
+                            )
         with self._lock:
             self.metric_batches.append(points)
 
@@ -255,10 +278,17 @@ class Receiver:
             resource = attributes(rl.resource.attributes)
             for sl in rl.scope_logs:
                 for r in sl.log_records:
-                    records.append(LogRecord(
-                        event_name=r.event_name, time_ns=r.time_unix_nano, trace_id=r.trace_id.hex(),
-                        span_id=r.span_id.hex(), attributes=attributes(r.attributes), resource=resource,
-                        scope=sl.scope.name))
+                    records.append(
+                        LogRecord(
+                            event_name=r.event_name,
+                            time_ns=r.time_unix_nano,
+                            trace_id=r.trace_id.hex(),
+                            span_id=r.span_id.hex(),
+                            attributes=attributes(r.attributes),
+                            resource=resource,
+                            scope=sl.scope.name,
+                        )
+                    )
         with self._lock:
             self.logs.extend(records)
 
@@ -289,8 +319,11 @@ class Receiver:
         latest: dict[tuple, MetricPoint] = {}
         for batch in batches:
             for p in batch:
-                key = (p.name, tuple(sorted((k, str(v)) for k, v in p.attributes.items())),
-                       p.resource.get("process.pid"))
+                key = (
+                    p.name,
+                    tuple(sorted((k, str(v)) for k, v in p.attributes.items())),
+                    p.resource.get("process.pid"),
+                )
                 latest[key] = p
         return list(latest.values())
 

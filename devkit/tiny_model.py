@@ -46,17 +46,11 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=VOCAB_SIZE, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=MAX_POSITIONS,
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", model_max_length=MAX_POSITIONS
     )
     fast.chat_template = _CHAT_TEMPLATE
 
@@ -89,8 +83,14 @@ def build(out_dir: Path, seed: int = 0) -> Path:
 # server falls behind its output socket (pyzmq hands it ready messages without yielding the event
 # loop), runs neither SSE writers nor disconnect listeners until the engine stops, and a client
 # that leaves a stream is never seen to leave.
-PACED_NETWORK = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 4, "num_attention_heads": 16,
-                 "num_key_value_heads": 16, "max_position_embeddings": 4096}
+PACED_NETWORK = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 4096,
+}
 PACED_SERVE_ARGS = ("--load-format", "dummy")
 
 
@@ -128,8 +128,13 @@ def build_scorer(out_dir: Path, tiny_dir: Path, seed: int = 0) -> Path:
     tiny_dir = build(tiny_dir)
     _copy_all_but_weights(tiny_dir, out_dir)
     config = json.loads((tiny_dir / "config.json").read_text())
-    config.update(architectures=["LlamaForSequenceClassification"], num_labels=1, id2label={"0": "LABEL_0"},
-                  label2id={"LABEL_0": 0}, pad_token_id=config.get("eos_token_id"))
+    config.update(
+        architectures=["LlamaForSequenceClassification"],
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+        pad_token_id=config.get("eos_token_id"),
+    )
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     weights = {k: v for k, v in load_file(tiny_dir / "model.safetensors").items() if not k.startswith("lm_head")}
     generator = torch.Generator().manual_seed(seed)

@@ -73,7 +73,7 @@ ENV_OPENAI_PROVIDER_NAME = "OTEL_LLM_OPENAI_PROVIDER_NAME"
 # seconds the telemetry flush at exit may take (0 or negative: the SDK's own unbounded hooks)
 ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
 # true: under opentelemetry-instrument, vLLM request telemetry is built and exported by a child
-# process of each API server (otel_llm/vllm/offload.py); false: by the SDK in the API server
+# process of each API server (otel_llm/vllm/export/channel.py); false: by the SDK in the API server
 ENV_EXPORT_PROCESS = "OTEL_LLM_EXPORT_PROCESS"
 # 1: otel-llm's warnings go through the application's logging instead of a stderr handler of ours
 ENV_LOG_PROPAGATE = "OTEL_LLM_LOG_PROPAGATE"
@@ -144,13 +144,21 @@ def capture_mode(raw: str | None) -> bool:
     value = (raw or "").strip().lower()
     if value in ("", "false", "0", "no", "no_content", "event_only"):
         if value == "event_only":
-            warn_once(("config", ENV_CAPTURE_CONTENT), "otel-llm: %s=event_only: GenAI events are not emitted; "
-                      "no content captured", ENV_CAPTURE_CONTENT)
+            warn_once(
+                ("config", ENV_CAPTURE_CONTENT),
+                "otel-llm: %s=event_only: GenAI events are not emitted; no content captured",
+                ENV_CAPTURE_CONTENT,
+            )
         return False
     if value in ("true", "1", "yes", "span_only", "span_and_event"):
         return True
-    warn_once(("config", ENV_CAPTURE_CONTENT), "otel-llm: %s=%r is not one of span_only, span_and_event, event_only, "
-              "no_content, true, false; no content captured", ENV_CAPTURE_CONTENT, raw)
+    warn_once(
+        ("config", ENV_CAPTURE_CONTENT),
+        "otel-llm: %s=%r is not one of span_only, span_and_event, event_only, "
+        "no_content, true, false; no content captured",
+        ENV_CAPTURE_CONTENT,
+        raw,
+    )
     return False
 
 
@@ -171,8 +179,9 @@ def _from_env(cls, environ):
         if f.type in ("bool",):
             values[f.name] = env_bool(name, default, environ)
         elif f.type in ("int", "float"):
-            values[f.name] = env_number(name, default, environ, int if f.type == "int" else float,
-                                        f.metadata.get("minimum"))
+            values[f.name] = env_number(
+                name, default, environ, int if f.type == "int" else float, f.metadata.get("minimum")
+            )
         elif f.type.startswith("tuple"):
             values[f.name] = env_list(name, default, environ)
         else:
@@ -219,8 +228,9 @@ class Settings:
         return cls(
             **_from_env(cls, environ),
             capture_content=capture_mode(environ.get(ENV_CAPTURE_CONTENT)),
-            http_excluded_urls=environ.get(ENV_FASTAPI_EXCLUDED_URLS, environ.get(ENV_EXCLUDED_URLS,
-                                                                                  cls.http_excluded_urls)),
+            http_excluded_urls=environ.get(
+                ENV_FASTAPI_EXCLUDED_URLS, environ.get(ENV_EXCLUDED_URLS, cls.http_excluded_urls)
+            ),
             genai_latest_experimental=genai_latest_experimental(environ),
         )
 
@@ -240,8 +250,11 @@ class ClientSettings:
 
     @classmethod
     def from_env(cls, environ=os.environ, **overrides) -> ClientSettings:
-        values = {**_from_env(cls, environ), "capture_content": capture_mode(environ.get(ENV_CAPTURE_CONTENT)),
-                  "genai_latest_experimental": genai_latest_experimental(environ)}
+        values = {
+            **_from_env(cls, environ),
+            "capture_content": capture_mode(environ.get(ENV_CAPTURE_CONTENT)),
+            "genai_latest_experimental": genai_latest_experimental(environ),
+        }
         for name in ("capture_content", "include_usage", "propagate"):
             if overrides.get(name) is not None:
                 values[name] = bool(overrides[name])

@@ -42,7 +42,7 @@ class Budget:
         room = max(0, min(self.max_text, self.max_total - self.used))
         if room == 0:
             return TRUNCATED.format(len(text)) if text else text
-        seen = text[:room + REDACTION_MARGIN]
+        seen = text[: room + REDACTION_MARGIN]
         redacted = redact(seen)
         kept = redacted[:room]
         self.used += len(kept)
@@ -100,11 +100,21 @@ def _message(message) -> dict | None:
     parts = _content_parts(message.get("content"))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        parts.append({"type": "tool_call", "id": call.get("id"), "name": function.get("name"),
-                      "arguments": function.get("arguments")})
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments"),
+            }
+        )
     if role == "tool":
-        return {"role": "tool", "parts": [{"type": "tool_call_response", "id": message.get("tool_call_id"),
-                                           "response": message.get("content")}]}
+        return {
+            "role": "tool",
+            "parts": [
+                {"type": "tool_call_response", "id": message.get("tool_call_id"), "response": message.get("content")}
+            ],
+        }
     return {"role": role, "parts": parts}
 
 
@@ -148,8 +158,14 @@ def add_response_choices(output: dict[int, list], response) -> None:
             parts.append(text)
         for call in getattr(message, "tool_calls", None) or ():
             function = getattr(call, "function", None)
-            parts.append({"type": "tool_call", "id": call.id, "name": getattr(function, "name", None),
-                          "arguments": getattr(function, "arguments", None)})
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.id,
+                    "name": getattr(function, "name", None),
+                    "arguments": getattr(function, "arguments", None),
+                }
+            )
 
 
 def add_responses_output(output: dict[int, list], response) -> None:
@@ -158,8 +174,14 @@ def add_responses_output(output: dict[int, list], response) -> None:
         output[0] = [text]
 
 
-def add_to(attributes: dict, inputs: list[dict], outputs: dict[int, list] | None, reasons: dict[int, str],
-           redact: Callable[[str], str] = str, budget: Budget | None = None) -> None:
+def add_to(
+    attributes: dict,
+    inputs: list[dict],
+    outputs: dict[int, list] | None,
+    reasons: dict[int, str],
+    redact: Callable[[str], str] = str,
+    budget: Budget | None = None,
+) -> None:
     """Sets gen_ai.input.messages (and gen_ai.output.messages when there is output), each text
     redacted, then cut to the budget (the input first: it is what the request was)."""
     budget = budget or Budget()

@@ -66,8 +66,14 @@ def has_attribute(module, attribute: str) -> bool:
 
 
 class Patcher:
-    def __init__(self, telemetry, hooks: tuple[Hook, ...], logger: logging.Logger, library: str,
-                 resolve: Callable[[str], str | None] | None = None):
+    def __init__(
+        self,
+        telemetry,
+        hooks: tuple[Hook, ...],
+        logger: logging.Logger,
+        library: str,
+        resolve: Callable[[str], str | None] | None = None,
+    ):
         self.telemetry = telemetry
         self.hooks = hooks
         self.log = logger
@@ -110,8 +116,14 @@ class Patcher:
     def _missing(self, hook: Hook, why: str) -> None:
         self.missing.append(hook.name)
         level = logging.WARNING if hook.required else logging.INFO
-        self.log.log(level, "otel-llm: %s hook %r unavailable (%s); without it: no %s. The application runs "
-                     "on, untraced there.", self.library, hook.name, why, hook.purpose)
+        self.log.log(
+            level,
+            "otel-llm: %s hook %r unavailable (%s); without it: no %s. The application runs on, untraced there.",
+            self.library,
+            hook.name,
+            why,
+            hook.purpose,
+        )
 
     def uninstall(self) -> None:
         self.active = False

@@ -53,8 +53,9 @@ def luhn_valid(number: str) -> bool:
     if not (13 <= len(digits) <= 19 and digits.isascii() and digits.isdigit()):
         return False
     # (Luhn-invalid cards back to back are a candidate every 5 characters: kept to ~1 us each)
-    return (sum(map(_LUHN_PLAIN.__getitem__, digits[-1::-2]))
-            + sum(map(_LUHN_DOUBLED.__getitem__, digits[-2::-2]))) % 10 == 0
+    return (
+        sum(map(_LUHN_PLAIN.__getitem__, digits[-1::-2])) + sum(map(_LUHN_DOUBLED.__getitem__, digits[-2::-2]))
+    ) % 10 == 0
 
 
 def prc_id_valid(number: str) -> bool:
@@ -110,14 +111,23 @@ def secret_rule_name(name: str) -> str:
 
 
 def _secret(rule: secret_rules.SecretRule) -> Rule:
-    return Rule(secret_rule_name(rule.name), rule.pattern, "<SECRET>", rule.check,
-                left=rule.left, after=_right(rule.right), re2=True, head=rule.head)
+    return Rule(
+        secret_rule_name(rule.name),
+        rule.pattern,
+        "<SECRET>",
+        rule.check,
+        left=rule.left,
+        after=_right(rule.right),
+        re2=True,
+        head=rule.head,
+    )
 
 
 def _pii(name, pattern, replacement, check=None, *, left, right=None, after=None, head=None) -> Rule:
     """A PII rule; its head is the whole (bounded) pattern unless given."""
-    return Rule(name, pattern, replacement, check, left=left, after=after or _right(right), re2=True,
-                head=head or pattern)
+    return Rule(
+        name, pattern, replacement, check, left=left, after=after or _right(right), re2=True, head=head or pattern
+    )
 
 
 # Order matters: at one position the first rule that matches and passes its check wins (an 18-digit
@@ -131,29 +141,59 @@ _IPV4 = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
 _H = "[0-9A-Fa-f]{1,4}"
 BUILTIN_RULES = (
     *map(_secret, secret_rules.RULES),
-    _pii(semconv.REDACTION_RULE_EMAIL, r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
-         "<EMAIL>", left="A-Za-z0-9._%+-"),
-    _pii(semconv.REDACTION_RULE_PRC_ID, r"[0-9]{10}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])[0-9]{3}[0-9Xx]",
-         "<NATIONAL_ID>", prc_id_valid, left=_NUM,
-         right="0-9A-Za-z"),
-    _pii(semconv.REDACTION_RULE_PAYMENT_CARD,
-         r"[0-9]{13,19}|[0-9]{4}(?: [0-9]{4}){3}(?: [0-9]{1,3})?|[0-9]{4}(?:-[0-9]{4}){3}(?:-[0-9]{1,3})?"
-         r"|[0-9]{4} [0-9]{6} [0-9]{4,5}|[0-9]{4}-[0-9]{6}-[0-9]{4,5}",
-         "<PAYMENT_CARD>", luhn_valid, left=_NUM + "-", right=_NUM + "-"),
-    _pii(semconv.REDACTION_RULE_PHONE,
-         r"\+[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)[ .-]?)?[0-9]{1,4}(?:[ .-]?[0-9]{2,4}){1,4}", "<PHONE>",
-         left="A-Za-z0-9_+", right=_NUM),
-    _pii(semconv.REDACTION_RULE_PHONE, r"\([0-9]{3}\)[ .-]?[0-9]{3}[ .-][0-9]{4}", "<PHONE>", left=_NUM,
-         right=_NUM),
-    _pii(semconv.REDACTION_RULE_PHONE, r"[0-9]{3}[.-][0-9]{3}[.-][0-9]{4}", "<PHONE>", left=_NUM + "-",
-         right=_NUM + "-"),
+    _pii(
+        semconv.REDACTION_RULE_EMAIL,
+        r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+        "<EMAIL>",
+        left="A-Za-z0-9._%+-",
+    ),
+    _pii(
+        semconv.REDACTION_RULE_PRC_ID,
+        r"[0-9]{10}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])[0-9]{3}[0-9Xx]",
+        "<NATIONAL_ID>",
+        prc_id_valid,
+        left=_NUM,
+        right="0-9A-Za-z",
+    ),
+    _pii(
+        semconv.REDACTION_RULE_PAYMENT_CARD,
+        r"[0-9]{13,19}|[0-9]{4}(?: [0-9]{4}){3}(?: [0-9]{1,3})?|[0-9]{4}(?:-[0-9]{4}){3}(?:-[0-9]{1,3})?"
+        r"|[0-9]{4} [0-9]{6} [0-9]{4,5}|[0-9]{4}-[0-9]{6}-[0-9]{4,5}",
+        "<PAYMENT_CARD>",
+        luhn_valid,
+        left=_NUM + "-",
+        right=_NUM + "-",
+    ),
+    _pii(
+        semconv.REDACTION_RULE_PHONE,
+        r"\+[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)[ .-]?)?[0-9]{1,4}(?:[ .-]?[0-9]{2,4}){1,4}",
+        "<PHONE>",
+        left="A-Za-z0-9_+",
+        right=_NUM,
+    ),
+    _pii(semconv.REDACTION_RULE_PHONE, r"\([0-9]{3}\)[ .-]?[0-9]{3}[ .-][0-9]{4}", "<PHONE>", left=_NUM, right=_NUM),
+    _pii(
+        semconv.REDACTION_RULE_PHONE, r"[0-9]{3}[.-][0-9]{3}[.-][0-9]{4}", "<PHONE>", left=_NUM + "-", right=_NUM + "-"
+    ),
     _pii(semconv.REDACTION_RULE_PHONE, r"1[3-9][0-9][ -]?[0-9]{4}[ -]?[0-9]{4}", "<PHONE>", left=_NUM, right=_NUM),
-    _pii(semconv.REDACTION_RULE_IP_ADDRESS, _IPV4, "<IP_ADDRESS>", _ip_valid, left=_NUM + ".",
-         after=r"(?:[^0-9A-Za-z_.]|\.[^0-9]|\.?$)"),
-    _pii(semconv.REDACTION_RULE_IP_ADDRESS,
-         rf"(?:{_H}:){{1,7}}(?::|(?::{_H}){{1,7}}|{_H})|::(?:{_H}(?::{_H}){{0,6}})?", "<IP_ADDRESS>", _ip_valid,
-         left="A-Za-z0-9_:", right="A-Za-z0-9_:"),
+    _pii(
+        semconv.REDACTION_RULE_IP_ADDRESS,
+        _IPV4,
+        "<IP_ADDRESS>",
+        _ip_valid,
+        left=_NUM + ".",
+        after=r"(?:[^0-9A-Za-z_.]|\.[^0-9]|\.?$)",
+    ),
+    _pii(
+        semconv.REDACTION_RULE_IP_ADDRESS,
+        rf"(?:{_H}:){{1,7}}(?::|(?::{_H}){{1,7}}|{_H})|::(?:{_H}(?::{_H}){{0,6}})?",
+        "<IP_ADDRESS>",
+        _ip_valid,
+        left="A-Za-z0-9_:",
+        right="A-Za-z0-9_:",
+    ),
 )
+
 
 def _options(capture: bool) -> re2.Options:
     options = re2.Options()
@@ -165,7 +205,7 @@ def _options(capture: bool) -> re2.Options:
 def _split_top(pattern: str) -> list[str]:
     """The top-level alternatives of an RE2 pattern."""
     bars = [i for i, c, depth in secret_rules.scan(pattern) if c == "|" and depth == 0]
-    return [pattern[a + 1:b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
+    return [pattern[a + 1 : b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
 
 
 def _head(alternative: str) -> str:
@@ -185,9 +225,9 @@ def _head(alternative: str) -> str:
             end = next(j for j, _, depth in secret_rules.scan(alternative, i) if depth == 0) + 1
         else:
             end = i + 1
-        if alternative[end:end + 1] in ("*", "+", "{"):
+        if alternative[end : end + 1] in ("*", "+", "{"):
             break
-        i = end + (alternative[end:end + 1] == "?")
+        i = end + (alternative[end : end + 1] == "?")
     return alternative[:i] or alternative
 
 
@@ -247,8 +287,12 @@ class _Alternation:
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
-        self.finder = _Program("|".join(f"[^{rule.left}](?:{_head_of(rule)})" if rule.left else
-                                        f"(?s:.)(?:{_head_of(rule)})" for rule in rules), capture=False)
+        self.finder = _Program(
+            "|".join(
+                f"[^{rule.left}](?:{_head_of(rule)})" if rule.left else f"(?s:.)(?:{_head_of(rule)})" for rule in rules
+            ),
+            capture=False,
+        )
         self.starting = re2.Set.MatchSet(_options(capture=False))
         for rule in rules:
             self.starting.Add(_alternative(rule))
@@ -260,7 +304,7 @@ class _Alternation:
     def matches_at(self, data: bytes, at: int):
         """(rule index, start of its match, start and end of the part to replace) of each rule that
         matches at `at` (its consumed character), in rule order."""
-        for i in sorted(self.starting.Match(data[at:at + self.WINDOW]) or ()):
+        for i in sorted(self.starting.Match(data[at : at + self.WINDOW]) or ()):
             spans = self.own[i].match_spans(data, at)
             if spans is not None:  # (None: the window's end looked like the text's end to the set)
                 match, secret = self.groups[i]
@@ -356,7 +400,8 @@ class Redactor:
         for i, match_start, secret_start, secret_end in self._specific.matches_at(value, 0):
             rule = self._specific.rules[i]
             if (match_start, secret_start, secret_end) == (1, 1, len(value) - 1) and (
-                    rule.check is None or rule.check(data[start:end].decode("utf-8", "surrogatepass"))):
+                rule.check is None or rule.check(data[start:end].decode("utf-8", "surrogatepass"))
+            ):
                 return rule
         return None
 
@@ -369,10 +414,12 @@ class Redactor:
         found = self._combined.get(active)
         if found is None:
             rules = [self._py_rules[i] for i in sorted(active)]
-            combined = re.compile("|".join(f"(?P<r{i}>{self._py_rules[i].pattern})" for i in sorted(active))) \
-                if active else None
-            finder = re.compile("|".join(r.starts for r in rules)) \
-                if rules and all(r.starts for r in rules) else None
+            combined = (
+                re.compile("|".join(f"(?P<r{i}>{self._py_rules[i].pattern})" for i in sorted(active)))
+                if active
+                else None
+            )
+            finder = re.compile("|".join(r.starts for r in rules)) if rules and all(r.starts for r in rules) else None
             found = self._combined[active] = (combined, finder)
         return found
 
@@ -384,7 +431,7 @@ class Redactor:
             start = match.start()
             hit = self._accept_py(text, start, match)
             if hit is None:  # no rule's check passed here: keep the character, look further on
-                out.append(text[pos:start + 1])
+                out.append(text[pos : start + 1])
                 pos = start + 1
                 continue
             rule, end = hit
@@ -417,7 +464,7 @@ class Redactor:
         rule = self._py_rules[index]
         if rule.check is None or rule.check(match.group()):
             return rule, match.end()
-        for later, regex in zip(self._py_rules[index + 1:], self._each[index + 1:]):  # (gated out: no match)
+        for later, regex in zip(self._py_rules[index + 1 :], self._each[index + 1 :]):  # (gated out: no match)
             m = regex.match(text, start)
             if m is not None and (later.check is None or later.check(m.group())):
                 return later, m.end()
@@ -432,8 +479,12 @@ def _user_rules(path: str) -> list[Rule]:
         with open(path, encoding="utf-8") as f:
             items = json.load(f)
     except (OSError, ValueError) as e:
-        _log.warning("otel-llm: %s=%s could not be read (%s); only the built-in redaction rules apply",
-                     ENV_REDACTION_RULES, path, e)
+        _log.warning(
+            "otel-llm: %s=%s could not be read (%s); only the built-in redaction rules apply",
+            ENV_REDACTION_RULES,
+            path,
+            e,
+        )
         return []
     rules = []
     for i, item in enumerate(items if isinstance(items, list) else []):
@@ -507,5 +558,7 @@ def exception_attributes(exc: BaseException) -> dict[str, str]:
     """exception.message and exception.stacktrace for span.record_exception(exc, attributes=...),
     which take the SDK's own values' place: redacted (redacted_error)."""
     stacktrace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"exception.message": redacted_error(str(exc)),
-            "exception.stacktrace": redacted_error(stacktrace, MAX_STACKTRACE, keep_end=True)}
+    return {
+        "exception.message": redacted_error(str(exc)),
+        "exception.stacktrace": redacted_error(stacktrace, MAX_STACKTRACE, keep_end=True),
+    }

@@ -31,10 +31,10 @@ VLLM = "vllm"  # spans of the vLLM server instrumentation (otel_llm/vllm)
 CLIENT = "client"  # spans of the OpenAI client instrumentation (otel_llm/openai)
 METRIC = "metric"  # attribute of our metric points (both layers)
 USAGE = "usage"  # field of a usage (billing) record (otel_llm/usage.py)
-RESOURCE = "resource"  # resource attribute otel-llm sets (otel_llm/distro.py)
+RESOURCE = "resource"  # resource attribute otel-llm sets (otel_llm/sdk/distro.py)
 COLLECTOR = "collector"  # only read or removed by collector-config/, set by the collector or peers
 GATEWAY = "gateway"  # the example gateway's metering (examples/gateway)
-BUDGETS = "budgets"  # the budget tracker's metrics (otel_llm/budget_tracker.py) and the gateway's refusals
+BUDGETS = "budgets"  # the budget tracker's metrics (otel_llm/ops/budget_tracker.py) and the gateway's refusals
 
 STRING, INT, DOUBLE, BOOLEAN, STRING_ARRAY = "string", "int", "double", "boolean", "string[]"
 PYTHON_TYPES = {STRING: (str,), INT: (int,), DOUBLE: (float, int), BOOLEAN: (bool,), STRING_ARRAY: (list, tuple)}
@@ -85,8 +85,9 @@ class MetricSpec:
 METRICS: dict[str, MetricSpec] = {}
 
 
-def _metric(name: str, kind: str, unit: str, description: str, emitted_by, buckets=None,
-            convention: bool = False) -> str:
+def _metric(
+    name: str, kind: str, unit: str, description: str, emitted_by, buckets=None, convention: bool = False
+) -> str:
     assert name not in METRICS, name
     emitted_by = frozenset((emitted_by,) if isinstance(emitted_by, str) else emitted_by)
     METRICS[name] = MetricSpec(name, kind, unit, description, emitted_by, buckets, convention)
@@ -97,11 +98,13 @@ def create_instrument(meter, name: str, callbacks=None):
     """The instrument METRICS[name] describes, on `meter`."""
     spec = METRICS[name]
     if spec.kind == HISTOGRAM:
-        return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
-                                      explicit_bucket_boundaries_advisory=spec.buckets)
+        return meter.create_histogram(
+            spec.name, unit=spec.unit, description=spec.description, explicit_bucket_boundaries_advisory=spec.buckets
+        )
     if spec.kind == OBSERVABLE_COUNTER:
-        return meter.create_observable_counter(spec.name, callbacks=callbacks, unit=spec.unit,
-                                               description=spec.description)
+        return meter.create_observable_counter(
+            spec.name, callbacks=callbacks, unit=spec.unit, description=spec.description
+        )
     return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
 
 
@@ -130,28 +133,30 @@ GEN_AI_REQUEST_CHOICE_COUNT = _attribute("gen_ai.request.choice.count", INT, *_B
 GEN_AI_REQUEST_FREQUENCY_PENALTY = _attribute("gen_ai.request.frequency_penalty", DOUBLE, *_BOTH, convention=True)
 GEN_AI_REQUEST_PRESENCE_PENALTY = _attribute("gen_ai.request.presence_penalty", DOUBLE, *_BOTH, convention=True)
 GEN_AI_REQUEST_STOP_SEQUENCES = _attribute("gen_ai.request.stop_sequences", STRING_ARRAY, CLIENT, convention=True)
-GEN_AI_REQUEST_ENCODING_FORMATS = _attribute("gen_ai.request.encoding_formats", STRING_ARRAY, CLIENT,
-                                             convention=True)
+GEN_AI_REQUEST_ENCODING_FORMATS = _attribute("gen_ai.request.encoding_formats", STRING_ARRAY, CLIENT, convention=True)
 GEN_AI_RESPONSE_ID = _attribute("gen_ai.response.id", STRING, *_BOTH, USAGE, convention=True)
 GEN_AI_RESPONSE_MODEL = _attribute("gen_ai.response.model", STRING, *_BOTH, METRIC, USAGE, convention=True)
-GEN_AI_RESPONSE_FINISH_REASONS = _attribute("gen_ai.response.finish_reasons", STRING_ARRAY, *_BOTH, USAGE,
-                                            convention=True)
-GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _attribute("gen_ai.response.time_to_first_chunk", DOUBLE, CLIENT,
-                                                 convention=True)
+GEN_AI_RESPONSE_FINISH_REASONS = _attribute(
+    "gen_ai.response.finish_reasons", STRING_ARRAY, *_BOTH, USAGE, convention=True
+)
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _attribute("gen_ai.response.time_to_first_chunk", DOUBLE, CLIENT, convention=True)
 GEN_AI_USAGE_INPUT_TOKENS = _attribute("gen_ai.usage.input_tokens", INT, *_BOTH, USAGE, convention=True)
 GEN_AI_USAGE_OUTPUT_TOKENS = _attribute("gen_ai.usage.output_tokens", INT, *_BOTH, USAGE, convention=True)
-GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = _attribute("gen_ai.usage.cache_read.input_tokens", INT, *_BOTH, USAGE,
-                                                  convention=True)
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute("gen_ai.usage.cache_creation.input_tokens", INT, *_BOTH,
-                                                      USAGE, convention=True)
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = _attribute(
+    "gen_ai.usage.cache_read.input_tokens", INT, *_BOTH, USAGE, convention=True
+)
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _attribute(
+    "gen_ai.usage.cache_creation.input_tokens", INT, *_BOTH, USAGE, convention=True
+)
 # its name in semantic-conventions-genai (unreleased): spans use it under gen_ai_latest_experimental
 GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = _attribute("gen_ai.usage.cache_write.input_tokens", INT, *_BOTH)
 # the client's inference.usage.* counters (semantic-conventions-genai, unreleased): TOKEN_MODALITY_* values
 GEN_AI_TOKEN_MODALITY = _attribute("gen_ai.token.modality", STRING, METRIC)
 # names from semantic-conventions-genai after v1.41 (no release yet): emitted only on opt-in
 GENAI_LATEST_NAMES = frozenset({GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, GEN_AI_TOKEN_MODALITY})
-GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = _attribute("gen_ai.usage.reasoning.output_tokens", INT, *_BOTH, USAGE,
-                                                  convention=True)
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = _attribute(
+    "gen_ai.usage.reasoning.output_tokens", INT, *_BOTH, USAGE, convention=True
+)
 GEN_AI_OUTPUT_TYPE = _attribute("gen_ai.output.type", STRING, CLIENT, convention=True)
 GEN_AI_INPUT_MESSAGES = _attribute("gen_ai.input.messages", STRING, *_BOTH, convention=True)
 GEN_AI_OUTPUT_MESSAGES = _attribute("gen_ai.output.messages", STRING, *_BOTH, convention=True)
@@ -167,8 +172,7 @@ SERVER_PORT = _attribute("server.port", INT, CLIENT, METRIC, convention=True)
 OPENAI_API_TYPE = _attribute("openai.api.type", STRING, *_BOTH, convention=True)
 OPENAI_REQUEST_SERVICE_TIER = _attribute("openai.request.service_tier", STRING, CLIENT, convention=True)
 OPENAI_RESPONSE_SERVICE_TIER = _attribute("openai.response.service_tier", STRING, CLIENT, convention=True)
-OPENAI_RESPONSE_SYSTEM_FINGERPRINT = _attribute("openai.response.system_fingerprint", STRING, CLIENT,
-                                                convention=True)
+OPENAI_RESPONSE_SYSTEM_FINGERPRINT = _attribute("openai.response.system_fingerprint", STRING, CLIENT, convention=True)
 SERVICE_NAME = _attribute("service.name", STRING, RESOURCE, USAGE, convention=True)
 SERVICE_INSTANCE_ID = _attribute("service.instance.id", STRING, RESOURCE, USAGE, convention=True)
 
@@ -347,7 +351,7 @@ DROP_OPEN = "open"  # no spool file could be opened (unwritable directory)
 DROP_DISK_FULL = "disk_full"
 DROP_WRITE = "write"  # any other write error
 DROP_ERROR = "error"  # building the record failed
-# error.type values of EXPORT_DROPPED (otel_llm/vllm/offload.py)
+# error.type values of EXPORT_DROPPED (otel_llm/vllm/export/channel.py)
 EXPORT_DROP_QUEUE_FULL = "queue_full"  # the export process does not keep up
 EXPORT_DROP_EXPORTER_DOWN = "exporter_down"  # the export process is gone (restarting) or cannot start
 
@@ -402,117 +406,250 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 CHUNK_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 SERVER_REQUEST_DURATION = _metric(
-    "gen_ai.server.request.duration", HISTOGRAM, UNIT_SECONDS,
-    "Time from the request reaching vLLM to its last byte (or abort).", VLLM, DURATION_BUCKETS, convention=True)
+    "gen_ai.server.request.duration",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "Time from the request reaching vLLM to its last byte (or abort).",
+    VLLM,
+    DURATION_BUCKETS,
+    convention=True,
+)
 SERVER_TIME_TO_FIRST_TOKEN = _metric(
-    "gen_ai.server.time_to_first_token", HISTOGRAM, UNIT_SECONDS,
-    "Time from request arrival to the first generated token (queue + prefill).", VLLM, TTFT_BUCKETS,
-    convention=True)
+    "gen_ai.server.time_to_first_token",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "Time from request arrival to the first generated token (queue + prefill).",
+    VLLM,
+    TTFT_BUCKETS,
+    convention=True,
+)
 SERVER_TIME_PER_OUTPUT_TOKEN = _metric(
-    "gen_ai.server.time_per_output_token", HISTOGRAM, UNIT_SECONDS,
-    "Decode time divided by the output tokens after the first.", VLLM, TPOT_BUCKETS, convention=True)
+    "gen_ai.server.time_per_output_token",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "Decode time divided by the output tokens after the first.",
+    VLLM,
+    TPOT_BUCKETS,
+    convention=True,
+)
 SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN = _metric(
-    "otel_llm.server.scheduled_to_first_token", HISTOGRAM, UNIT_SECONDS,
+    "otel_llm.server.scheduled_to_first_token",
+    HISTOGRAM,
+    UNIT_SECONDS,
     "Time from the engine first scheduling a request to its first token (prefill, without the queue): vLLM's "
-    "per-request metrics.time_to_first_token_ms. gen_ai.server.time_to_first_token runs from arrival.", VLLM,
-    TTFT_BUCKETS)
+    "per-request metrics.time_to_first_token_ms. gen_ai.server.time_to_first_token runs from arrival.",
+    VLLM,
+    TTFT_BUCKETS,
+)
 SERVER_SPEC_DRAFT_TOKENS = _metric(
-    "otel_llm.server.spec_decode.draft_tokens", OBSERVABLE_COUNTER, UNIT_TOKEN,
-    "Draft tokens the speculator proposed for requests, by model and tenant (vLLM "
-    "--per-request-spec-decode-metrics).", VLLM)
+    "otel_llm.server.spec_decode.draft_tokens",
+    OBSERVABLE_COUNTER,
+    UNIT_TOKEN,
+    "Draft tokens the speculator proposed for requests, by model and tenant (vLLM --per-request-spec-decode-metrics).",
+    VLLM,
+)
 SERVER_SPEC_ACCEPTED_TOKENS = _metric(
-    "otel_llm.server.spec_decode.accepted_tokens", OBSERVABLE_COUNTER, UNIT_TOKEN,
+    "otel_llm.server.spec_decode.accepted_tokens",
+    OBSERVABLE_COUNTER,
+    UNIT_TOKEN,
     "Draft tokens the target model accepted (divided by draft_tokens: the acceptance rate), by model and tenant.",
-    VLLM)
+    VLLM,
+)
 # the conventions define no server token counter (only gen_ai.client.token.usage, a histogram)
 SERVER_TOKEN_USAGE = _metric(
-    "otel_llm.server.token.usage", OBSERVABLE_COUNTER, UNIT_TOKEN,
-    "Tokens by type (input includes cached_input), as the engine counted them.", VLLM)
+    "otel_llm.server.token.usage",
+    OBSERVABLE_COUNTER,
+    UNIT_TOKEN,
+    "Tokens by type (input includes cached_input), as the engine counted them.",
+    VLLM,
+)
 SERVER_COMPUTE_TIME = _metric(
-    "otel_llm.server.compute.time", OBSERVABLE_COUNTER, UNIT_SECONDS,
+    "otel_llm.server.compute.time",
+    OBSERVABLE_COUNTER,
+    UNIT_SECONDS,
     "Engine busy time charged to requests (each step's time split over its requests by scheduled tokens), by "
     "model and tenant, as each request's final engine output reported it (the usage ledger's engine records are "
-    "exact: a request whose figures came after its output is missing here).", VLLM)
+    "exact: a request whose figures came after its output is missing here).",
+    VLLM,
+)
 SERVER_REQUESTS = _metric(
-    "otel_llm.server.requests", COUNTER, UNIT_REQUEST,
-    "Requests by outcome (finished, aborted, error), model, tenant and scene.", VLLM)
+    "otel_llm.server.requests",
+    COUNTER,
+    UNIT_REQUEST,
+    "Requests by outcome (finished, aborted, error), model, tenant and scene.",
+    VLLM,
+)
 USAGE_RECORDS_DROPPED = _metric(
-    "otel_llm.usage.records.dropped", COUNTER, UNIT_RECORD,
-    "Usage (billing) records that could not be written, by error.type.", USAGE)
+    "otel_llm.usage.records.dropped",
+    COUNTER,
+    UNIT_RECORD,
+    "Usage (billing) records that could not be written, by error.type.",
+    USAGE,
+)
 EXPORT_DROPPED = _metric(
-    "otel_llm.export.dropped", COUNTER, UNIT_REQUEST,
+    "otel_llm.export.dropped",
+    COUNTER,
+    UNIT_REQUEST,
     "Requests whose telemetry (HTTP and GenAI spans, request metrics, usage event) the API server could not "
     "hand to its export process, by error.type (usage spool records are written in the API server, not dropped).",
-    VLLM)
+    VLLM,
+)
 INSTRUMENTATION_FAILURES = _metric(
-    "otel_llm.instrumentation.failures", OBSERVABLE_COUNTER, UNIT_FAILURE,
+    "otel_llm.instrumentation.failures",
+    OBSERVABLE_COUNTER,
+    UNIT_FAILURE,
     "Failures of otel-llm's own code in this process, each caught where it happened (the request was served, "
     "some of its telemetry lost; the first of each point is logged with its traceback), by otel_llm.failure.point.",
-    VLLM)
+    VLLM,
+)
 REDACTIONS = _metric(
-    "otel_llm.redactions", COUNTER, UNIT_REDACTION,
-    "Replacements made in captured prompt and completion content, by rule.", _BOTH)
+    "otel_llm.redactions",
+    COUNTER,
+    UNIT_REDACTION,
+    "Replacements made in captured prompt and completion content, by rule.",
+    _BOTH,
+)
 CLIENT_OPERATION_DURATION = _metric(
-    "gen_ai.client.operation.duration", HISTOGRAM, UNIT_SECONDS, "GenAI operation duration", CLIENT,
-    DURATION_BUCKETS, convention=True)
+    "gen_ai.client.operation.duration",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "GenAI operation duration",
+    CLIENT,
+    DURATION_BUCKETS,
+    convention=True,
+)
 CLIENT_TOKEN_USAGE = _metric(
-    "gen_ai.client.token.usage", HISTOGRAM, UNIT_TOKEN, "Number of input and output tokens used", CLIENT,
-    TOKEN_BUCKETS, convention=True)
+    "gen_ai.client.token.usage",
+    HISTOGRAM,
+    UNIT_TOKEN,
+    "Number of input and output tokens used",
+    CLIENT,
+    TOKEN_BUCKETS,
+    convention=True,
+)
 CLIENT_TIME_TO_FIRST_CHUNK = _metric(
-    "gen_ai.client.operation.time_to_first_chunk", HISTOGRAM, UNIT_SECONDS,
-    "Time from the request to the first chunk of a streamed response", CLIENT, DURATION_BUCKETS, convention=True)
+    "gen_ai.client.operation.time_to_first_chunk",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "Time from the request to the first chunk of a streamed response",
+    CLIENT,
+    DURATION_BUCKETS,
+    convention=True,
+)
 CLIENT_TIME_PER_OUTPUT_CHUNK = _metric(
-    "gen_ai.client.operation.time_per_output_chunk", HISTOGRAM, UNIT_SECONDS,
+    "gen_ai.client.operation.time_per_output_chunk",
+    HISTOGRAM,
+    UNIT_SECONDS,
     "Time between consecutive chunks of a streamed response, recorded for each chunk after the first",
-    CLIENT, CHUNK_BUCKETS, convention=True)
+    CLIENT,
+    CHUNK_BUCKETS,
+    convention=True,
+)
 # Their post-v1.41 names (semantic-conventions-genai, unreleased), emitted instead under
 # gen_ai_latest_experimental: inference calls (chat, text_completion, Responses) get the inference.*
 # duration and chunk histograms (embeddings keep gen_ai.client.operation.duration), and token counters
 # by gen_ai.token.modality plus per-operation histograms replace gen_ai.client.token.usage.
 CLIENT_INFERENCE_DURATION = _metric(
-    "gen_ai.client.inference.duration", HISTOGRAM, UNIT_SECONDS, "GenAI inference operation duration", CLIENT,
-    DURATION_BUCKETS)
+    "gen_ai.client.inference.duration",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "GenAI inference operation duration",
+    CLIENT,
+    DURATION_BUCKETS,
+)
 CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK = _metric(
-    "gen_ai.client.inference.time_to_first_chunk", HISTOGRAM, UNIT_SECONDS,
-    "Time from the request to the first chunk of a streamed response", CLIENT, DURATION_BUCKETS)
+    "gen_ai.client.inference.time_to_first_chunk",
+    HISTOGRAM,
+    UNIT_SECONDS,
+    "Time from the request to the first chunk of a streamed response",
+    CLIENT,
+    DURATION_BUCKETS,
+)
 CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK = _metric(
-    "gen_ai.client.inference.time_per_output_chunk", HISTOGRAM, UNIT_SECONDS,
+    "gen_ai.client.inference.time_per_output_chunk",
+    HISTOGRAM,
+    UNIT_SECONDS,
     "Time between consecutive chunks of a streamed response, recorded for each chunk after the first",
-    CLIENT, CHUNK_BUCKETS)
+    CLIENT,
+    CHUNK_BUCKETS,
+)
 CLIENT_USAGE_INPUT_TOKENS = _metric(
-    "gen_ai.client.inference.usage.input_tokens", COUNTER, UNIT_TOKEN,
-    "Input (prompt) tokens used, cached tokens included", CLIENT)
+    "gen_ai.client.inference.usage.input_tokens",
+    COUNTER,
+    UNIT_TOKEN,
+    "Input (prompt) tokens used, cached tokens included",
+    CLIENT,
+)
 CLIENT_USAGE_OUTPUT_TOKENS = _metric(
-    "gen_ai.client.inference.usage.output_tokens", COUNTER, UNIT_TOKEN,
-    "Output (completion) tokens used, reasoning tokens included", CLIENT)
+    "gen_ai.client.inference.usage.output_tokens",
+    COUNTER,
+    UNIT_TOKEN,
+    "Output (completion) tokens used, reasoning tokens included",
+    CLIENT,
+)
 CLIENT_USAGE_CACHE_READ_INPUT_TOKENS = _metric(
-    "gen_ai.client.inference.usage.cache_read.input_tokens", COUNTER, UNIT_TOKEN,
-    "Input tokens read from the provider's cache", CLIENT)
+    "gen_ai.client.inference.usage.cache_read.input_tokens",
+    COUNTER,
+    UNIT_TOKEN,
+    "Input tokens read from the provider's cache",
+    CLIENT,
+)
 CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS = _metric(
-    "gen_ai.client.inference.usage.cache_write.input_tokens", COUNTER, UNIT_TOKEN,
-    "Input tokens written to the provider's cache", CLIENT)
+    "gen_ai.client.inference.usage.cache_write.input_tokens",
+    COUNTER,
+    UNIT_TOKEN,
+    "Input tokens written to the provider's cache",
+    CLIENT,
+)
 CLIENT_USAGE_REASONING_OUTPUT_TOKENS = _metric(
-    "gen_ai.client.inference.usage.reasoning.output_tokens", COUNTER, UNIT_TOKEN,
-    "Output tokens spent on reasoning", CLIENT)
+    "gen_ai.client.inference.usage.reasoning.output_tokens",
+    COUNTER,
+    UNIT_TOKEN,
+    "Output tokens spent on reasoning",
+    CLIENT,
+)
 CLIENT_OPERATION_INPUT_TOKENS = _metric(
-    "gen_ai.client.inference.operation.input_tokens", HISTOGRAM, UNIT_TOKEN,
-    "Input tokens per inference operation", CLIENT, TOKEN_BUCKETS)
+    "gen_ai.client.inference.operation.input_tokens",
+    HISTOGRAM,
+    UNIT_TOKEN,
+    "Input tokens per inference operation",
+    CLIENT,
+    TOKEN_BUCKETS,
+)
 CLIENT_OPERATION_OUTPUT_TOKENS = _metric(
-    "gen_ai.client.inference.operation.output_tokens", HISTOGRAM, UNIT_TOKEN,
-    "Output tokens per inference operation", CLIENT, TOKEN_BUCKETS)
+    "gen_ai.client.inference.operation.output_tokens",
+    HISTOGRAM,
+    UNIT_TOKEN,
+    "Output tokens per inference operation",
+    CLIENT,
+    TOKEN_BUCKETS,
+)
 # metric names from semantic-conventions-genai after v1.41 (no release yet): emitted only on opt-in
-GENAI_LATEST_METRICS = frozenset({
-    CLIENT_INFERENCE_DURATION, CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
-    CLIENT_USAGE_INPUT_TOKENS, CLIENT_USAGE_OUTPUT_TOKENS, CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
-    CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, CLIENT_USAGE_REASONING_OUTPUT_TOKENS, CLIENT_OPERATION_INPUT_TOKENS,
-    CLIENT_OPERATION_OUTPUT_TOKENS})
+GENAI_LATEST_METRICS = frozenset(
+    {
+        CLIENT_INFERENCE_DURATION,
+        CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK,
+        CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+        CLIENT_USAGE_INPUT_TOKENS,
+        CLIENT_USAGE_OUTPUT_TOKENS,
+        CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
+        CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS,
+        CLIENT_USAGE_REASONING_OUTPUT_TOKENS,
+        CLIENT_OPERATION_INPUT_TOKENS,
+        CLIENT_OPERATION_OUTPUT_TOKENS,
+    }
+)
 # The example gateway's metering counter (examples/gateway): tokens by tenant, scene, model, type
 GATEWAY_TOKEN_USAGE = _metric(
-    "otel_llm.gateway.token.usage", COUNTER, UNIT_TOKEN,
-    "Tokens billed by the gateway, from the upstream response's usage", GATEWAY)
+    "otel_llm.gateway.token.usage",
+    COUNTER,
+    UNIT_TOKEN,
+    "Tokens billed by the gateway, from the upstream response's usage",
+    GATEWAY,
+)
 GATEWAY_SERVICE_NAME = "llm-gateway"
 
-# Budgets (otel_llm/budgets.py): the budget tracker counts every budget of its budget file exactly, from
+# Budgets (otel_llm/ops/budgets.py): the budget tracker counts every budget of its budget file exactly, from
 # the usage ledger (no metric label cap applies), and serves these for Prometheus (`otel-llm budget-server`)
 BUDGET_PERIOD = _attribute("otel_llm.budget.period", STRING, BUDGETS)
 BUDGET_PERIOD_DAY, BUDGET_PERIOD_MONTH, BUDGET_PERIOD_PREPAID = "day", "month", "prepaid"  # UTC calendar periods
@@ -522,20 +659,37 @@ BUDGET_STATE = _attribute("otel_llm.budget.state", STRING, GATEWAY)  # on the sp
 BUDGET_STATE_OK, BUDGET_STATE_NEAR, BUDGET_STATE_OVER = "ok", "near", "over"
 ERROR_BUDGET_EXCEEDED = "budget_exceeded"  # error.type (and the OpenAI-style error code) of a refused request
 BUDGET_USED = _metric(
-    "otel_llm.budget.used", VALUE, "1",
+    "otel_llm.budget.used",
+    VALUE,
+    "1",
     "What a budget's tenant (and scene) used in its current period (tokens, or money at the price file's prices), "
-    "from the usage ledger, streams in flight included.", BUDGETS)
+    "from the usage ledger, streams in flight included.",
+    BUDGETS,
+)
 BUDGET_LIMIT = _metric(
-    "otel_llm.budget.limit", VALUE, "1",
-    "A budget's limit in its current period (a prepaid balance: its amount plus the top-ups made so far).", BUDGETS)
+    "otel_llm.budget.limit",
+    VALUE,
+    "1",
+    "A budget's limit in its current period (a prepaid balance: its amount plus the top-ups made so far).",
+    BUDGETS,
+)
 BUDGET_WARN_RATIO = _metric(
-    "otel_llm.budget.warn_ratio", VALUE, "1", "The share of a budget's limit over which it is near.", BUDGETS)
+    "otel_llm.budget.warn_ratio", VALUE, "1", "The share of a budget's limit over which it is near.", BUDGETS
+)
 BUDGET_TRACKER_LAG = _metric(
-    "otel_llm.budget.tracker.lag", VALUE, UNIT_SECONDS,
-    "Seconds since the budget tracker last read its ledger through (its figures are this old).", BUDGETS)
+    "otel_llm.budget.tracker.lag",
+    VALUE,
+    UNIT_SECONDS,
+    "Seconds since the budget tracker last read its ledger through (its figures are this old).",
+    BUDGETS,
+)
 BUDGET_UNPRICED_TOKENS = _metric(
-    "otel_llm.budget.unpriced.tokens", VALUE, UNIT_TOKEN,
-    "Tokens of money-budgeted tenants whose model the price file does not price (not counted in money).", BUDGETS)
+    "otel_llm.budget.unpriced.tokens",
+    VALUE,
+    UNIT_TOKEN,
+    "Tokens of money-budgeted tenants whose model the price file does not price (not counted in money).",
+    BUDGETS,
+)
 
 
 # --- Set by the OpenTelemetry Collector, not by otel-llm (collector-config/) -------------------

@@ -45,8 +45,15 @@ class _SpoolFiles:
 
     RETRY_OPEN_S = 10.0
 
-    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
-                 fsync_interval_s: float = 1.0, on_drop=None):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_bytes: int = 64 << 20,
+        max_age_s: float = 3600.0,
+        fsync_interval_s: float = 1.0,
+        on_drop=None,
+    ):
         self.directory = directory
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
@@ -57,18 +64,27 @@ class _SpoolFiles:
     def _next_path(self, tag: str = "") -> str:
         os.makedirs(self.directory, exist_ok=True)
         self._seq += 1
-        name = (f"{SPOOL_PREFIX}{_safe_host()}-{os.getpid()}-{int(time.time() * 1000)}-{tag}{self._seq:04d}"
-                f"{SPOOL_SUFFIX}")
+        name = (
+            f"{SPOOL_PREFIX}{_safe_host()}-{os.getpid()}-{int(time.time() * 1000)}-{tag}{self._seq:04d}{SPOOL_SUFFIX}"
+        )
         return os.path.join(self.directory, name)
 
 
 class Spool(_SpoolFiles):
     """Append-only JSON-lines files in one directory, one file at a time per process."""
 
-    def __init__(self, directory: str, *, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
-                 fsync_interval_s: float = 1.0, on_drop=None):
-        super().__init__(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
-                         on_drop=on_drop)
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_bytes: int = 64 << 20,
+        max_age_s: float = 3600.0,
+        fsync_interval_s: float = 1.0,
+        on_drop=None,
+    ):
+        super().__init__(
+            directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s, on_drop=on_drop
+        )
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
@@ -178,8 +194,11 @@ class Spool(_SpoolFiles):
         try:
             os.fsync(fd)  # outside the lock: a request never waits for the disk
         except OSError as exc:
-            self._warn_once("fsync", f"otel-llm: fsync of the usage spool failed ({exc}); records are written "
-                                     "but a machine crash may lose the last seconds of them")
+            self._warn_once(
+                "fsync",
+                f"otel-llm: fsync of the usage spool failed ({exc}); records are written "
+                "but a machine crash may lose the last seconds of them",
+            )
 
     def close(self) -> None:
         self._stop.set()
@@ -191,8 +210,11 @@ class Spool(_SpoolFiles):
                     _fsync_and_close(fd)
 
     def _drop(self, reason: str, message: str) -> None:
-        self._warn_once(reason, f"otel-llm: usage record dropped: {message}. Requests are served; further "
-                                f"drops are counted in {semconv.USAGE_RECORDS_DROPPED}.")
+        self._warn_once(
+            reason,
+            f"otel-llm: usage record dropped: {message}. Requests are served; further "
+            f"drops are counted in {semconv.USAGE_RECORDS_DROPPED}.",
+        )
         self.on_drop(reason)
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -214,14 +236,33 @@ def _safe_host() -> str:
 class UsageLedger:
     """Writes each record to the spool and/or as an OTLP log event. Never raises."""
 
-    def __init__(self, meter, *, directory: str | None, events: bool, instance: str, service: str,
-                 fsync_interval_s: float = 1.0, max_bytes: int = 64 << 20, max_age_s: float = 3600.0,
-                 event_logger=None):
+    def __init__(
+        self,
+        meter,
+        *,
+        directory: str | None,
+        events: bool,
+        instance: str,
+        service: str,
+        fsync_interval_s: float = 1.0,
+        max_bytes: int = 64 << 20,
+        max_age_s: float = 3600.0,
+        event_logger=None,
+    ):
         self.instance = instance
         self.service = service
         self._dropped = semconv.create_instrument(meter, semconv.USAGE_RECORDS_DROPPED)
-        self.spool = Spool(directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s,
-                           on_drop=self.count_drop) if directory else None
+        self.spool = (
+            Spool(
+                directory,
+                max_bytes=max_bytes,
+                max_age_s=max_age_s,
+                fsync_interval_s=fsync_interval_s,
+                on_drop=self.count_drop,
+            )
+            if directory
+            else None
+        )
         # event_logger: where events go instead of the global LoggerProvider (the export process)
         self._event_logger = (event_logger or _event_logger()) if events else None
         self._warn = WarnOnce(_log)
@@ -246,8 +287,13 @@ class UsageLedger:
             if self.spool is not None:
                 self._write_line(fields, end_ns, span_context)
             if self._event_logger is not None:
-                self._event_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
-                                        event_name=semconv.USAGE_EVENT, attributes=fields)
+                self._event_logger.emit(
+                    timestamp=end_ns,
+                    observed_timestamp=end_ns,
+                    context=context,
+                    event_name=semconv.USAGE_EVENT,
+                    attributes=fields,
+                )
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
             self.count_drop(semconv.DROP_ERROR)
             self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
@@ -281,8 +327,10 @@ def _event_logger():
 
     provider = _logs.get_logger_provider()
     if type(provider).__module__.startswith("opentelemetry._logs"):  # the API's no-op/proxy
-        _log.warning("otel-llm: OTEL_LLM_USAGE_EVENTS is on but no OTel LoggerProvider is configured "
-                     "(set OTEL_LOGS_EXPORTER=otlp); usage events are not sent")
+        _log.warning(
+            "otel-llm: OTEL_LLM_USAGE_EVENTS is on but no OTel LoggerProvider is configured "
+            "(set OTEL_LOGS_EXPORTER=otlp); usage events are not sent"
+        )
         return None
     from otel_llm import __version__
 
@@ -318,10 +366,19 @@ class EngineSpool(_SpoolFiles):
             while written < len(data):
                 written += os.write(fd, data[written:])
         except OSError as exc:
-            reason = semconv.DROP_DISK_FULL if exc.errno == errno.ENOSPC else (
-                semconv.DROP_OPEN if self._fd is None else semconv.DROP_WRITE)
-            self._warn(reason, "otel-llm: engine usage records dropped (%s in %s). The engine serves on; further "
-                       "drops are counted in %s.", exc, self.directory, semconv.USAGE_RECORDS_DROPPED)
+            reason = (
+                semconv.DROP_DISK_FULL
+                if exc.errno == errno.ENOSPC
+                else (semconv.DROP_OPEN if self._fd is None else semconv.DROP_WRITE)
+            )
+            self._warn(
+                reason,
+                "otel-llm: engine usage records dropped (%s in %s). The engine serves on; further "
+                "drops are counted in %s.",
+                exc,
+                self.directory,
+                semconv.USAGE_RECORDS_DROPPED,
+            )
             self.on_drop(reason)
             return False
         self._size += written

@@ -86,8 +86,12 @@ def abandon_stream(url: str, path: str, body: dict, make_headers, after_events: 
     def leave():
         headers = make_headers()
         with httpx.Client(timeout=60) as client:
-            with client.stream("POST", url + path, headers=headers,
-                               json={**body, "stream": True, "stream_interval": ABORT_STREAM_INTERVAL}) as response:
+            with client.stream(
+                "POST",
+                url + path,
+                headers=headers,
+                json={**body, "stream": True, "stream_interval": ABORT_STREAM_INTERVAL},
+            ) as response:
                 assert response.status_code == 200, response.read()
                 events = 0
                 for line in response.iter_lines():
@@ -205,14 +209,16 @@ class Otel(InMemoryOtel):
 
     def __init__(self, **options):
         super().__init__()
-        OpenAIInstrumentor().instrument(tracer_provider=self.tracer_provider,
-                                        meter_provider=self.meter_provider, **options)
+        OpenAIInstrumentor().instrument(
+            tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **options
+        )
 
     def close(self):
         OpenAIInstrumentor().uninstrument()
 
 
 # --- servers -------------------------------------------------------------------------------------
+
 
 def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc=False, paced=False):
     """paced: for modules whose server must see a client leave mid-stream (VLLMServer)."""
@@ -224,7 +230,7 @@ def start_server(receiver, tmp_path_factory, name, extra_args=(), env=None, grpc
 
 
 def export_processes(server) -> dict[int, int]:
-    """The server's telemetry export processes (otel_llm/vllm/offload.py): pid -> parent pid."""
+    """The server's telemetry export processes (otel_llm/vllm/export/channel.py): pid -> parent pid."""
     found = {}
     for pid in server.pids():
         try:
@@ -232,7 +238,7 @@ def export_processes(server) -> dict[int, int]:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if b"otel_llm.vllm.export_process" in cmdline:
+        if b"otel_llm.vllm.export.process" in cmdline:
             found[pid] = ppid
     return found
 
@@ -270,9 +276,13 @@ _SCOPE_LAYERS = {"otel_llm.vllm": semconv.VLLM, "otel_llm.openai": semconv.CLIEN
 
 def _type_error(name: str, value) -> str | None:
     spec = semconv.ATTRIBUTES[name]
-    if spec.type == semconv.DOUBLE and isinstance(value, bool) or \
-            spec.type == semconv.INT and isinstance(value, bool) or \
-            not isinstance(value, semconv.PYTHON_TYPES[spec.type]):
+    if (
+        spec.type == semconv.DOUBLE
+        and isinstance(value, bool)
+        or spec.type == semconv.INT
+        and isinstance(value, bool)
+        or not isinstance(value, semconv.PYTHON_TYPES[spec.type])
+    ):
         return f"is {type(value).__name__}, the spec says {spec.type}"
     return None
 

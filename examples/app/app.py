@@ -23,8 +23,9 @@ def chat(client: openai.OpenAI, model: str) -> dict:
 
 def stream(client: openai.OpenAI, model: str) -> dict:
     chunks, response_id, usage = 0, None, None
-    with client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=32, stream=True,
-                                        stream_options={"include_usage": True}) as events:
+    with client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=32, stream=True, stream_options={"include_usage": True}
+    ) as events:
         for chunk in events:
             chunks += 1
             response_id = response_id or chunk.id
@@ -58,8 +59,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in (*CALLS, "all"):
         print(f"usage: app.py {{{'|'.join(CALLS)}|all}}", file=sys.stderr)
         return 2
-    client = openai.OpenAI(base_url=os.environ.get("APP_BASE_URL", "http://127.0.0.1:8080/v1"),
-                           api_key=os.environ["APP_API_KEY"])
+    client = openai.OpenAI(
+        base_url=os.environ.get("APP_BASE_URL", "http://127.0.0.1:8080/v1"), api_key=os.environ["APP_API_KEY"]
+    )
     model = os.environ.get("APP_MODEL") or client.models.list().data[0].id
     names = list(CALLS) if argv[0] == "all" else argv
     for name in names:

@@ -33,9 +33,24 @@ from otel_llm import semconv
 # the gateway's own), hop-by-hop headers, and the headers vLLM would prefer over our baggage
 # as tenant/scene (otel-llm's defaults), so a client cannot claim another tenant.
 DROPPED_HEADERS = {
-    "authorization", "traceparent", "tracestate", "baggage", "host", "content-length",
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "accept-encoding", "x-tenant-id", "x-scene", "x-cost-center",
+    "authorization",
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "accept-encoding",
+    "x-tenant-id",
+    "x-scene",
+    "x-cost-center",
 }
 
 log = logging.getLogger("gateway")
@@ -58,8 +73,10 @@ async def lifespan(app: FastAPI):
     app.state.keys = load_keys(os.environ["GATEWAY_KEYS_FILE"])
     timeout = httpx.Timeout(float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")), connect=10.0)
     budgets_url = os.environ.get("GATEWAY_BUDGETS_URL")
-    async with httpx.AsyncClient(base_url=os.environ["GATEWAY_UPSTREAM_URL"], timeout=timeout) as client, \
-            httpx.AsyncClient(base_url=budgets_url or "http://unused", timeout=2.0) as budgets:
+    async with (
+        httpx.AsyncClient(base_url=os.environ["GATEWAY_UPSTREAM_URL"], timeout=timeout) as client,
+        httpx.AsyncClient(base_url=budgets_url or "http://unused", timeout=2.0) as budgets,
+    ):
         app.state.client = client
         app.state.budgets = budgets if budgets_url else None
         yield
@@ -84,7 +101,7 @@ def error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
-BUDGET_CHECK_PATH = "/v1/budgets/check"  # otel_llm/budget_server.py
+BUDGET_CHECK_PATH = "/v1/budgets/check"  # otel_llm/ops/budget_server.py
 
 
 async def over_budget(budgets: httpx.AsyncClient | None, tenant: str, scene: str | None, span):
@@ -107,8 +124,14 @@ async def over_budget(budgets: httpx.AsyncClient | None, tenant: str, scene: str
     over = [b for b in decision.get("budgets", []) if b.get("state") == semconv.BUDGET_STATE_OVER]
     what = "; ".join(f"{b['period']} {b['unit']} budget: used {b['used']:g} of {b['limit']:g}" for b in over)
     retry = decision.get("retry_after")
-    body = {"error": {"message": f"Budget exceeded for this API key's tenant ({what}).",
-                      "type": "insufficient_quota", "param": None, "code": semconv.ERROR_BUDGET_EXCEEDED}}
+    body = {
+        "error": {
+            "message": f"Budget exceeded for this API key's tenant ({what}).",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": semconv.ERROR_BUDGET_EXCEEDED,
+        }
+    }
     return JSONResponse(body, status_code=429, headers={"retry-after": str(retry)} if retry else None)
 
 
@@ -122,9 +145,11 @@ def record_usage(usage, model, tenant: str, scene: str | None) -> None:
     if isinstance(model, str):
         attrs[semconv.GEN_AI_RESPONSE_MODEL] = model
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    for kind, value in ((semconv.TOKEN_TYPE_INPUT, usage.get("prompt_tokens")),
-                        (semconv.TOKEN_TYPE_CACHED_INPUT, cached),
-                        (semconv.TOKEN_TYPE_OUTPUT, usage.get("completion_tokens"))):
+    for kind, value in (
+        (semconv.TOKEN_TYPE_INPUT, usage.get("prompt_tokens")),
+        (semconv.TOKEN_TYPE_CACHED_INPUT, cached),
+        (semconv.TOKEN_TYPE_OUTPUT, usage.get("completion_tokens")),
+    ):
         if isinstance(value, int):
             token_usage.add(value, {**attrs, semconv.GEN_AI_TOKEN_TYPE: kind})
 

@@ -24,8 +24,14 @@ _log = logging.getLogger("otel_llm.openai")
 _CHAT = ("openai.resources.chat.completions.completions", "openai.resources.chat.completions")
 
 
-def _hooks(modules: tuple[str, ...], classes: tuple[str, str], method: str, operation: str,
-           api_type: str | None = None, required: bool = True) -> tuple[Hook, ...]:
+def _hooks(
+    modules: tuple[str, ...],
+    classes: tuple[str, str],
+    method: str,
+    operation: str,
+    api_type: str | None = None,
+    required: bool = True,
+) -> tuple[Hook, ...]:
     """The sync and the async class's method: one hook each."""
 
     def factory(is_async: bool):
@@ -36,22 +42,43 @@ def _hooks(modules: tuple[str, ...], classes: tuple[str, str], method: str, oper
 
         return make
 
-    return tuple(Hook(f"{cls}.{method}", modules, f"{cls}.{method}", factory(is_async),
-                      f"{operation} spans and metrics for {cls}.{method}", required)
-                 for cls, is_async in ((classes[0], False), (classes[1], True)))
+    return tuple(
+        Hook(
+            f"{cls}.{method}",
+            modules,
+            f"{cls}.{method}",
+            factory(is_async),
+            f"{operation} spans and metrics for {cls}.{method}",
+            required,
+        )
+        for cls, is_async in ((classes[0], False), (classes[1], True))
+    )
 
 
 # Every touch point of the openai package (applied by otel_llm/patching.py when openai imports
 # each module; a missing one logs one warning instead of failing). `otel-llm doctor` lists them.
 HOOKS: tuple[Hook, ...] = (
     *_hooks(_CHAT, ("Completions", "AsyncCompletions"), "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT),
-    *_hooks(_CHAT, ("Completions", "AsyncCompletions"), "parse", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_CHAT,
-            required=False),
-    *_hooks(("openai.resources.completions",), ("Completions", "AsyncCompletions"), "create",
-            semconv.OP_TEXT_COMPLETION),
+    *_hooks(
+        _CHAT,
+        ("Completions", "AsyncCompletions"),
+        "parse",
+        semconv.OP_CHAT,
+        semconv.OPENAI_API_TYPE_CHAT,
+        required=False,
+    ),
+    *_hooks(
+        ("openai.resources.completions",), ("Completions", "AsyncCompletions"), "create", semconv.OP_TEXT_COMPLETION
+    ),
     *_hooks(("openai.resources.embeddings",), ("Embeddings", "AsyncEmbeddings"), "create", semconv.OP_EMBEDDINGS),
-    *_hooks(("openai.resources.responses.responses", "openai.resources.responses"), ("Responses", "AsyncResponses"),
-            "create", semconv.OP_CHAT, semconv.OPENAI_API_TYPE_RESPONSES, required=False),
+    *_hooks(
+        ("openai.resources.responses.responses", "openai.resources.responses"),
+        ("Responses", "AsyncResponses"),
+        "create",
+        semconv.OP_CHAT,
+        semconv.OPENAI_API_TYPE_RESPONSES,
+        required=False,
+    ),
 )
 
 

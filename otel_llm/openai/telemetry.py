@@ -19,9 +19,10 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from otel_llm import content, histogram_batch, redaction, semconv
+from otel_llm import content, redaction, semconv
 from otel_llm.config import ClientSettings
 from otel_llm.redaction import exception_attributes, redacted_error
+from otel_llm.sdk import histogram_batch
 
 _log = logging.getLogger("otel_llm.openai")
 
@@ -43,13 +44,24 @@ class ClientTelemetry:
             self.tpoc = create(meter, semconv.CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK)
             self.tokens = None
             # (counter, histogram) of input and output tokens; the breakdown counters
-            self.usage_io = ((create(meter, semconv.CLIENT_USAGE_INPUT_TOKENS),
-                              create(meter, semconv.CLIENT_OPERATION_INPUT_TOKENS)),
-                             (create(meter, semconv.CLIENT_USAGE_OUTPUT_TOKENS),
-                              create(meter, semconv.CLIENT_OPERATION_OUTPUT_TOKENS)))
-            self.usage_breakdown = tuple(create(meter, name) for name in (
-                semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS,
-                semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS))
+            self.usage_io = (
+                (
+                    create(meter, semconv.CLIENT_USAGE_INPUT_TOKENS),
+                    create(meter, semconv.CLIENT_OPERATION_INPUT_TOKENS),
+                ),
+                (
+                    create(meter, semconv.CLIENT_USAGE_OUTPUT_TOKENS),
+                    create(meter, semconv.CLIENT_OPERATION_OUTPUT_TOKENS),
+                ),
+            )
+            self.usage_breakdown = tuple(
+                create(meter, name)
+                for name in (
+                    semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
+                    semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS,
+                    semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS,
+                )
+            )
             self.cache_write_attribute = semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
         else:
             self.inference_duration = self.duration
@@ -110,9 +122,29 @@ class Invocation:
     """One call: its span, its start time and what the response told us."""
 
     __slots__ = (
-        "tel", "operation", "api_type", "span", "start", "metric_attrs", "request_model", "stream",
-        "ended", "first", "last", "chunks", "finish_reasons", "usage", "response_id", "response_model",
-        "injected_usage", "input_messages", "output_parts", "lock", "choice_count", "late", "gaps",
+        "tel",
+        "operation",
+        "api_type",
+        "span",
+        "start",
+        "metric_attrs",
+        "request_model",
+        "stream",
+        "ended",
+        "first",
+        "last",
+        "chunks",
+        "finish_reasons",
+        "usage",
+        "response_id",
+        "response_model",
+        "injected_usage",
+        "input_messages",
+        "output_parts",
+        "lock",
+        "choice_count",
+        "late",
+        "gaps",
     )
 
     def __init__(self, tel: ClientTelemetry, operation: str, api_type: str | None, instance, kwargs: dict):
@@ -140,7 +172,8 @@ class Invocation:
             attrs[semconv.OPENAI_API_TYPE] = api_type
         attrs.update(request_attributes(operation, kwargs))
         self.span = tel.tracer.start_span(
-            semconv.genai_span_name(operation, self.request_model), kind=SpanKind.CLIENT, attributes=attrs)
+            semconv.genai_span_name(operation, self.request_model), kind=SpanKind.CLIENT, attributes=attrs
+        )
         self.start = perf_counter()
         self.ended = False
         self.first = self.last = None
@@ -167,8 +200,12 @@ class Invocation:
                 carrier = dict(headers) if headers else {}
                 propagate.inject(carrier, context=set_span_in_context(self.span))
                 kwargs = {**kwargs, "extra_headers": carrier}
-        if self.stream and settings.include_usage and self.operation != semconv.OP_EMBEDDINGS \
-                and self.api_type != semconv.OPENAI_API_TYPE_RESPONSES:
+        if (
+            self.stream
+            and settings.include_usage
+            and self.operation != semconv.OP_EMBEDDINGS
+            and self.api_type != semconv.OPENAI_API_TYPE_RESPONSES
+        ):
             options = kwargs.get("stream_options")
             if not isinstance(options, dict) or "include_usage" not in options:
                 base = options if isinstance(options, dict) else {}
@@ -422,9 +459,12 @@ def request_attributes(operation: str, kwargs: dict) -> dict[str, Any]:
         max_tokens = get("max_output_tokens")
     if _number(max_tokens):
         attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-    for key, name in (("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE), ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-                      ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
-                      ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY)):
+    for key, name in (
+        ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
+        ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
+        ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
+        ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY),
+    ):
         value = get(key)
         if _number(value):
             attrs[name] = float(value)
@@ -462,4 +502,3 @@ def is_raw_response_call(kwargs: dict) -> str | None:
         return None
     value = headers.get(RAW_RESPONSE_HEADER) if hasattr(headers, "get") else None
     return value if isinstance(value, str) else None
-

@@ -69,6 +69,7 @@ def _call_context(inv: Invocation):
 
 def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_async: bool):
     if is_async:
+
         async def async_wrapper(wrapped, instance, args, kwargs):
             inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
             if inv is None:

@@ -12,8 +12,9 @@ from collections.abc import Collection
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_llm import __version__, ensure_log_handler, semconv, shutdown
+from otel_llm import __version__, ensure_log_handler, semconv
 from otel_llm.config import ENV_VLLM_RUST_FRONTEND, Settings, shutdown_timeout
+from otel_llm.sdk import shutdown
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -32,7 +33,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         if importlib.util.find_spec("vllm") is None:
             _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
             return
-        from otel_llm.vllm import offload
+        from otel_llm.vllm.export import channel as offload
         from otel_llm.vllm.hooks import patcher as make_patcher
         from otel_llm.vllm.telemetry import Telemetry
 
@@ -45,20 +46,26 @@ class VLLMInstrumentor(BaseInstrumentor):
         try:
             plan = offload.plan(settings, provider, bool(kwargs.get("tracer_provider") or kwargs.get("meter_provider")))
         except Exception:  # noqa: BLE001 - the SDK in this process exports, as without the export process
-            _log.warning("otel-llm: could not set the telemetry export process up; exporting in process",
-                         exc_info=True)
+            _log.warning("otel-llm: could not set the telemetry export process up; exporting in process", exc_info=True)
         channel = None
         if plan is not None:
             tracer = offload.DeferredTracer(provider)
-            channel = offload.ExportChannel({**plan, "version": __version__},
-                                            on_drop=lambda reason: telemetry.count_export_drop(reason),
-                                            shutdown_timeout_s=shutdown_timeout())
+            channel = offload.ExportChannel(
+                {**plan, "version": __version__},
+                on_drop=lambda reason: telemetry.count_export_drop(reason),
+                shutdown_timeout_s=shutdown_timeout(),
+            )
             if not shutdown.join_shutdown(channel.close):
                 atexit.register(channel.close)
-        telemetry = Telemetry(tracer, meter, settings,
-                              resource_attributes=resource.attributes if resource is not None else None,
-                              channel=channel, offload_metrics=bool(plan and plan["metrics"]),
-                              usage_events=offload.UsageEvents() if plan and plan["usage_events"] else None)
+        telemetry = Telemetry(
+            tracer,
+            meter,
+            settings,
+            resource_attributes=resource.attributes if resource is not None else None,
+            channel=channel,
+            offload_metrics=bool(plan and plan["metrics"]),
+            usage_events=offload.UsageEvents() if plan and plan["usage_events"] else None,
+        )
         _warn_unknown_service(provider)
         _warn_untraced_frontends(sys.argv, os.environ)
         patcher = make_patcher(telemetry)
@@ -80,13 +87,17 @@ def _warn_untraced_frontends(argv, environ) -> None:
     command line rather than by patching vLLM's CLI: `vllm serve` pickles its parsed arguments,
     dispatch function included, into its API-server processes, and a wrapt proxy does not pickle.)"""
     if "--grpc" in argv[1:] or any(a.startswith("--grpc=") and a[7:].lower() in ("1", "true") for a in argv[1:]):
-        _log.warning("otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
-                     "traces none of them (no spans, metrics or usage records). Serve over HTTP (without --grpc) "
-                     "to have them traced.")
+        _log.warning(
+            "otel-llm: vllm serve --grpc serves requests outside vLLM's Python HTTP server; otel-llm "
+            "traces none of them (no spans, metrics or usage records). Serve over HTTP (without --grpc) "
+            "to have them traced."
+        )
     if environ.get(ENV_VLLM_RUST_FRONTEND, "").strip().lower() in ("1", "true", "yes"):
-        _log.warning("otel-llm: VLLM_USE_RUST_FRONTEND is set: the Rust frontend serves requests outside vLLM's "
-                     "Python API server and otel-llm traces none of them (no spans, metrics or usage records). "
-                     "Unset it to have requests traced.")
+        _log.warning(
+            "otel-llm: VLLM_USE_RUST_FRONTEND is set: the Rust frontend serves requests outside vLLM's "
+            "Python API server and otel-llm traces none of them (no spans, metrics or usage records). "
+            "Unset it to have requests traced."
+        )
 
 
 def _warn_unknown_service(provider) -> None:

@@ -79,8 +79,11 @@ class Attribution:
         if None in found:
             entries = baggage.get_all(ctx)
             if entries:
-                baggage_keys = (settings.tenant_baggage_keys, settings.scene_baggage_keys,
-                                settings.cost_center_baggage_keys)
+                baggage_keys = (
+                    settings.tenant_baggage_keys,
+                    settings.scene_baggage_keys,
+                    settings.cost_center_baggage_keys,
+                )
                 for index, keys in enumerate(baggage_keys):
                     if found[index] is None:
                         found[index] = self._valid(_first_baggage(entries, keys), limit)
@@ -109,9 +112,14 @@ class Attribution:
             return None
         value = attribution_value(raw, self.settings.attribution_max_length)
         if value is None:
-            self._warn(("invalid", what), "otel-llm: a request's %s was ignored (not a string, over %d characters, "
-                       "or control characters; %s). Further ones are not logged.", what,
-                       self.settings.attribution_max_length, ENV_ATTRIBUTION_MAX_LENGTH)
+            self._warn(
+                ("invalid", what),
+                "otel-llm: a request's %s was ignored (not a string, over %d characters, "
+                "or control characters; %s). Further ones are not logged.",
+                what,
+                self.settings.attribution_max_length,
+                ENV_ATTRIBUTION_MAX_LENGTH,
+            )
         return value
 
     def _valid(self, raw: str | None, limit: int) -> str | None:
@@ -119,9 +127,14 @@ class Attribution:
             return None
         value = attribution_value(raw, limit)
         if value is None:
-            self._warn("invalid", "otel-llm: a tenant/scene/cost-center value was ignored (over %d characters, or "
-                       "control characters; %s): such requests are attributed to no tenant. Further ones are not "
-                       "logged.", limit, ENV_ATTRIBUTION_MAX_LENGTH)
+            self._warn(
+                "invalid",
+                "otel-llm: a tenant/scene/cost-center value was ignored (over %d characters, or "
+                "control characters; %s): such requests are attributed to no tenant. Further ones are not "
+                "logged.",
+                limit,
+                ENV_ATTRIBUTION_MAX_LENGTH,
+            )
         return value
 
 
@@ -149,8 +162,13 @@ def _load_api_keys(path: str | None) -> dict:
     try:
         keys = load_api_keys(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warn_once(("api keys", path), "otel-llm: %s %s unusable (%s); tenants come from headers and baggage",
-                  ENV_API_KEYS_FILE, path, exc)
+        warn_once(
+            ("api keys", path),
+            "otel-llm: %s %s unusable (%s); tenants come from headers and baggage",
+            ENV_API_KEYS_FILE,
+            path,
+            exc,
+        )
         return {}
     return keys
 

@@ -36,79 +36,209 @@ _COMPLETION_PROTOCOL = ("vllm.entrypoints.openai.completion.protocol", "vllm.ent
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 
 FIELDS: tuple[Fields, ...] = (
-    Fields(_OUTPUT_PROCESSOR, "OutputProcessor", ("request_states",), ("tracing_enabled",),
-           why="engine request -> its RequestState; its final output (the engine's figures)"),
-    Fields(_OUTPUT_PROCESSOR, "RequestState",
-           ("request_id", "external_req_id", "parent_req", "request_index", "prompt_len", "num_cached_tokens",
-            "detokenizer", "stats"),
-           ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens", "spec_decode_metrics"),
-           why="tokens, ids and timing of each engine request"),
-    Fields(("vllm.v1.metrics.stats",), "PrefillStats", ("num_external_cached_tokens",), optional_class=True,
-           why="the part of a request's prefix-cache hit a KV connector loaded (local vs external)"),
-    Fields(("vllm.v1.metrics.stats",), "RequestSpecDecodeMetrics", ("histogram", "num_draft_tokens"),
-           optional_class=True, why="speculative decoding per request: drafts proposed and accepted"),
-    Fields(("vllm.v1.metrics.stats",), "RequestStateStats",
-           ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "first_token_latency",
-            "num_generation_tokens"),
-           ("num_preemptions",), why="queue / prefill / decode phases, TTFT"),
-    Fields(("vllm.v1.engine.detokenizer",), "IncrementalDetokenizer", ("num_output_tokens",),
-           why="output tokens"),
-    Fields(("vllm.v1.engine.detokenizer",), "BaseIncrementalDetokenizer", ("output_text",),
-           why="output text for opt-in content capture"),
-    Fields(("vllm.v1.engine.parallel_sampling",), "ParentRequest", ("request_id",),
-           why="n > 1: one prompt for the choices of one request"),
-    Fields(("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.protocol"),
-           "RequestResponseMetadata", ("request_id", "final_usage_info"),
-           why="response id; the usage vLLM reports (beam search)"),
-    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("request_id", "sampling_params"), ("session_id",),
-           why="the engine request OutputProcessor.add_request gets; its session id: gen_ai.conversation.id"),
-    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "UsageInfo",
-           ("prompt_tokens",), ("completion_tokens_details",),
-           why="the usage vLLM reports: reasoning tokens (with a reasoning parser), streamed or not"),
-    Fields(("vllm.sampling_params",), "SamplingParams", ("n", *_SAMPLING[:-2]), ("extra_args",),
-           why="gen_ai.request.* of AsyncLLM / offline requests; kv_transfer_params: the P/D leg"),
+    Fields(
+        _OUTPUT_PROCESSOR,
+        "OutputProcessor",
+        ("request_states",),
+        ("tracing_enabled",),
+        why="engine request -> its RequestState; its final output (the engine's figures)",
+    ),
+    Fields(
+        _OUTPUT_PROCESSOR,
+        "RequestState",
+        (
+            "request_id",
+            "external_req_id",
+            "parent_req",
+            "request_index",
+            "prompt_len",
+            "num_cached_tokens",
+            "detokenizer",
+            "stats",
+        ),
+        ("lora_name", "num_cache_creation_tokens", "remote_prefill_cached_tokens", "spec_decode_metrics"),
+        why="tokens, ids and timing of each engine request",
+    ),
+    Fields(
+        ("vllm.v1.metrics.stats",),
+        "PrefillStats",
+        ("num_external_cached_tokens",),
+        optional_class=True,
+        why="the part of a request's prefix-cache hit a KV connector loaded (local vs external)",
+    ),
+    Fields(
+        ("vllm.v1.metrics.stats",),
+        "RequestSpecDecodeMetrics",
+        ("histogram", "num_draft_tokens"),
+        optional_class=True,
+        why="speculative decoding per request: drafts proposed and accepted",
+    ),
+    Fields(
+        ("vllm.v1.metrics.stats",),
+        "RequestStateStats",
+        (
+            "queued_ts",
+            "scheduled_ts",
+            "first_token_ts",
+            "last_token_ts",
+            "first_token_latency",
+            "num_generation_tokens",
+        ),
+        ("num_preemptions",),
+        why="queue / prefill / decode phases, TTFT",
+    ),
+    Fields(("vllm.v1.engine.detokenizer",), "IncrementalDetokenizer", ("num_output_tokens",), why="output tokens"),
+    Fields(
+        ("vllm.v1.engine.detokenizer",),
+        "BaseIncrementalDetokenizer",
+        ("output_text",),
+        why="output text for opt-in content capture",
+    ),
+    Fields(
+        ("vllm.v1.engine.parallel_sampling",),
+        "ParentRequest",
+        ("request_id",),
+        why="n > 1: one prompt for the choices of one request",
+    ),
+    Fields(
+        ("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.protocol"),
+        "RequestResponseMetadata",
+        ("request_id", "final_usage_info"),
+        why="response id; the usage vLLM reports (beam search)",
+    ),
+    Fields(
+        ("vllm.v1.engine",),
+        "EngineCoreRequest",
+        ("request_id", "sampling_params"),
+        ("session_id",),
+        why="the engine request OutputProcessor.add_request gets; its session id: gen_ai.conversation.id",
+    ),
+    Fields(
+        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        "UsageInfo",
+        ("prompt_tokens",),
+        ("completion_tokens_details",),
+        why="the usage vLLM reports: reasoning tokens (with a reasoning parser), streamed or not",
+    ),
+    Fields(
+        ("vllm.sampling_params",),
+        "SamplingParams",
+        ("n", *_SAMPLING[:-2]),
+        ("extra_args",),
+        why="gen_ai.request.* of AsyncLLM / offline requests; kv_transfer_params: the P/D leg",
+    ),
     Fields(("vllm.v1.engine.async_llm",), "AsyncLLM", ("model_config",), why="the model of AsyncLLM requests"),
     Fields(("vllm.v1.engine.llm_engine",), "LLMEngine", ("model_config",), why="the model of offline requests"),
-    Fields(("vllm.config.model", "vllm.config"), "ModelConfig", ("model", "served_model_name"),
-           why="gen_ai.request.model of AsyncLLM / offline requests"),
-    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "ErrorResponse",
-           ("error",), why="error.type of a handler that answered with an error"),
-    Fields(("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"), "ErrorInfo",
-           ("type", "code", "message"), why="error.type and status message"),
-    Fields(_CHAT_PROTOCOL, "ChatCompletionRequest",
-           ("model", "messages", "stream", "n", "max_completion_tokens", *_SAMPLING, "use_beam_search"),
-           why="gen_ai.request.* of chat"),
-    Fields(_COMPLETION_PROTOCOL, "CompletionRequest", ("model", "prompt", "stream", "n", *_SAMPLING,
-                                                       "use_beam_search"),
-           why="gen_ai.request.* of completions"),
+    Fields(
+        ("vllm.config.model", "vllm.config"),
+        "ModelConfig",
+        ("model", "served_model_name"),
+        why="gen_ai.request.model of AsyncLLM / offline requests",
+    ),
+    Fields(
+        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        "ErrorResponse",
+        ("error",),
+        why="error.type of a handler that answered with an error",
+    ),
+    Fields(
+        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        "ErrorInfo",
+        ("type", "code", "message"),
+        why="error.type and status message",
+    ),
+    Fields(
+        _CHAT_PROTOCOL,
+        "ChatCompletionRequest",
+        ("model", "messages", "stream", "n", "max_completion_tokens", *_SAMPLING, "use_beam_search"),
+        why="gen_ai.request.* of chat",
+    ),
+    Fields(
+        _COMPLETION_PROTOCOL,
+        "CompletionRequest",
+        ("model", "prompt", "stream", "n", *_SAMPLING, "use_beam_search"),
+        why="gen_ai.request.* of completions",
+    ),
     # the engine core (engine_cost.py)
-    Fields(("vllm.v1.engine.core",), "EngineCoreProc", ("scheduler", "has_work"), ("engine_index",),
-           why="the scheduler an engine's cost book lives on; when the engine waits idle"),
-    Fields(("vllm.v1.core.sched.scheduler",), "Scheduler", ("requests", "kv_cache_manager", "vllm_config"),
-           why="the requests an engine holds, its KV cache, its model"),
-    Fields(("vllm.v1.core.kv_cache_manager",), "KVCacheManager", ("coordinator", "block_pool"),
-           why="the KV-cache groups and the pool's size"),
-    Fields(("vllm.v1.core.kv_cache_coordinator",), "KVCacheCoordinator", ("single_type_managers",),
-           why="one manager per KV-cache group"),
-    Fields(("vllm.v1.core.single_type_kv_cache_manager",), "SingleTypeKVCacheManager",
-           ("req_to_blocks", "block_size"), why="the blocks each request holds"),
+    Fields(
+        ("vllm.v1.engine.core",),
+        "EngineCoreProc",
+        ("scheduler", "has_work"),
+        ("engine_index",),
+        why="the scheduler an engine's cost book lives on; when the engine waits idle",
+    ),
+    Fields(
+        ("vllm.v1.core.sched.scheduler",),
+        "Scheduler",
+        ("requests", "kv_cache_manager", "vllm_config"),
+        why="the requests an engine holds, its KV cache, its model",
+    ),
+    Fields(
+        ("vllm.v1.core.kv_cache_manager",),
+        "KVCacheManager",
+        ("coordinator", "block_pool"),
+        why="the KV-cache groups and the pool's size",
+    ),
+    Fields(
+        ("vllm.v1.core.kv_cache_coordinator",),
+        "KVCacheCoordinator",
+        ("single_type_managers",),
+        why="one manager per KV-cache group",
+    ),
+    Fields(
+        ("vllm.v1.core.single_type_kv_cache_manager",),
+        "SingleTypeKVCacheManager",
+        ("req_to_blocks", "block_size"),
+        why="the blocks each request holds",
+    ),
     Fields(("vllm.v1.core.block_pool",), "BlockPool", ("num_gpu_blocks",), why="the KV pool's capacity"),
-    Fields(("vllm.v1.core.sched.output",), "SchedulerOutput",
-           ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs"),
-           why="a step's requests and their scheduled tokens: the split of its time"),
-    Fields(("vllm.v1.core.sched.output",), "NewRequestData", ("req_id", "num_computed_tokens"),
-           why="a request's prefix-cache hit when admitted"),
-    Fields(("vllm.v1.core.sched.output",), "CachedRequestData", ("req_ids", "num_computed_tokens"),
-           ("resumed_req_ids",), why="a preempted request's prefix-cache hit when resumed"),
-    Fields(("vllm.v1.request",), "Request",
-           ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "arrival_time",
-            "lora_request", "trace_headers", "get_finished_reason"), ("prefill_stats",),
-           why="an engine request's tokens, finish reason, trace and tenant when it finishes"),
-    Fields(("vllm.v1.engine",), "EngineCoreRequest", ("trace_headers",),
-           why="the frontend hands the engine its bill marker, traceparent and tenant"),
-    Fields(("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol"), "ResponsesRequest",
-           ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
-           why="gen_ai.request.* of the Responses API"),
+    Fields(
+        ("vllm.v1.core.sched.output",),
+        "SchedulerOutput",
+        ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs"),
+        why="a step's requests and their scheduled tokens: the split of its time",
+    ),
+    Fields(
+        ("vllm.v1.core.sched.output",),
+        "NewRequestData",
+        ("req_id", "num_computed_tokens"),
+        why="a request's prefix-cache hit when admitted",
+    ),
+    Fields(
+        ("vllm.v1.core.sched.output",),
+        "CachedRequestData",
+        ("req_ids", "num_computed_tokens"),
+        ("resumed_req_ids",),
+        why="a preempted request's prefix-cache hit when resumed",
+    ),
+    Fields(
+        ("vllm.v1.request",),
+        "Request",
+        (
+            "request_id",
+            "num_prompt_tokens",
+            "num_computed_tokens",
+            "num_output_tokens",
+            "arrival_time",
+            "lora_request",
+            "trace_headers",
+            "get_finished_reason",
+        ),
+        ("prefill_stats",),
+        why="an engine request's tokens, finish reason, trace and tenant when it finishes",
+    ),
+    Fields(
+        ("vllm.v1.engine",),
+        "EngineCoreRequest",
+        ("trace_headers",),
+        why="the frontend hands the engine its bill marker, traceparent and tenant",
+    ),
+    Fields(
+        ("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol"),
+        "ResponsesRequest",
+        ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
+        why="gen_ai.request.* of the Responses API",
+    ),
 )
 
 
@@ -169,11 +299,17 @@ def read_engine_request(state) -> EngineRequest:
         lora_name=getattr(state, "lora_name", None),
         engine_cost=_stashed_engine_cost(state),
         spec_decode=_spec_decode(getattr(state, "spec_decode_metrics", None)),  # vLLM >= 0.30
-        timing=None if stats is None else EngineTiming(
-            queued=stats.queued_ts, scheduled=stats.scheduled_ts, first_token=stats.first_token_ts,
-            last_token=stats.last_token_ts, first_token_latency=stats.first_token_latency,
+        timing=None
+        if stats is None
+        else EngineTiming(
+            queued=stats.queued_ts,
+            scheduled=stats.scheduled_ts,
+            first_token=stats.first_token_ts,
+            last_token=stats.last_token_ts,
+            first_token_latency=stats.first_token_latency,
             generation_tokens=stats.num_generation_tokens,
-            preemptions=getattr(stats, "num_preemptions", 0) or 0),  # vLLM >= 0.30
+            preemptions=getattr(stats, "num_preemptions", 0) or 0,
+        ),  # vLLM >= 0.30
     )
 
 
@@ -185,8 +321,11 @@ def _spec_decode(metrics) -> tuple[int, int, int] | None:
         histogram = metrics.histogram
         return int(metrics.num_draft_tokens), sum(j * count for j, count in enumerate(histogram)), sum(histogram)
     except (AttributeError, TypeError, ValueError):  # a release that reshaped it: the rest of the request stays
-        warn_once("spec decode shape", "otel-llm: vLLM's RequestSpecDecodeMetrics has a shape otel-llm does not "
-                  "know; spans and bills have no speculative-decoding figures")
+        warn_once(
+            "spec decode shape",
+            "otel-llm: vLLM's RequestSpecDecodeMetrics has a shape otel-llm does not "
+            "know; spans and bills have no speculative-decoding figures",
+        )
         return None
 
 
@@ -232,10 +371,14 @@ def read_sampling_params(params) -> dict:
     if not hasattr(params, "max_tokens"):
         return {}
     top_k = getattr(params, "top_k", None)
-    return {"n": getattr(params, "n", None), "max_tokens": params.max_tokens,
-            "temperature": getattr(params, "temperature", None), "top_p": getattr(params, "top_p", None),
-            "top_k": top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
-            "seed": getattr(params, "seed", None)}
+    return {
+        "n": getattr(params, "n", None),
+        "max_tokens": params.max_tokens,
+        "temperature": getattr(params, "temperature", None),
+        "top_p": getattr(params, "top_p", None),
+        "top_k": top_k if top_k and top_k > 0 else None,  # -1 / 0: disabled
+        "seed": getattr(params, "seed", None),
+    }
 
 
 def read_error(result) -> tuple[str, str] | None:
@@ -298,8 +441,11 @@ class KVPool:
 def read_kv_pool(scheduler) -> KVPool:
     manager = scheduler.kv_cache_manager
     managers = manager.coordinator.single_type_managers
-    return KVPool(tuple(m.req_to_blocks for m in managers), tuple(int(m.block_size) for m in managers),
-                  max(0, int(manager.block_pool.num_gpu_blocks) - 1))
+    return KVPool(
+        tuple(m.req_to_blocks for m in managers),
+        tuple(int(m.block_size) for m in managers),
+        max(0, int(manager.block_pool.num_gpu_blocks) - 1),
+    )
 
 
 def read_scheduler_requests(scheduler) -> dict:
@@ -340,8 +486,15 @@ def read_admitted(so, requests: dict) -> list[tuple[str, int, int, dict | None, 
     for new in so.scheduled_new_reqs:
         request = requests.get(new.req_id)
         if request is not None:
-            admitted.append((new.req_id, new.num_computed_tokens, request.num_prompt_tokens,
-                             _frontend_headers(request), _external_hit(request)))
+            admitted.append(
+                (
+                    new.req_id,
+                    new.num_computed_tokens,
+                    request.num_prompt_tokens,
+                    _frontend_headers(request),
+                    _external_hit(request),
+                )
+            )
     cached = so.scheduled_cached_reqs
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed:
@@ -406,11 +559,16 @@ def read_core_request(request, headers=None) -> CoreRequest:
     reason = request.get_finished_reason()
     lora = request.lora_request
     return CoreRequest(
-        request_id=request.request_id, prompt_tokens=int(request.num_prompt_tokens or 0),
+        request_id=request.request_id,
+        prompt_tokens=int(request.num_prompt_tokens or 0),
         output_tokens=int(request.num_output_tokens),
-        finish_reason=str(reason) if reason is not None else None, arrival_time=float(request.arrival_time),
-        lora_name=getattr(lora, "lora_name", None), trace_headers=headers,
-        frontend_billed=billed is not None, pd_prefill=billed == ENGINE_BILLED_PD_PREFILL)
+        finish_reason=str(reason) if reason is not None else None,
+        arrival_time=float(request.arrival_time),
+        lora_name=getattr(lora, "lora_name", None),
+        trace_headers=headers,
+        frontend_billed=billed is not None,
+        pd_prefill=billed == ENGINE_BILLED_PD_PREFILL,
+    )
 
 
 def enable_final_outputs(output_processor) -> None:
@@ -439,8 +597,9 @@ def _stashed_engine_cost(state) -> str | None:
     return getattr(state, _STASHED_COST, None)
 
 
-def mark_frontend_billed(engine_request, traceparent: str | None, baggage: str | None,
-                         value: str = ENGINE_BILLED) -> None:
+def mark_frontend_billed(
+    engine_request, traceparent: str | None, baggage: str | None, value: str = ENGINE_BILLED
+) -> None:
     """Tell the engine core that this frontend bills the EngineCoreRequest, with its trace and tenant
     (W3C baggage), through its trace_headers: the one field that reaches the engine's Request (vLLM
     reads only traceparent and tracestate from it, for its own tracing, which otel-llm turns off)."""
@@ -514,16 +673,25 @@ class Source:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names.add(node.name)
                 for sub in ast.walk(node):
-                    targets = sub.targets if isinstance(sub, ast.Assign) else \
-                        [sub.target] if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else []
+                    targets = (
+                        sub.targets
+                        if isinstance(sub, ast.Assign)
+                        else [sub.target]
+                        if isinstance(sub, (ast.AnnAssign, ast.AugAssign))
+                        else []
+                    )
                     for target in targets:
-                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                                and target.value.id == "self":
+                        if (
+                            isinstance(target, ast.Attribute)
+                            and isinstance(target.value, ast.Name)
+                            and target.value.id == "self"
+                        ):
                             names.add(target.attr)
         if depth < 6:
             for base in cls.bases:
-                base_name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) \
-                    else None
+                base_name = (
+                    base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+                )
                 found = self.find_class(module, base_name) if base_name else None
                 if found is not None:
                     names |= self.members(found[0], found[1], depth + 1)
@@ -542,10 +710,12 @@ class Source:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attribute:
                 return True
             if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                    (a.asname or a.name) == attribute for a in node.names):
+                (a.asname or a.name) == attribute for a in node.names
+            ):
                 return True
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attribute
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == attribute for t in node.targets
+            ):
                 return True
         return False
 
@@ -565,8 +735,7 @@ def shim_target(source: Source, module: str) -> str | None:
             names.add(node.value)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-    targets = {name for name in names
-               if name.startswith("vllm.") and name != module and source.path(name) is not None}
+    targets = {name for name in names if name.startswith("vllm.") and name != module and source.path(name) is not None}
     return targets.pop() if len(targets) == 1 else None
 
 
@@ -591,24 +760,35 @@ def check(root: str | Path, hooks: tuple | None = None, fields: tuple[Fields, ..
     for hook in hooks:
         module = source.locate(hook.modules)
         if module is None:
-            findings.append(Finding("hook", hook.name, False, hook.required, "module not found: "
-                                    + " | ".join(hook.modules)))
+            findings.append(
+                Finding("hook", hook.name, False, hook.required, "module not found: " + " | ".join(hook.modules))
+            )
             continue
         target = shim_target(source, module)
         if target is not None:
-            findings.append(Finding("hook", hook.name, False, hook.required,
-                                    f"{module} is an alias of {target}: a hook on it would never fire "
-                                    f"(list {target} first)"))
+            findings.append(
+                Finding(
+                    "hook",
+                    hook.name,
+                    False,
+                    hook.required,
+                    f"{module} is an alias of {target}: a hook on it would never fire (list {target} first)",
+                )
+            )
             continue
         ok = source.has_attribute(module, hook.attribute)
-        findings.append(Finding("hook", hook.name, ok, hook.required, f"{module}.{hook.attribute}"
-                                + ("" if ok else " not found")))
+        findings.append(
+            Finding("hook", hook.name, ok, hook.required, f"{module}.{hook.attribute}" + ("" if ok else " not found"))
+        )
     for spec in fields:
         module = source.locate(spec.modules)
         found = source.find_class(module, spec.cls) if module else None
         if found is None:
-            findings.append(Finding("fields", spec.cls, False, not spec.optional_class,
-                                    "class not found in " + " | ".join(spec.modules)))
+            findings.append(
+                Finding(
+                    "fields", spec.cls, False, not spec.optional_class, "class not found in " + " | ".join(spec.modules)
+                )
+            )
             continue
         members = source.members(*found)
         missing = [f for f in spec.required if f not in members]
@@ -637,7 +817,10 @@ def version_of(root: str | Path) -> str | None:
     if not path.is_file():
         return None
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("__version__", "version")
-                                                for t in node.targets) and isinstance(node.value, ast.Constant):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+        ):
             return str(node.value.value)
     return None

@@ -39,9 +39,26 @@ _log = logging.getLogger("otel_llm.vllm")
 class Acc:
     """One engine request's running account (integers: nanoseconds and counts)."""
 
-    __slots__ = ("busy_ns", "prefill_ns", "tokens", "prompt_left", "inflight", "blocks", "hits", "since", "block_ns",
-                 "hit_block_ns", "preemptions", "preempted_at", "preempted_ns", "preempt_log", "cached_tokens",
-                 "external_tokens", "headers", "finished")
+    __slots__ = (
+        "busy_ns",
+        "prefill_ns",
+        "tokens",
+        "prompt_left",
+        "inflight",
+        "blocks",
+        "hits",
+        "since",
+        "block_ns",
+        "hit_block_ns",
+        "preemptions",
+        "preempted_at",
+        "preempted_ns",
+        "preempt_log",
+        "cached_tokens",
+        "external_tokens",
+        "headers",
+        "finished",
+    )
 
     def __init__(self, now: int):
         self.busy_ns = self.prefill_ns = self.tokens = self.inflight = self.blocks = self.hits = 0
@@ -58,8 +75,18 @@ class Acc:
 class CostBook:
     """The accounts of one engine (one Scheduler). Main thread only."""
 
-    def __init__(self, scheduler, writer, *, instance: str, service: str, engine_instance: str,
-                 window_ns: int, attribution=None, clock=time.monotonic_ns):
+    def __init__(
+        self,
+        scheduler,
+        writer,
+        *,
+        instance: str,
+        service: str,
+        engine_instance: str,
+        window_ns: int,
+        attribution=None,
+        clock=time.monotonic_ns,
+    ):
         self.clock = clock
         now = clock()
         kv = contract.read_kv_pool(scheduler)
@@ -317,8 +344,9 @@ class CostBook:
         self.pending.append(_line(record))
         if not info.frontend_billed:
             return None
-        summary = f"{a.busy_ns},{a.prefill_ns},{a.block_ns},{a.hit_block_ns},{a.preempted_ns},{a.tokens}," \
-                  f"{a.external_tokens}"
+        summary = (
+            f"{a.busy_ns},{a.prefill_ns},{a.block_ns},{a.hit_block_ns},{a.preempted_ns},{a.tokens},{a.external_tokens}"
+        )
         if a.preempt_log:
             summary += ";" + ";".join(f"{at}:{waited}" for at, waited in a.preempt_log)
         return summary
@@ -349,8 +377,11 @@ def _trace_fields(record: dict, headers, attribution) -> None:
         from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
         tenant, scene, cost_center = attribution({}, W3CBaggagePropagator().extract({"baggage": headers["baggage"]}))
-        for key, value in ((semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene),
-                           (semconv.TENANT_COST_CENTER, cost_center)):
+        for key, value in (
+            (semconv.TENANT_ID, tenant),
+            (semconv.TENANT_SCENE, scene),
+            (semconv.TENANT_COST_CENTER, cost_center),
+        ):
             if value is not None:
                 record[key] = value
 
@@ -374,7 +405,9 @@ def _after(method: str):
             if book is not None:
                 guarded(what, getattr(book, method), result if method == "scheduled" else _first(args, kwargs))
             return result
+
         return wrapper
+
     return factory
 
 
@@ -387,7 +420,9 @@ def _before(method: str):
             if book is not None:
                 guarded(what, getattr(book, method), _first(args, kwargs))
             return wrapped(*args, **kwargs)
+
         return wrapper
+
     return factory
 
 
@@ -400,12 +435,14 @@ scheduled = _after("scheduled")  # Scheduler.schedule -> its SchedulerOutput
 
 def updated(tel):
     """Scheduler.update_from_output(scheduler_output, ...) -> the step's outputs per client."""
+
     def wrapper(wrapped, instance, args, kwargs):
         outputs = wrapped(*args, **kwargs)
         book = getattr(instance, BOOK, None)
         if book is not None:
             guarded("engine cost: updated", book.updated, _first(args, kwargs), outputs)
         return outputs
+
     return wrapper
 
 
@@ -417,6 +454,7 @@ freeing = _before("freeing")  # Scheduler._free_request_blocks(request)
 def input_queue(tel):
     """EngineCoreProc._process_input_queue: makes the book on the first call; the time the engine
     blocks waiting for input (and the tail before it) is idle."""
+
     def wrapper(wrapped, instance, args, kwargs):
         book = guarded("engine cost: book", _book_of, tel, instance)
         waits = book is not None and guarded("engine cost: idle", _starts_waiting, book, instance)
@@ -425,6 +463,7 @@ def input_queue(tel):
         finally:
             if book is not None:
                 guarded("engine cost: idle", book.got_input if waits else book.flush)
+
     return wrapper
 
 
@@ -437,9 +476,11 @@ def _starts_waiting(book: CostBook, engine_core) -> bool:
 
 def shutdown(tel):
     """EngineCore.shutdown: the last window and every record still pending are written."""
+
     def wrapper(wrapped, instance, args, kwargs):
         guarded("engine cost: shutdown", _close, instance)
         return wrapped(*args, **kwargs)
+
     return wrapper
 
 
@@ -461,10 +502,21 @@ def _book_of(tel, engine_core) -> CostBook | None:
     if not (settings.usage_dir and settings.engine_cost):
         return None
     ledger = tel.ledger
-    writer = EngineSpool(settings.usage_dir, max_bytes=settings.usage_max_bytes, max_age_s=settings.usage_max_age_s,
-                         fsync_interval_s=settings.usage_fsync_interval_s, on_drop=ledger.count_drop)
-    book = CostBook(scheduler, writer, instance=ledger.instance, service=ledger.service,
-                    engine_instance=f"{ledger.instance}/engine{contract.read_engine_index(engine_core)}",
-                    window_ns=int(settings.engine_cost_window_s * 1e9), attribution=tel.attribution)
+    writer = EngineSpool(
+        settings.usage_dir,
+        max_bytes=settings.usage_max_bytes,
+        max_age_s=settings.usage_max_age_s,
+        fsync_interval_s=settings.usage_fsync_interval_s,
+        on_drop=ledger.count_drop,
+    )
+    book = CostBook(
+        scheduler,
+        writer,
+        instance=ledger.instance,
+        service=ledger.service,
+        engine_instance=f"{ledger.instance}/engine{contract.read_engine_index(engine_core)}",
+        window_ns=int(settings.engine_cost_window_s * 1e9),
+        attribution=tel.attribution,
+    )
     setattr(scheduler, BOOK, book)
     return book

@@ -46,7 +46,7 @@ from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 from starlette.routing import Mount, Route, WebSocketRoute
 
 from otel_llm.config import Settings, disabled_instrumentations
-from otel_llm.vllm import offload
+from otel_llm.vllm.export import channel as offload
 from otel_llm.warn import entry, failed, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -57,8 +57,9 @@ def fastapi_disabled() -> bool:
     return "fastapi" in names or "*" in names
 
 
-def instrument_app(app, settings: Settings, tracer_provider=None, offload_metrics: bool = False,
-                  meter_provider=None) -> bool:
+def instrument_app(
+    app, settings: Settings, tracer_provider=None, offload_metrics: bool = False, meter_provider=None
+) -> bool:
     """tracer_provider: where the HTTP server spans go (the export process's, Telemetry.http_tracer_provider);
     None: the global one. offload_metrics: the export process records the HTTP metrics (with a
     deferred tracer provider); meter_provider: where the HTTP metrics recorded here go (None: the global one)."""
@@ -110,7 +111,7 @@ def instrument_app(app, settings: Settings, tracer_provider=None, offload_metric
 def hold_nothing_hook(span, scope) -> None:
     """FastAPI server_request_hook with the export process: a websocket's span lives as long as the
     connection, so the requests made in it send their telemetry on their own instead of with that
-    span (otel_llm/vllm/offload.py `hand_over`)."""
+    span (otel_llm/vllm/export/channel.py `hand_over`)."""
     if scope.get("type") != "http":
         offload.hold_nothing(span)
 
@@ -215,8 +216,12 @@ class LeanMiddleware(OpenTelemetryMiddleware):
             details = self.default_span_details(scope)
             active = self._active_attributes(scope)
             span, token = _replay_parts.start_internal_or_server_span(
-                tracer=self.tracer, span_name=details[0], start_time=None, context_carrier=scope,
-                context_getter=_header_getter)
+                tracer=self.tracer,
+                span_name=details[0],
+                start_time=None,
+                context_carrier=scope,
+                context_getter=_header_getter,
+            )
             if not isinstance(span, offload.DeferredSpan):  # (ours failed: a span that records nothing)
                 if token:
                     context_api.detach(token)
@@ -233,8 +238,13 @@ class LeanMiddleware(OpenTelemetryMiddleware):
         attributes), kept per method, scheme, HTTP version, server and Host header, which are all
         they read (tests/vllm/test_offload.py checks it against the maintained functions)."""
         host = tuple(value for name, value in scope.get("headers") or () if name.lower() == b"host")
-        key = (scope.get("method"), scope.get("scheme"), scope.get("http_version"), tuple(scope.get("server") or ()),
-               host)
+        key = (
+            scope.get("method"),
+            scope.get("scheme"),
+            scope.get("http_version"),
+            tuple(scope.get("server") or ()),
+            host,
+        )
         found = self.active_cache.get(key)
         if found is None:
             mode = self._sem_conv_opt_in_mode
@@ -273,16 +283,33 @@ class LeanMiddleware(OpenTelemetryMiddleware):
             message, status = response[0]
             start = (message["status"], list(message.get("headers") or ()), span._status is not status)
         ctx = span._context
-        return (self.meter_scope, self.redacts, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), span._sampled,
-                details[0], details[1], snapshot, route, start, duration_s)
+        return (
+            self.meter_scope,
+            self.redacts,
+            ctx.trace_id,
+            ctx.span_id,
+            int(ctx.trace_flags),
+            span._sampled,
+            details[0],
+            details[1],
+            snapshot,
+            route,
+            start,
+            duration_s,
+        )
 
     @inline_entry("LeanMiddleware._get_otel_send")
     def _get_otel_send(self, server_span, server_span_name, scope, send, duration_attrs):
         try:
-            if scope["type"] != "http" or not self.exclude_send_span or self.client_response_hook is not None \
-                    or get_global_response_propagator() is not None:
-                otel_send = OpenTelemetryMiddleware._get_otel_send(self, server_span, server_span_name, scope,
-                                                                   send, duration_attrs)
+            if (
+                scope["type"] != "http"
+                or not self.exclude_send_span
+                or self.client_response_hook is not None
+                or get_global_response_propagator() is not None
+            ):
+                otel_send = OpenTelemetryMiddleware._get_otel_send(
+                    self, server_span, server_span_name, scope, send, duration_attrs
+                )
             else:
                 otel_send = self._lean_send(server_span, send, duration_attrs)
             if self.meter_scope is not None and isinstance(server_span, offload.DeferredSpan):
@@ -293,8 +320,9 @@ class LeanMiddleware(OpenTelemetryMiddleware):
             return otel_send
         except Exception:  # noqa: BLE001
             failed("LeanMiddleware._get_otel_send")
-            return OpenTelemetryMiddleware._get_otel_send(self, server_span, server_span_name, scope, send,
-                                                          duration_attrs)
+            return OpenTelemetryMiddleware._get_otel_send(
+                self, server_span, server_span_name, scope, send, duration_attrs
+            )
 
     def _lean_send(self, server_span, send, duration_attrs):
         """The instrumentation's `otel_send` where it sends no `send` spans and no response
@@ -350,8 +378,10 @@ class _ReplayParts:
 try:
     _replay_parts: _ReplayParts | None = _ReplayParts()
 except (ImportError, AttributeError):
-    _log.warning("otel-llm: this opentelemetry-instrumentation-asgi lacks what the export process needs to make "
-                 "the HTTP server spans: they are made in the API server")
+    _log.warning(
+        "otel-llm: this opentelemetry-instrumentation-asgi lacks what the export process needs to make "
+        "the HTTP server spans: they are made in the API server"
+    )
     _replay_parts = None
 
 
@@ -378,8 +408,19 @@ class _HeaderGetter(type(asgi_getter)):
 _header_getter = _HeaderGetter()
 _EXCLUDED = object()
 # the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
-_SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
-               "client", "server")
+_SCOPE_KEYS = (
+    "type",
+    "asgi",
+    "http_version",
+    "method",
+    "scheme",
+    "path",
+    "raw_path",
+    "query_string",
+    "root_path",
+    "client",
+    "server",
+)
 # never sent to the export process unless the user captures request headers (then sanitized there)
 _CREDENTIAL_HEADERS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
 
@@ -419,11 +460,16 @@ def replayable(middleware: OpenTelemetryMiddleware) -> bool:
     samplers)."""
     tracer = middleware.tracer
     sampler = getattr(tracer, "sampler", None)
-    return _replay_parts is not None and isinstance(tracer, offload.DeferredTracer) \
-        and type(sampler).__module__ == "opentelemetry.sdk.trace.sampling" \
-        and _hook(middleware) in (hold_nothing_hook, redacting_hold_nothing_hook) \
-        and middleware.client_request_hook is None and middleware.client_response_hook is None \
-        and middleware.exclude_send_span and middleware.exclude_receive_span
+    return (
+        _replay_parts is not None
+        and isinstance(tracer, offload.DeferredTracer)
+        and type(sampler).__module__ == "opentelemetry.sdk.trace.sampling"
+        and _hook(middleware) in (hold_nothing_hook, redacting_hold_nothing_hook)
+        and middleware.client_request_hook is None
+        and middleware.client_response_hook is None
+        and middleware.exclude_send_span
+        and middleware.exclude_receive_span
+    )
 
 
 def cached_span_details(details, cache: dict):
@@ -434,8 +480,14 @@ def cached_span_details(details, cache: dict):
     @entry("LeanMiddleware.default_span_details", fallback=None)
     def cached(scope):
         routes = scope["app"].routes
-        key = (scope["type"], scope.get("method"), scope.get("root_path", ""), scope.get("path"), id(routes),
-               len(routes))
+        key = (
+            scope["type"],
+            scope.get("method"),
+            scope.get("root_path", ""),
+            scope.get("path"),
+            id(routes),
+            len(routes),
+        )
         found = cache.get(key)
         if found is None:
             found = details(scope)
@@ -491,8 +543,9 @@ class ActiveRequests:
         conflict.instrument = counter.name
         sdk_log.addFilter(conflict)  # (the counter is there, unused: the same name again is expected)
         try:
-            meter.create_observable_up_down_counter(counter.name, callbacks=[self.observe], unit=counter.unit,
-                                                    description=counter.description)
+            meter.create_observable_up_down_counter(
+                counter.name, callbacks=[self.observe], unit=counter.unit, description=counter.description
+            )
         finally:
             sdk_log.removeFilter(conflict)
 
@@ -536,9 +589,13 @@ class HeldUntilRecorded:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.app.replayed and trace.get_current_span() is trace.INVALID_SPAN \
-                and _replay_parts.is_http_instrumentation_enabled() and get_global_response_propagator() is None \
-                and await self.app.replayed_call(scope, receive, send):
+        if (
+            self.app.replayed
+            and trace.get_current_span() is trace.INVALID_SPAN
+            and _replay_parts.is_http_instrumentation_enabled()
+            and get_global_response_propagator() is None
+            and await self.app.replayed_call(scope, receive, send)
+        ):
             return
         held: list = []
         token = _held.set(held)
@@ -560,11 +617,13 @@ class _Capture:
         self.next: tuple | None = None  # (span context, sampled) of the request replayed
         self.span: offload.DeferredSpan | None = None
 
-    def start_span(self, name, context=None, kind=trace.SpanKind.INTERNAL, attributes=None, links=None,
-                   start_time=None, **_ignored):
+    def start_span(
+        self, name, context=None, kind=trace.SpanKind.INTERNAL, attributes=None, links=None, start_time=None, **_ignored
+    ):
         span_context, sampled = self.next
-        self.span = offload.DeferredSpan(name, span_context, None, kind, attributes if sampled else None, links, 0,
-                                         sampled, offload.Outbox(), self)
+        self.span = offload.DeferredSpan(
+            name, span_context, None, kind, attributes if sampled else None, links, 0, sampled, offload.Outbox(), self
+        )
         return self.span
 
 
@@ -599,9 +658,13 @@ class HttpReplay:
 
     def __init__(self, meter):
         self.tracer = _Capture()
-        self.middleware = OpenTelemetryMiddleware(self._app, tracer=self.tracer, meter=meter,
-                                                  default_span_details=self._span_details,
-                                                  exclude_spans=["receive", "send"])
+        self.middleware = OpenTelemetryMiddleware(
+            self._app,
+            tracer=self.tracer,
+            meter=meter,
+            default_span_details=self._span_details,
+            exclude_spans=["receive", "send"],
+        )
         self.middleware.active_requests_counter = _NotCounted()
         self._details: tuple = ("", {})
         self._start: tuple | None = None
@@ -654,8 +717,9 @@ def merge_replayed(span: tuple, captured: offload.DeferredSpan, start: tuple | N
         attributes.pop(key, None)
         attributes[key] = value
     status, replayed = span[12], captured._status
-    if replayed is not None and (status is None or (status[0] != StatusCode.OK.value
-                                                    and not (start is not None and start[2]))):
+    if replayed is not None and (
+        status is None or (status[0] != StatusCode.OK.value and not (start is not None and start[2]))
+    ):
         status = replayed
     return (*span[:11], attributes, status, span[13], [*captured._events, *span[14]])
 
@@ -679,13 +743,18 @@ def build_app_wrapper(tel):
 
             routes.wrap_routes(app, tel)
         except Exception:
-            _log.warning("otel-llm: could not wrap vLLM's routes; only handler-hooked endpoints get spans",
-                         exc_info=True)
+            _log.warning(
+                "otel-llm: could not wrap vLLM's routes; only handler-hooked endpoints get spans", exc_info=True
+            )
         if fastapi_disabled():
             return app
         try:
-            instrument_app(app, tel.settings, tel.http_tracer_provider(),
-                           offload_metrics=tel.channel is not None and tel.metrics is None)
+            instrument_app(
+                app,
+                tel.settings,
+                tel.http_tracer_provider(),
+                offload_metrics=tel.channel is not None and tel.metrics is None,
+            )
         except Exception:
             _log.warning("otel-llm: could not instrument vLLM's FastAPI app", exc_info=True)
         return app

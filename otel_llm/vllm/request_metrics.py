@@ -2,7 +2,7 @@
 created from otel_llm/semconv.py.
 
 The same recorder runs in the API server (when telemetry is exported in process) or in the
-export process (otel_llm/vllm/export_process.py), which receives the Measurement as a plain
+export process (otel_llm/vllm/export/process.py), which receives the Measurement as a plain
 tuple; so this module imports nothing of vLLM and nothing that needs the API server.
 """
 
@@ -51,12 +51,15 @@ class RequestMetrics:
         self._compute_totals: dict[tuple, float] = {}
         self.compute_time = semconv.create_instrument(meter, semconv.SERVER_COMPUTE_TIME, [self._observe_compute])
         self.scheduled_time_to_first_token = semconv.create_instrument(
-            meter, semconv.SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN)
+            meter, semconv.SERVER_SCHEDULED_TIME_TO_FIRST_TOKEN
+        )
         self._spec_totals: dict[tuple, list[int]] = {}  # key -> [drafts, accepted]
-        self.spec_draft_tokens = semconv.create_instrument(meter, semconv.SERVER_SPEC_DRAFT_TOKENS,
-                                                           [self._observe_spec_drafts])
-        self.spec_accepted_tokens = semconv.create_instrument(meter, semconv.SERVER_SPEC_ACCEPTED_TOKENS,
-                                                              [self._observe_spec_accepted])
+        self.spec_draft_tokens = semconv.create_instrument(
+            meter, semconv.SERVER_SPEC_DRAFT_TOKENS, [self._observe_spec_drafts]
+        )
+        self.spec_accepted_tokens = semconv.create_instrument(
+            meter, semconv.SERVER_SPEC_ACCEPTED_TOKENS, [self._observe_spec_accepted]
+        )
         self._metric_attributes: dict[tuple, dict[str, Any]] = {}
 
     def record(self, m: Measurement, context=None) -> None:
@@ -89,9 +92,13 @@ class RequestMetrics:
         if attrs is None:
             operation, model, response_model, tenant, scene, cost_center = key
             attrs = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM}
-            for name, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_RESPONSE_MODEL, response_model),
-                                (semconv.TENANT_ID, tenant), (semconv.TENANT_SCENE, scene),
-                                (semconv.TENANT_COST_CENTER, cost_center)):
+            for name, value in (
+                (semconv.GEN_AI_REQUEST_MODEL, model),
+                (semconv.GEN_AI_RESPONSE_MODEL, response_model),
+                (semconv.TENANT_ID, tenant),
+                (semconv.TENANT_SCENE, scene),
+                (semconv.TENANT_COST_CENTER, cost_center),
+            ):
                 if value is not None:
                     attrs[name] = value
             if len(self._metric_attributes) > 10_000:  # models x guarded tenants never get here
@@ -107,19 +114,22 @@ class RequestMetrics:
 
     @warn.entry("observing the token totals", fallback=())
     def _observe_tokens(self, options):
-        return [Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
-                for (key, token_type), value in list(self._token_totals.items())]
-
+        return [
+            Observation(value, {**self.metric_attributes(key), semconv.GEN_AI_TOKEN_TYPE: token_type})
+            for (key, token_type), value in list(self._token_totals.items())
+        ]
 
     @warn.entry("observing the draft token totals", fallback=())
     def _observe_spec_drafts(self, options):
-        return [Observation(drafts, self.metric_attributes(key))
-                for key, (drafts, _) in list(self._spec_totals.items())]
+        return [
+            Observation(drafts, self.metric_attributes(key)) for key, (drafts, _) in list(self._spec_totals.items())
+        ]
 
     @warn.entry("observing the accepted draft token totals", fallback=())
     def _observe_spec_accepted(self, options):
-        return [Observation(accepted, self.metric_attributes(key))
-                for key, (_, accepted) in list(self._spec_totals.items())]
+        return [
+            Observation(accepted, self.metric_attributes(key)) for key, (_, accepted) in list(self._spec_totals.items())
+        ]
 
     @warn.entry("observing the compute totals", fallback=())
     def _observe_compute(self, options):

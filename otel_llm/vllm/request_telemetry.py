@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import content, redaction, semconv
 from otel_llm.vllm import contract
-from otel_llm.vllm.offload import DeferredSpan
+from otel_llm.vllm.export.channel import DeferredSpan
 from otel_llm.vllm.request_metrics import Measurement, outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
 from otel_llm.warn import failed, guarded, warn_once
@@ -105,8 +105,19 @@ class RequestInfo:
         return attrs
 
 
-def request_info(operation: str, get, *, tenant=None, scene=None, cost_center=None, api_key_id=None, user=None,
-                 api_type=None, request=None, conversation_id=None) -> RequestInfo:
+def request_info(
+    operation: str,
+    get,
+    *,
+    tenant=None,
+    scene=None,
+    cost_center=None,
+    api_key_id=None,
+    user=None,
+    api_type=None,
+    request=None,
+    conversation_id=None,
+) -> RequestInfo:
     """RequestInfo from a request's parameters, get(name) giving each or None: a handler's request
     object, or a route's JSON body. The first of max_completion_tokens / max_tokens /
     max_output_tokens (Responses API) is the request's max tokens."""
@@ -164,8 +175,16 @@ class RequestTelemetry:
         "final_outputs",
     )
 
-    def __init__(self, telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False,
-                 start_ns: int | None = None, links=None, context=None):
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        info: RequestInfo,
+        *,
+        engine_owned: bool = False,
+        start_ns: int | None = None,
+        links=None,
+        context=None,
+    ):
         self.telemetry = telemetry
         self.info = info
         self.start_ns = start_ns or time.time_ns()
@@ -350,14 +369,34 @@ class RequestTelemetry:
         # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
         if engines and self.telemetry.ledger.enabled and not prefill_leg:
             # before the span ends, and whether or not the trace is sampled
-            guarded("writing a request's usage record", self._write_usage, usage, finish_reasons, error_type,
-                    response, response_model, end_ns, engines, request_model, attrs)
+            guarded(
+                "writing a request's usage record",
+                self._write_usage,
+                usage,
+                finish_reasons,
+                error_type,
+                response,
+                response_model,
+                end_ns,
+                engines,
+                request_model,
+                attrs,
+            )
         span.set_attributes(attrs)
         span.end(end_time=end_ns)
         compute_ns = attrs.get(semconv.COST_COMPUTE_NS)
-        guarded("recording a request's metrics", self._record_metrics, None if prefill_leg else usage, timing,
-                error_type, response_model, (end_ns - self.start_ns) / 1e9, request_model,
-                None if compute_ns is None else compute_ns / 1e9, None if prefill_leg else spec)
+        guarded(
+            "recording a request's metrics",
+            self._record_metrics,
+            None if prefill_leg else usage,
+            timing,
+            error_type,
+            response_model,
+            (end_ns - self.start_ns) / 1e9,
+            request_model,
+            None if compute_ns is None else compute_ns / 1e9,
+            None if prefill_leg else spec,
+        )
         guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
 
     def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
@@ -374,8 +413,18 @@ class RequestTelemetry:
                 outputs.setdefault(engine.index, []).append(engine.output_text)
         self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
 
-    def _write_usage(self, usage: Usage, finish_reasons, error_type, response, response_model, end_ns: int,
-                     engines: list[contract.EngineRequest], request_model: str | None, attrs: dict) -> None:
+    def _write_usage(
+        self,
+        usage: Usage,
+        finish_reasons,
+        error_type,
+        response,
+        response_model,
+        end_ns: int,
+        engines: list[contract.EngineRequest],
+        request_model: str | None,
+        attrs: dict,
+    ) -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
         first = engines[0]
         info = self.info
@@ -440,8 +489,13 @@ class RequestTelemetry:
             usage.cached_input_tokens += engine.cached_tokens
             usage.cache_creation_input_tokens += engine.cache_creation_tokens
             # a P/D decode leg: the prefill node's hits; else what a KV connector loaded (the engine's figures)
-            external = engine.remote_cached_tokens if engine.remote_cached_tokens is not None \
-                else _cost_summary(engine.engine_cost)[1] if engine.engine_cost else 0
+            external = (
+                engine.remote_cached_tokens
+                if engine.remote_cached_tokens is not None
+                else _cost_summary(engine.engine_cost)[1]
+                if engine.engine_cost
+                else 0
+            )
             if external:
                 usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + external
         return usage
@@ -544,7 +598,7 @@ class RequestTelemetry:
                 break
             start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
             stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
-            if deferred:  # exported with this request (otel_llm/vllm/offload.py)
+            if deferred:  # exported with this request (otel_llm/vllm/export/channel.py)
                 self.span.add_child(name, start_ns, stop_ns, attrs)
             else:
                 tracer.start_span(
@@ -554,18 +608,42 @@ class RequestTelemetry:
             if not stop:
                 break
 
-    def _record_metrics(self, usage: Usage, timing: "_Timing", error_type, response_model, duration: float,
-                        request_model: str | None, compute: float | None = None, spec=None) -> None:
+    def _record_metrics(
+        self,
+        usage: Usage,
+        timing: "_Timing",
+        error_type,
+        response_model,
+        duration: float,
+        request_model: str | None,
+        compute: float | None = None,
+        spec=None,
+    ) -> None:
         tel = self.telemetry
         key = self._metric_key(error_type, request_model, response_model)
         # (usage None: a P/D prefill leg, counted on its decode node)
-        tokens = (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) \
-            if self.engine_states and usage is not None else None
+        tokens = (
+            (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens)
+            if self.engine_states and usage is not None
+            else None
+        )
         if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
             tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
-        tel.record_request(self.span, self.context, Measurement(key, error_type, timing.ttft, timing.tpot, duration,
-                                                                tokens, compute, timing.scheduled_ttft,
-                                                                None if spec is None else spec[:2]))
+        tel.record_request(
+            self.span,
+            self.context,
+            Measurement(
+                key,
+                error_type,
+                timing.ttft,
+                timing.tpot,
+                duration,
+                tokens,
+                compute,
+                timing.scheduled_ttft,
+                None if spec is None else spec[:2],
+            ),
+        )
 
     def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> tuple:
         """The request's metric series (request_metrics.Measurement.key), label values guarded."""
@@ -573,8 +651,14 @@ class RequestTelemetry:
         info = self.info
         # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
         model = request_model if error_type is None else tel.label_failed_model(request_model)
-        return (info.operation, model, response_model, tel.label_tenant(info.tenant), tel.label_scene(info.scene),
-                tel.label_cost_center(info.cost_center))
+        return (
+            info.operation,
+            model,
+            response_model,
+            tel.label_tenant(info.tenant),
+            tel.label_scene(info.scene),
+            tel.label_cost_center(info.cost_center),
+        )
 
     # --- live counting (otel_llm/vllm/live.py; on the event loop, under its lock) ----------
     def progress(self, now_ns: int) -> tuple | None:
@@ -610,9 +694,14 @@ class RequestTelemetry:
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
         }
-        for key, value in ((semconv.GEN_AI_REQUEST_MODEL, info.model), (semconv.TENANT_ID, info.tenant),
-                           (semconv.TENANT_SCENE, info.scene), (semconv.TENANT_COST_CENTER, info.cost_center),
-                           (semconv.API_KEY_ID, info.api_key_id), (semconv.USER_ID, info.user)):
+        for key, value in (
+            (semconv.GEN_AI_REQUEST_MODEL, info.model),
+            (semconv.TENANT_ID, info.tenant),
+            (semconv.TENANT_SCENE, info.scene),
+            (semconv.TENANT_COST_CENTER, info.cost_center),
+            (semconv.API_KEY_ID, info.api_key_id),
+            (semconv.USER_ID, info.user),
+        ):
             if value is not None:
                 fields[key] = value
         ledger.write_progress(fields, now_ns, self.span.get_span_context())
@@ -656,8 +745,14 @@ def _cost_summary(summary: str) -> tuple[list[int], int, list[tuple[int, int]]]:
     return values[:count], external, [(int(at), int(waited)) for at, waited in (p.split(":") for p in preemptions)]
 
 
-_COST_FIELDS = (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,
-                semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS, semconv.COST_SCHEDULED_TOKENS)
+_COST_FIELDS = (
+    semconv.COST_COMPUTE_NS,
+    semconv.COST_PREFILL_COMPUTE_NS,
+    semconv.COST_KV_BLOCK_NS,
+    semconv.COST_KV_HIT_BLOCK_NS,
+    semconv.COST_PREEMPTED_NS,
+    semconv.COST_SCHEDULED_TOKENS,
+)
 
 
 class _Timing:
@@ -688,7 +783,8 @@ def _phase_bounds(stats: contract.EngineTiming):
 _NO_ENGINE_EVENTS = (
     "otel-llm: vLLM's engine core records no queue/schedule timestamps (it was started with "
     "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
-    "child spans. Drop --disable-log-stats to get them.")
+    "child spans. Drop --disable-log-stats to get them."
+)
 
 
 def redacted_error(text: str) -> str:
@@ -699,11 +795,17 @@ def redacted_error(text: str) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "…"
 
 
-def start_request(telemetry: Telemetry, info: RequestInfo, *, engine_owned: bool = False, start_ns: int | None = None,
-                  links=None, context=None) -> RequestTelemetry:
+def start_request(
+    telemetry: Telemetry,
+    info: RequestInfo,
+    *,
+    engine_owned: bool = False,
+    start_ns: int | None = None,
+    links=None,
+    context=None,
+) -> RequestTelemetry:
     """A request's telemetry, its GenAI span started (at `start_ns`, default now)."""
-    return RequestTelemetry(telemetry, info, engine_owned=engine_owned, start_ns=start_ns, links=links,
-                            context=context)
+    return RequestTelemetry(telemetry, info, engine_owned=engine_owned, start_ns=start_ns, links=links, context=context)
 
 
 def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:

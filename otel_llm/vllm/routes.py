@@ -230,9 +230,16 @@ def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> Req
     except Exception:  # the request still gets its span and bill, without its end user
         failed("reading a request's end user")
         user = None
-    info = request_info(route.operation or semconv.OP_TEXT_COMPLETION, _body_params(body),
-                        tenant=tenant, scene=scene, cost_center=cost_center, api_key_id=api_key_id,
-                        user=user, api_type=route.api_type)
+    info = request_info(
+        route.operation or semconv.OP_TEXT_COMPLETION,
+        _body_params(body),
+        tenant=tenant,
+        scene=scene,
+        cost_center=cost_center,
+        api_key_id=api_key_id,
+        user=user,
+        api_type=route.api_type,
+    )
     return start_request(tel, info, start_ns=state.start_ns, engine_owned=engine_owned)
 
 

@@ -1,6 +1,6 @@
 """What all requests of one API-server process share: tracer, settings, the usage ledger, content
 capture, the request metrics (otel_llm/vllm/request_metrics.py) or the export process's channel
-(otel_llm/vllm/offload.py), metric label guards, tenant attribution and the registry of engine
+(otel_llm/vllm/export/channel.py), metric label guards, tenant attribution and the registry of engine
 requests in flight.
 """
 
@@ -17,8 +17,8 @@ from otel_llm import content, semconv, warn
 from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
+from otel_llm.vllm.export.channel import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.live import LiveCounter
-from otel_llm.vllm.offload import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 
 
@@ -41,23 +41,40 @@ class Usage:
 class Telemetry:
     """Tracer, instruments and settings shared by all requests of one process."""
 
-    def __init__(self, tracer: trace.Tracer, meter, settings: Settings, resource_attributes=None, *,
-                 channel: ExportChannel | None = None, offload_metrics: bool = False, usage_events=None):
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        meter,
+        settings: Settings,
+        resource_attributes=None,
+        *,
+        channel: ExportChannel | None = None,
+        offload_metrics: bool = False,
+        usage_events=None,
+    ):
         self.tracer = tracer
         self.settings = settings
         resource_attributes = resource_attributes or {}
         self.ledger = UsageLedger(
-            meter, directory=settings.usage_dir, events=settings.usage_events,
+            meter,
+            directory=settings.usage_dir,
+            events=settings.usage_events,
             instance=str(resource_attributes.get(semconv.SERVICE_INSTANCE_ID) or socket.gethostname()),
             service=str(resource_attributes.get(semconv.SERVICE_NAME) or semconv.SERVICE_NAME_DEFAULT),
-            fsync_interval_s=settings.usage_fsync_interval_s, max_bytes=settings.usage_max_bytes,
-            max_age_s=settings.usage_max_age_s, event_logger=usage_events)
+            fsync_interval_s=settings.usage_fsync_interval_s,
+            max_bytes=settings.usage_max_bytes,
+            max_age_s=settings.usage_max_age_s,
+            event_logger=usage_events,
+        )
         # opt-in prompt / completion capture, redacted and capped (otel_llm/content.py)
         self.capture = content.Capture(meter) if settings.capture_content else None
         self.attribution = Attribution(settings)
         # v1.41's name, or its post-v1.41 rename under OTEL_SEMCONV_STABILITY_OPT_IN (semconv.py)
-        self.cache_write_attribute = semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS \
-            if settings.genai_latest_experimental else semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+        self.cache_write_attribute = (
+            semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+            if settings.genai_latest_experimental
+            else semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+        )
         # with an API-key map, only the tenants, scenes and cost centers it names get metric labels
         vouched = self.attribution.vouched()
         self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[0])
@@ -66,7 +83,7 @@ class Telemetry:
         self.label_failed_model = LabelGuard(limit=20)
         # in process, or (None) recorded by the export process from each request's Measurement
         self.metrics = RequestMetrics(meter) if channel is None or not offload_metrics else None
-        # the export process's socket (otel_llm/vllm/offload.py), or None: the SDK exports in process
+        # the export process's socket (otel_llm/vllm/export/channel.py), or None: the SDK exports in process
         self.channel = channel
         self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
         # failures of our own code this process caught (otel_llm/warn.py), by where they happened

@@ -29,10 +29,18 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type
     def get(name):
         return fields[name] if name in fields else getattr(request, name, None)
 
-    return request_info(operation, get, tenant=caller.tenant, scene=caller.scene, cost_center=caller.cost_center,
-                        api_key_id=caller.api_key_id, user=tel.attribution.end_user(get), api_type=api_type,
-                        request=request if tel.capture is not None else None,
-                        conversation_id=_conversation(tel, raw_request))
+    return request_info(
+        operation,
+        get,
+        tenant=caller.tenant,
+        scene=caller.scene,
+        cost_center=caller.cost_center,
+        api_key_id=caller.api_key_id,
+        user=tel.attribution.end_user(get),
+        api_type=api_type,
+        request=request if tel.capture is not None else None,
+        conversation_id=_conversation(tel, raw_request),
+    )
 
 
 @_safe("reading a request's conversation header")
@@ -45,8 +53,9 @@ def _conversation(tel: Telemetry, raw_request) -> str | None:
 def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
         start = _safe(f"starting the {operation} span")(
-            lambda request, raw_request: _claimed(start_request(tel, _request_info(operation, request, tel, raw_request,
-                                                                           api_type)))
+            lambda request, raw_request: _claimed(
+                start_request(tel, _request_info(operation, request, tel, raw_request, api_type))
+            )
         )
 
         async def wrapper(wrapped, instance, args, kwargs):
@@ -119,9 +128,7 @@ def _finish_handler(record, result, raw_request):
 
 
 def attach_engine_request(tel: Telemetry):
-    on_attach = _safe("attaching an engine request")(
-        lambda instance, request: _attach(tel, instance, request)
-    )
+    on_attach = _safe("attaching an engine request")(lambda instance, request: _attach(tel, instance, request))
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
@@ -150,18 +157,28 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
             if tel.reads_final_outputs:
                 contract.enable_final_outputs(output_processor)
             contract.mark_frontend_billed(
-                request, _traceparent(record.span), _baggage(tel, record.info),
-                contract.ENGINE_BILLED_PD_PREFILL if record.pd_role == semconv.PD_ROLE_PREFILL
-                else contract.ENGINE_BILLED)
+                request,
+                _traceparent(record.span),
+                _baggage(tel, record.info),
+                contract.ENGINE_BILLED_PD_PREFILL
+                if record.pd_role == semconv.PD_ROLE_PREFILL
+                else contract.ENGINE_BILLED,
+            )
 
 
 def _baggage(tel: Telemetry, info) -> str | None:
     """The request's tenant, scene and cost center as W3C baggage (under the first baggage key of
     each), for the engine's record of it."""
     settings = tel.settings
-    entries = [f"{keys[0]}={quote(value, safe='')}" for keys, value in (
-        (settings.tenant_baggage_keys, info.tenant), (settings.scene_baggage_keys, info.scene),
-        (settings.cost_center_baggage_keys, info.cost_center)) if keys and value]
+    entries = [
+        f"{keys[0]}={quote(value, safe='')}"
+        for keys, value in (
+            (settings.tenant_baggage_keys, info.tenant),
+            (settings.scene_baggage_keys, info.scene),
+            (settings.cost_center_baggage_keys, info.cost_center),
+        )
+        if keys and value
+    ]
     return ",".join(entries) or None
 
 
@@ -189,8 +206,9 @@ def engine_finished(tel: Telemetry):
     def on_finish(output_processor, req_state, finish_reason):
         record = tel.engine_request_record(contract.read_state_id(req_state))
         if record is not None:
-            record.on_engine_finished(req_state, finish_reason, tel.reads_final_outputs
-                                      and contract.final_outputs_enabled(output_processor))
+            record.on_engine_finished(
+                req_state, finish_reason, tel.reads_final_outputs and contract.final_outputs_enabled(output_processor)
+            )
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
@@ -318,9 +336,17 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
             return
         operation = route.operation or semconv.OP_TEXT_COMPLETION
         tenant, scene, cost_center, api_key_id = tel.attribution.caller(request.headers)
-        record = start_request(tel, RequestInfo(operation=operation, tenant=tenant, scene=scene,
-                                                cost_center=cost_center, api_key_id=api_key_id,
-                                       api_type=route.api_type))
+        record = start_request(
+            tel,
+            RequestInfo(
+                operation=operation,
+                tenant=tenant,
+                scene=scene,
+                cost_center=cost_center,
+                api_key_id=api_key_id,
+                api_type=route.api_type,
+            ),
+        )
         error_type = str(getattr(response, "status_code", "400"))
         if by_exception and exc is not None:
             error_type = type(exc).__qualname__
@@ -334,8 +360,11 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
 
     async def wrapper(wrapped, instance, args, kwargs):
         response = await wrapped(*args, **kwargs)
-        record_rejection(args[0] if args else kwargs.get("req", kwargs.get("request")),
-                         args[1] if len(args) > 1 else kwargs.get("exc"), response)
+        record_rejection(
+            args[0] if args else kwargs.get("req", kwargs.get("request")),
+            args[1] if len(args) > 1 else kwargs.get("exc"),
+            response,
+        )
         return response
 
     return wrapper
@@ -351,11 +380,14 @@ def background_response(tel: Telemetry):
     """Responses API with background=true: the handler answers `queued` and a task generates later.
     That work is its own request (span, tokens, usage record), linked to the request that started it."""
     start = _safe("starting a background response span")(
-        lambda request, origin: start_request(tel,
+        lambda request, origin: start_request(
+            tel,
             _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES)
-            if origin is None else origin.info,
+            if origin is None
+            else origin.info,
             links=[trace.Link(origin.span.get_span_context())] if origin is not None else None,
-            context=otel_context.Context())  # a trace of its own: the first one may be decided already
+            context=otel_context.Context(),
+        )  # a trace of its own: the first one may be decided already
     )
 
     async def wrapper(wrapped, instance, args, kwargs):

@@ -87,11 +87,13 @@ CASES = {
     "aborted": synthetic_trace({semconv.VLLM_ABORTED: True, semconv.ERROR_TYPE: semconv.ERROR_CLIENT_ABORTED}),
     "slow": synthetic_trace(duration_ms=45_000),
     "slow_ttft": synthetic_trace({semconv.VLLM_TTFT_SECONDS: 7.5}),
-    "big_input": synthetic_trace({semconv.GEN_AI_USAGE_INPUT_TOKENS: 60_000,
-                                  semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 58_000}),
+    "big_input": synthetic_trace(
+        {semconv.GEN_AI_USAGE_INPUT_TOKENS: 60_000, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 58_000}
+    ),
     "big_output": synthetic_trace({semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 12_000}, duration_ms=25_000),
-    "cache_miss": synthetic_trace({semconv.GEN_AI_USAGE_INPUT_TOKENS: 9_000,
-                                   semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0}),
+    "cache_miss": synthetic_trace(
+        {semconv.GEN_AI_USAGE_INPUT_TOKENS: 9_000, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0}
+    ),
 }
 # case -> the policies that must keep it (besides the baseline)
 EXPECTED = {
@@ -110,6 +112,7 @@ EXPECTED = {
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+
 
 def test_config_files_present():
     names = {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIG_FILES}
@@ -185,12 +188,16 @@ def test_every_policy_is_exercised():
 
 def test_numeric_attribute_ignores_floats():
     """Why TTFT uses OTTL: a numeric_attribute policy on a float attribute never matches."""
-    policy = {"name": "x", "type": "numeric_attribute",
-              "numeric_attribute": {"key": semconv.VLLM_TTFT_SECONDS, "min_value": 1, "max_value": 100}}
+    policy = {
+        "name": "x",
+        "type": "numeric_attribute",
+        "numeric_attribute": {"key": semconv.VLLM_TTFT_SECONDS, "min_value": 1, "max_value": 100},
+    }
     assert policy_matches(policy, synthetic_trace({semconv.VLLM_TTFT_SECONDS: 7.5})) is False
 
 
 # ---- negative tests: mutated copies must fail ---------------------------------------------------
+
 
 @pytest.fixture
 def cfg():
@@ -223,10 +230,16 @@ def test_negative_connector_signal_mismatch(cfg):
 
 def test_negative_unknown_attribute(cfg):
     policies = tail_sampling_policies(cfg)
-    policies.append({"name": "bogus", "type": "numeric_attribute",
-                     "numeric_attribute": {"key": "gen_ai.usage.prompt_tokens", "min_value": 1, "max_value": 2}})
-    policies.append({"name": "bogus-ottl", "type": "ottl_condition",
-                     "ottl_condition": {"span": ['attributes["vllm.ttft"] > 1.0']}})
+    policies.append(
+        {
+            "name": "bogus",
+            "type": "numeric_attribute",
+            "numeric_attribute": {"key": "gen_ai.usage.prompt_tokens", "min_value": 1, "max_value": 2},
+        }
+    )
+    policies.append(
+        {"name": "bogus-ottl", "type": "ottl_condition", "ottl_condition": {"span": ['attributes["vllm.ttft"] > 1.0']}}
+    )
     errors = check_policy_attributes(cfg)
     assert any("'gen_ai.usage.prompt_tokens' is not a name in otel_llm/semconv.py" in e for e in errors)
     assert any("'vllm.ttft' is not a name" in e for e in errors)
@@ -234,12 +247,27 @@ def test_negative_unknown_attribute(cfg):
 
 def test_negative_wrong_attribute_type(cfg):
     policies = tail_sampling_policies(cfg)
-    policies.append({"name": "ttft-numeric", "type": "numeric_attribute",
-                     "numeric_attribute": {"key": semconv.VLLM_TTFT_SECONDS, "min_value": 5, "max_value": 100}})
-    policies.append({"name": "ttft-int-literal", "type": "ottl_condition",
-                     "ottl_condition": {"span": [f'attributes["{semconv.VLLM_TTFT_SECONDS}"] > 5']}})
-    policies.append({"name": "aborted-string", "type": "boolean_attribute",
-                     "boolean_attribute": {"key": semconv.VLLM_ABORTED, "value": "true"}})
+    policies.append(
+        {
+            "name": "ttft-numeric",
+            "type": "numeric_attribute",
+            "numeric_attribute": {"key": semconv.VLLM_TTFT_SECONDS, "min_value": 5, "max_value": 100},
+        }
+    )
+    policies.append(
+        {
+            "name": "ttft-int-literal",
+            "type": "ottl_condition",
+            "ottl_condition": {"span": [f'attributes["{semconv.VLLM_TTFT_SECONDS}"] > 5']},
+        }
+    )
+    policies.append(
+        {
+            "name": "aborted-string",
+            "type": "boolean_attribute",
+            "boolean_attribute": {"key": semconv.VLLM_ABORTED, "value": "true"},
+        }
+    )
     errors = check_policy_attributes(cfg)
     assert any("[ttft-numeric]" in e and "is float, policy needs int" in e for e in errors)
     assert any("[ttft-int-literal]" in e and "is float, policy needs int" in e for e in errors)
@@ -340,8 +368,12 @@ def test_sampler_has_no_usage_pipeline():
 
 def test_usage_components_identical_in_both_layouts():
     one, agent = load("otelcol.yaml"), load("agent.yaml")
-    for kind, cid in (("receivers", "filelog/usage"), ("processors", "filter/usage"),
-                      ("exporters", "clickhouse/usage"), ("extensions", "file_storage/usage")):
+    for kind, cid in (
+        ("receivers", "filelog/usage"),
+        ("processors", "filter/usage"),
+        ("exporters", "clickhouse/usage"),
+        ("extensions", "file_storage/usage"),
+    ):
         assert agent[kind][cid] == one[kind][cid], cid
     assert agent["service"]["pipelines"]["logs/usage"] == one["service"]["pipelines"]["logs/usage"]
 
@@ -389,7 +421,7 @@ def test_usage_filter_keeps_only_usage_records(name):
 
 @pytest.mark.parametrize("name", USAGE_LAYOUTS)
 def test_usage_export_is_durable_and_matches_the_ledger(name):
-    from otel_llm import ledger
+    from otel_llm.billing import ledger
 
     cfg = load(name)
     ch = cfg["exporters"]["clickhouse/usage"]
@@ -409,8 +441,14 @@ def write_spool(directory) -> tuple[str, list[tuple[dict, int, SpanContext | Non
     """Records written by the server's own code (otel_llm.usage): one with trace context, one without."""
     from otel_llm.usage import UsageLedger
 
-    usage = UsageLedger(NoOpMeter("test"), directory=str(directory), events=False, instance="node-1:8000",
-                        service="vllm", fsync_interval_s=0)
+    usage = UsageLedger(
+        NoOpMeter("test"),
+        directory=str(directory),
+        events=False,
+        instance="node-1:8000",
+        service="vllm",
+        fsync_interval_s=0,
+    )
     fields = {
         semconv.USAGE_ID: usage.key("cmpl-7f3a-0"),
         semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
@@ -430,10 +468,18 @@ def write_spool(directory) -> tuple[str, list[tuple[dict, int, SpanContext | Non
         semconv.TENANT_SCENE: "support",
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
     }
-    aborted = {**fields, semconv.USAGE_ID: usage.key("cmpl-9c1e-0"), semconv.REQUEST_OUTCOME: semconv.OUTCOME_ABORTED,
-               semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 3}
-    span = SpanContext(trace_id=0x5B8EFFF798038103D269B633813FC60C, span_id=0xEEE19B7EC3C1B174, is_remote=False,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    aborted = {
+        **fields,
+        semconv.USAGE_ID: usage.key("cmpl-9c1e-0"),
+        semconv.REQUEST_OUTCOME: semconv.OUTCOME_ABORTED,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 3,
+    }
+    span = SpanContext(
+        trace_id=0x5B8EFFF798038103D269B633813FC60C,
+        span_id=0xEEE19B7EC3C1B174,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
     # epoch nanoseconds above 2**53: a float64 cannot hold them exactly
     written = [(fields, 1_767_225_600_123_456_789, span), (aborted, 1_767_225_601_987_654_321, None)]
     for record, end_ns, ctx in written:
@@ -464,6 +510,7 @@ def test_spool_line_becomes_the_otlp_record(name, tmp_path):
 
 
 # ---- negative tests on the usage pipeline -------------------------------------------------------
+
 
 def test_negative_sampling_in_usage_pipeline(cfg):
     cfg["processors"]["probabilistic_sampler/usage"] = {"sampling_percentage": 50}
@@ -511,8 +558,9 @@ def test_negative_wrong_operator_key(cfg):
 
 def test_negative_spool_field_kept_or_misread(cfg):
     receiver = cfg["receivers"]["filelog/usage"]
-    receiver["operators"] = [op for op in receiver["operators"]
-                             if op.get("field") != f"attributes.{semconv.USAGE_SPAN_ID}"]
+    receiver["operators"] = [
+        op for op in receiver["operators"] if op.get("field") != f"attributes.{semconv.USAGE_SPAN_ID}"
+    ]
     receiver["operators"][0]["parse_ints"] = False
     receiver["operators"][0]["timestamp"]["layout"] = "ms"
     receiver["include_file_name"] = True
@@ -564,17 +612,23 @@ def test_negative_without_parse_ints_the_timestamp_is_wrong(tmp_path):
 # server's rules left alone, so the collector's second line has work only on the Luhn-invalid number).
 SERVER_CONTENT = {
     semconv.GEN_AI_INPUT_MESSAGES: json.dumps(
-        [{"role": "user", "parts": [{"type": "text", "content": "I am <EMAIL>\nnot a card: 4111 1111 1111 1112"}]}]),
+        [{"role": "user", "parts": [{"type": "text", "content": "I am <EMAIL>\nnot a card: 4111 1111 1111 1112"}]}]
+    ),
     semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps(
-        [{"role": "assistant", "parts": [{"type": "text", "content": "Hello"}], "finish_reason": "stop"}]),
+        [{"role": "assistant", "parts": [{"type": "text", "content": "Hello"}], "finish_reason": "stop"}]
+    ),
 }
 CONTENT_LAYOUTS = ["otelcol.yaml", "sampler.yaml"]
 
 
 def with_content(trace: list[dict]) -> list[dict]:
     """The trace with content on its GenAI span (the span with gen_ai.operation.name)."""
-    return [{**s, "attributes": {**s["attributes"], **SERVER_CONTENT}}
-            if semconv.GEN_AI_OPERATION_NAME in s["attributes"] else s for s in trace]
+    return [
+        {**s, "attributes": {**s["attributes"], **SERVER_CONTENT}}
+        if semconv.GEN_AI_OPERATION_NAME in s["attributes"]
+        else s
+        for s in trace
+    ]
 
 
 @pytest.mark.parametrize("name", CONTENT_LAYOUTS)
@@ -610,17 +664,21 @@ def test_content_kept_only_where_a_reason_kept_the_trace(case, baseline_samples)
         exported = release(cfg, trace, policy)
         assert not any(key in s["attributes"] for s in exported for key in CONTENT_ATTRIBUTES)
         # the rest of the trace is untouched
-        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == \
-               [s["attributes"] for s in exported]
+        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == [
+            s["attributes"] for s in exported
+        ]
         return
     # kept for a reason: the first such policy in config order is recorded, whatever the baseline says
     assert policy == next(p["name"] for p in policies if p["name"] in EXPECTED[case])
     (genai,) = [s for s in release(cfg, trace, policy) if semconv.GEN_AI_OPERATION_NAME in s["attributes"]]
     assert genai["scope"] == {semconv.TAILSAMPLING_POLICY: policy}
     assert json.loads(genai["attributes"][semconv.GEN_AI_OUTPUT_MESSAGES]) == json.loads(
-        SERVER_CONTENT[semconv.GEN_AI_OUTPUT_MESSAGES])
-    assert json.loads(genai["attributes"][semconv.GEN_AI_INPUT_MESSAGES])[0]["parts"][0]["content"] == \
-        "I am <EMAIL>\nnot a card: <PAYMENT_CARD>"  # the second line: shape only, no Luhn check
+        SERVER_CONTENT[semconv.GEN_AI_OUTPUT_MESSAGES]
+    )
+    assert (
+        json.loads(genai["attributes"][semconv.GEN_AI_INPUT_MESSAGES])[0]["parts"][0]["content"]
+        == "I am <EMAIL>\nnot a card: <PAYMENT_CARD>"
+    )  # the second line: shape only, no Luhn check
 
 
 def test_spans_without_a_recorded_policy_lose_content():
@@ -688,8 +746,8 @@ def test_collector_redacts_what_the_servers_redact(rule, text, match):
 
     cfg = load("otelcol.yaml")
     assert _text(collector_redact(cfg, _as_content(text))) == redaction.Redactor().redact(text)
-    piece = text[text.index(_standalone(text, match)):]
-    for before in ("\n", "\t", "\\", "邮箱", "(", "\"", ""):
+    piece = text[text.index(_standalone(text, match)) :]
+    for before in ("\n", "\t", "\\", "邮箱", "(", '"', ""):
         got = _text(collector_redact(cfg, _as_content(before + piece)))
         assert match not in got, (before, got)
 
@@ -708,18 +766,30 @@ def test_collector_leaves_lookalikes(text):
     assert _text(collector_redact(load("otelcol.yaml"), _as_content(text))) == COLLECTOR_STRICTER.get(text, text)
 
 
-@pytest.mark.parametrize("text, redacted", [
-    ("time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000",
-     "time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000"),
-    ("epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89",
-     "epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89"),
-    # what the servers' Unicode word boundaries miss next to CJK text, and an address ending a sentence
-    ("邮箱jane.doe@example.com。", "邮箱<EMAIL>。"),
-    ("ip 10.0.0.1. and 13812345678now", "ip <IP_ADDRESS>. and <PHONE>now"),
-    ("card 4111 1111 1111 1111 cvv 123; amex 3782 822463 10005", "card <PAYMENT_CARD> cvv 123; amex <PAYMENT_CARD>"),
-    ("keys sk-proj-Abcdefghijklmnop1234,AKIAIOSFODNN7EXAMPLE\tBEARER abcdefgh12",
-     "keys <SECRET>,<SECRET>\tBEARER <SECRET>"),
-])
+@pytest.mark.parametrize(
+    "text, redacted",
+    [
+        (
+            "time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000",
+            "time 10:45:00, MAC 00:1a:2b:3c:4d:5e, uuid 550e8400-e29b-41d4-a716-446655440000",
+        ),
+        (
+            "epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89",
+            "epoch 1767225600123456789 ns, 128000 tokens, 2026-05-14T10:20:30Z, $1,234,567.89",
+        ),
+        # what the servers' Unicode word boundaries miss next to CJK text, and an address ending a sentence
+        ("邮箱jane.doe@example.com。", "邮箱<EMAIL>。"),
+        ("ip 10.0.0.1. and 13812345678now", "ip <IP_ADDRESS>. and <PHONE>now"),
+        (
+            "card 4111 1111 1111 1111 cvv 123; amex 3782 822463 10005",
+            "card <PAYMENT_CARD> cvv 123; amex <PAYMENT_CARD>",
+        ),
+        (
+            "keys sk-proj-Abcdefghijklmnop1234,AKIAIOSFODNN7EXAMPLE\tBEARER abcdefgh12",
+            "keys <SECRET>,<SECRET>\tBEARER <SECRET>",
+        ),
+    ],
+)
 def test_collector_redaction_examples(text, redacted):
     assert _text(collector_redact(load("otelcol.yaml"), _as_content(text))) == redacted
 
@@ -732,8 +802,28 @@ def test_collector_redaction_keeps_json_whole_and_is_idempotent():
 
     cfg = load("otelcol.yaml")
     matches = [_standalone(text, m) for _, text, m in POSITIVE]
-    separators = [" ", "\n", "\t", ", ", "; ", " (", ") ", "\"", "'", ": ", "/", "邮箱", "。", " and ", "<", ">",
-                  "=", "\r\n", "\\n", "\\"]
+    separators = [
+        " ",
+        "\n",
+        "\t",
+        ", ",
+        "; ",
+        " (",
+        ") ",
+        '"',
+        "'",
+        ": ",
+        "/",
+        "邮箱",
+        "。",
+        " and ",
+        "<",
+        ">",
+        "=",
+        "\r\n",
+        "\\n",
+        "\\",
+    ]
     rng = random.Random(13)
     for _ in range(1500):
         parts = [rng.choice(separators)]
@@ -759,15 +849,24 @@ def test_collector_redaction_same_in_go(tmp_path):
     cfg = load("otelcol.yaml")
     rules = redaction_rules(cfg)
     rng = random.Random(7)
-    pieces = [_standalone(t, m) for _, t, m in POSITIVE] + NEGATIVE + [
-        "Bearer abcdefgh12", "邮箱", "\n", "\\", "x", "_", ".", "+", ":"]
+    pieces = (
+        [_standalone(t, m) for _, t, m in POSITIVE]
+        + NEGATIVE
+        + ["Bearer abcdefgh12", "邮箱", "\n", "\\", "x", "_", ".", "+", ":"]
+    )
     texts = [_as_content(t) for _, t, _ in POSITIVE] + [_as_content(t) for t in NEGATIVE]
     texts += [_as_content("".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))) for _ in range(3000)]
     (tmp_path / "main.go").write_text(GO_REPLACER)
     (tmp_path / "go.mod").write_text("module replacer\n\ngo 1.19\n")
-    run = subprocess.run([go, "run", "."], cwd=tmp_path, input=json.dumps({"Rules": rules, "Texts": texts}),
-                         capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "GOPROXY": "off", "GOTOOLCHAIN": "local"})
+    run = subprocess.run(
+        [go, "run", "."],
+        cwd=tmp_path,
+        input=json.dumps({"Rules": rules, "Texts": texts}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GOPROXY": "off", "GOTOOLCHAIN": "local"},
+    )
     assert run.returncode == 0, run.stderr
     expected = []
     for t in texts:
@@ -810,6 +909,7 @@ func main() {
 
 
 # ---- negative tests on the content processors ------------------------------------------------------
+
 
 def test_negative_baseline_before_a_reason(cfg):
     policies = tail_sampling_policies(cfg)

@@ -36,7 +36,7 @@ import pytest
 import yaml
 from collector.validator import RECORD_POLICY_GATE, check_all, duration_seconds
 
-from otel_llm import budgets
+from otel_llm.ops import budgets
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "examples" / "compose"
@@ -81,8 +81,7 @@ def named_mounts(service: str) -> dict[str, tuple[str, bool]]:
 
 def expand_otelcol(value: str, env: dict) -> str:
     """The collector's ${env:VAR:-default} substitution, with a service's environment."""
-    return re.sub(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}",
-                  lambda m: str(env.get(m[1], m[2] or "")), value)
+    return re.sub(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", lambda m: str(env.get(m[1], m[2] or "")), value)
 
 
 def mounted(service: str, container_path: str) -> Path:
@@ -93,7 +92,7 @@ def mounted(service: str, container_path: str) -> Path:
         if container_path == container:
             return (COMPOSE_DIR / host).resolve()
         if container_path.startswith(container.rstrip("/") + "/"):
-            return (COMPOSE_DIR / host / container_path[len(container.rstrip("/")) + 1:]).resolve()
+            return (COMPOSE_DIR / host / container_path[len(container.rstrip("/")) + 1 :]).resolve()
     raise AssertionError(f"{service}: nothing mounted at {container_path}")
 
 
@@ -151,6 +150,7 @@ def datasources() -> list[dict]:
 
 
 # ---- files ------------------------------------------------------------------------------------
+
 
 def test_every_mounted_host_path_exists():
     assert volumes()
@@ -222,6 +222,7 @@ def test_collector_config_with_jaeger_overlay_is_valid():
 
 # ---- ports and names -----------------------------------------------------------------------------
 
+
 def test_otlp_endpoints_match_collector_receiver():
     ports = otlp_receiver_ports(collector_config())
     users = 0
@@ -279,8 +280,10 @@ def test_prometheus_scrapes_collector_and_vllm():
     # the rules files are mounted where rule_files points: otel-llm's rules, and the budget rules of
     # the example budget file, as `otel-llm budget-rules` makes them
     mounted_rules = [mounted("prometheus", rule_file) for rule_file in prom["rule_files"]]
-    assert mounted_rules == [(ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml").resolve(),
-                             (COMPOSE_DIR / "budget-rules.yml").resolve()]
+    assert mounted_rules == [
+        (ROOT / "collector-config" / "prometheus" / "otel-llm-rules.yml").resolve(),
+        (COMPOSE_DIR / "budget-rules.yml").resolve(),
+    ]
     budget_file = ROOT / "examples" / "gateway" / "budgets.example.json"
     assert mounted_rules[1].read_text() == budgets.rules_yaml(budgets.load(budget_file))
 
@@ -292,10 +295,12 @@ def test_the_gateway_asks_the_budget_server_which_prometheus_scrapes():
     assert flag(server, "--listen") == f"0.0.0.0:{port}"
     assert flag(server, "--budgets") == "/src/examples/gateway/budgets.example.json"
     assert host_port(flag(server, "--ledger"))[0] == "clickhouse" and "budgets" in SERVICES["gateway"]["depends_on"]
-    prom = yaml.safe_load(mounted("prometheus", flag(command_args(SERVICES["prometheus"]), "--config.file"))
-                          .read_text())
-    assert f"budgets:{port}" in {t for job in prom["scrape_configs"] for sc in job.get("static_configs", [])
-                                 for t in sc["targets"]}
+    prom = yaml.safe_load(
+        mounted("prometheus", flag(command_args(SERVICES["prometheus"]), "--config.file")).read_text()
+    )
+    assert f"budgets:{port}" in {
+        t for job in prom["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]
+    }
 
 
 def test_gateway_upstream_is_a_vllm_service():
@@ -329,8 +334,9 @@ def test_grafana_datasources_reach_services_and_uids_resolve():
 
 
 def test_grafana_dashboards_provider_points_at_mounted_dashboards():
-    providers = yaml.safe_load(
-        mounted("grafana", "/etc/grafana/provisioning/dashboards/dashboards.yaml").read_text())["providers"]
+    providers = yaml.safe_load(mounted("grafana", "/etc/grafana/provisioning/dashboards/dashboards.yaml").read_text())[
+        "providers"
+    ]
     for p in providers:
         host = mounted("grafana", p["options"]["path"])
         assert host == (ROOT / "dashboards").resolve()
@@ -388,7 +394,7 @@ def test_prometheus_config_passes_promtool(tmp_path):
 
 VLLM_SERVICES = ("vllm", "vllm-cpu")
 CLICKHOUSE_NATIVE_PORT = 9000  # clickhouse-server's default tcp_port (the exporter's tcp:// endpoint)
-CLICKHOUSE_HTTP_PORT = 8123    # its HTTP interface (otel-llm report --ledger clickhouse://...)
+CLICKHOUSE_HTTP_PORT = 8123  # its HTTP interface (otel-llm report --ledger clickhouse://...)
 
 
 def test_clickhouse_service_pinned():
@@ -434,6 +440,7 @@ def test_collector_clickhouse_endpoint_is_the_compose_service():
 
 # ---- content and retention ---------------------------------------------------------------------------
 
+
 def collector_gates() -> set[str]:
     gates = [a.split("=", 1)[1] for a in command_args(SERVICES["otel-collector"]) if a.startswith("--feature-gates=")]
     return set(",".join(gates).split(","))
@@ -459,7 +466,7 @@ def prometheus_duration(text: str) -> float:
 def readme_retention() -> dict[str, float]:
     """'Tempo' / 'Prometheus' / 'ClickHouse' -> seconds, from the table in collector-config/README.md."""
     text = (ROOT / "collector-config" / "README.md").read_text()
-    section = text[text.index("## Retention per signal"):]
+    section = text[text.index("## Retention per signal") :]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -477,8 +484,9 @@ def test_tempo_retention_is_the_readmes():
     scheduler = tempo["backend_scheduler"]["provider"]["compaction"]["compaction"]
     assert duration_seconds(scheduler["block_retention"]) == want
     blocks = tempo["storage"]["trace"]["local"]["path"]
-    volume, read_only = next((v for path, v in named_mounts("tempo").items()
-                              if blocks.startswith(path.rstrip("/") + "/")))
+    volume, read_only = next(
+        (v for path, v in named_mounts("tempo").items() if blocks.startswith(path.rstrip("/") + "/"))
+    )
     assert not read_only and volume in COMPOSE["volumes"]
 
 

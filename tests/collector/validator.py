@@ -24,19 +24,24 @@ CONFIG_DIR = ROOT / "collector-config"
 # a copy of shared/collector_schemas (Apache-2.0; provenance in its README), so a clone is self-contained
 SCHEMAS = Path(__file__).resolve().parents[1] / "fixtures" / "collector_schemas"
 
-CONFIG_FILES = sorted(
-    p for p in CONFIG_DIR.rglob("*.y*ml") if "prometheus" not in p.relative_to(CONFIG_DIR).parts
-)
+CONFIG_FILES = sorted(p for p in CONFIG_DIR.rglob("*.y*ml") if "prometheus" not in p.relative_to(CONFIG_DIR).parts)
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")
-KIND_CLASS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter",
-              "connectors": "connector", "extensions": "extension"}
+KIND_CLASS = {
+    "receivers": "receiver",
+    "processors": "processor",
+    "exporters": "exporter",
+    "connectors": "connector",
+    "extensions": "extension",
+}
 
 # Attribute types as otel-llm's spec says it sets them (otel_llm/semconv.py): only names some layer
 # emits on spans count (a policy on a name nothing emits never matches).
 EMITTED_TYPES: dict[str, type] = {
-    spec.name: semconv.PYTHON_TYPES[spec.type][0] for spec in semconv.ATTRIBUTES.values()
-    if spec.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.COLLECTOR}}
+    spec.name: semconv.PYTHON_TYPES[spec.type][0]
+    for spec in semconv.ATTRIBUTES.values()
+    if spec.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.COLLECTOR}
+}
 SEMCONV_NAMES = set(semconv.ATTRIBUTES)
 # Names the HTTP server spans carry (opentelemetry-instrumentation-fastapi), used by the noise filter.
 HTTP_NAMES = {url_attributes.URL_PATH: str, http_attributes.HTTP_ROUTE: str}
@@ -55,6 +60,7 @@ ALLOWED_DEPRECATED = {
 # --------------------------------------------------------------------------------------------
 # Upstream schemas
 # --------------------------------------------------------------------------------------------
+
 
 def _load_schema_file(path: Path) -> dict:
     if path.suffix == ".json":
@@ -89,8 +95,10 @@ OPEN = object()  # a schema node whose keys we cannot enumerate (maps, custom ty
 # Go types that unmarshal from text although the generated schema shows their underlying kind.
 TEXT_TYPES = {
     # spanmetrics internal/metrics.Unit is an int8 enum with UnmarshalText: "ms" or "s"
-    (SCHEMAS / "contrib/connector/spanmetricsconnector/internal/metrics", "unit"):
-        {"type": "string", "enum": ["ms", "s"]},
+    (SCHEMAS / "contrib/connector/spanmetricsconnector/internal/metrics", "unit"): {
+        "type": "string",
+        "enum": ["ms", "s"],
+    }
 }
 
 
@@ -105,9 +113,9 @@ def resolve_ref(ref: str, directory: Path) -> tuple[dict, Path] | object:
     elif pkg.startswith("/"):
         target = _module_root(directory) / pkg[1:]
     elif pkg.startswith("go.opentelemetry.io/collector/"):
-        target = SCHEMAS / "core" / pkg[len("go.opentelemetry.io/collector/"):]
+        target = SCHEMAS / "core" / pkg[len("go.opentelemetry.io/collector/") :]
     elif pkg.startswith("github.com/open-telemetry/opentelemetry-collector-contrib/"):
-        target = SCHEMAS / "contrib" / pkg[len("github.com/open-telemetry/opentelemetry-collector-contrib/"):]
+        target = SCHEMAS / "contrib" / pkg[len("github.com/open-telemetry/opentelemetry-collector-contrib/") :]
     else:
         return OPEN
     if (target, name) in TEXT_TYPES:
@@ -185,8 +193,10 @@ def check_against_schema(value, node: dict, directory: Path, where: str, errors:
         if ok and "enum" in node:
             ok = value in node["enum"]
         if not ok:
-            errors.append(f"{where}: {value!r} is not a valid {node.get('format') or node['type']}"
-                          + (f" (one of {node['enum']})" if "enum" in node else ""))
+            errors.append(
+                f"{where}: {value!r} is not a valid {node.get('format') or node['type']}"
+                + (f" (one of {node['enum']})" if "enum" in node else "")
+            )
     elif isinstance(value, list) and isinstance(node.get("items"), dict):
         for i, item in enumerate(value):
             if isinstance(item, dict):  # lists of plain strings are allowed for OTTL statements
@@ -214,6 +224,7 @@ CONTRIB_LIST = yaml.safe_load((SCHEMAS / "otelcol-contrib-components.yaml").read
 # --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
+
 
 def ctype(component_id: str) -> str:
     return component_id.split("/", 1)[0]
@@ -268,8 +279,10 @@ def check_wiring(cfg: dict) -> list[str]:
             errors.append(f"{kind}: {unused!r} is defined but not used in any pipeline")
     for c in sorted(defined["connectors"]):
         if c in used["connectors"] and (c not in conn_as_exporter or c not in conn_as_receiver):
-            errors.append(f"connector {c!r} must be an exporter in one pipeline and a receiver in "
-                          f"another (exporter in {conn_as_exporter.get(c)}, receiver in {conn_as_receiver.get(c)})")
+            errors.append(
+                f"connector {c!r} must be an exporter in one pipeline and a receiver in "
+                f"another (exporter in {conn_as_exporter.get(c)}, receiver in {conn_as_receiver.get(c)})"
+            )
             continue
         meta = COMPONENTS.get(("connector", ctype(c)))
         if meta:
@@ -453,7 +466,8 @@ SPOOL_ONLY = (semconv.USAGE_TIME, semconv.USAGE_TRACE_ID, semconv.USAGE_SPAN_ID)
 FILELOG_TYPES = {"filelog", "file_log"}
 # stanza field syntax, the subset the configs use: attributes.key, attributes["a.b"], resource[...], body
 STANZA_FIELD = re.compile(
-    r'^(?P<root>attributes|resource|body)(?:\.(?P<plain>[A-Za-z0-9_]+)|\["(?P<quoted>[^"]+)"\])?$')
+    r'^(?P<root>attributes|resource|body)(?:\.(?P<plain>[A-Za-z0-9_]+)|\["(?P<quoted>[^"]+)"\])?$'
+)
 STANZA_IF = re.compile(r'^"(?P<key>[^"]+)" in attributes$')
 
 
@@ -482,9 +496,12 @@ def operator_fields(op: dict):
 def usage_pipelines(cfg: dict) -> dict[str, dict]:
     """The pipelines that carry usage records: a filelog receiver in, or a clickhouse exporter out."""
     pipelines = (cfg.get("service") or {}).get("pipelines") or {}
-    return {pid: p for pid, p in pipelines.items()
-            if any(ctype(r) in FILELOG_TYPES for r in p.get("receivers") or [])
-            or any(ctype(e) == "clickhouse" for e in p.get("exporters") or [])}
+    return {
+        pid: p
+        for pid, p in pipelines.items()
+        if any(ctype(r) in FILELOG_TYPES for r in p.get("receivers") or [])
+        or any(ctype(e) == "clickhouse" for e in p.get("exporters") or [])
+    }
 
 
 def filter_drops(conf: dict, attributes: dict) -> bool:
@@ -529,8 +546,9 @@ def check_spool_receiver(rid: str, conf: dict, cfg: dict) -> list[str]:
                 errors.append(f"{at}: parse_ints must be true (epoch nanoseconds do not fit a float64)")
             ts = op.get("timestamp") or {}
             if (ts.get("layout_type"), ts.get("layout")) != ("epoch", "ns"):
-                errors.append(f"{at}.timestamp: {semconv.USAGE_TIME} is epoch nanoseconds "
-                              "(layout_type epoch, layout ns)")
+                errors.append(
+                    f"{at}.timestamp: {semconv.USAGE_TIME} is epoch nanoseconds (layout_type epoch, layout ns)"
+                )
         if "timestamp.parse_from" in fields:
             mapped["timestamp"] = fields["timestamp.parse_from"]
         for part in ("trace_id", "span_id"):
@@ -538,11 +556,15 @@ def check_spool_receiver(rid: str, conf: dict, cfg: dict) -> list[str]:
                 mapped[part] = fields[f"{part}.parse_from"]
         if op.get("type") == "remove" and "field" in fields:
             removed.add(fields["field"])
-    for part, name in (("timestamp", semconv.USAGE_TIME), ("trace_id", semconv.USAGE_TRACE_ID),
-                       ("span_id", semconv.USAGE_SPAN_ID)):
+    for part, name in (
+        ("timestamp", semconv.USAGE_TIME),
+        ("trace_id", semconv.USAGE_TRACE_ID),
+        ("span_id", semconv.USAGE_SPAN_ID),
+    ):
         if mapped.get(part) != ("attributes", name):
-            errors.append(f"{where}: the record's {part} must be taken from attributes {name!r}, "
-                          f"got {mapped.get(part)}")
+            errors.append(
+                f"{where}: the record's {part} must be taken from attributes {name!r}, got {mapped.get(part)}"
+            )
         if ("attributes", name) not in removed:
             errors.append(f"{where}: spool-only field {name!r} is not removed (it would stay in LogAttributes)")
     return errors
@@ -559,8 +581,10 @@ def check_usage(cfg: dict) -> list[str]:
             if ctype(x) in SAMPLING_TYPES:
                 errors.append(f"{where}: {x!r} samples; usage records are invoices and are never sampled")
             elif ctype(x) == "batch":
-                errors.append(f"{where}: {x!r} acknowledges records before they are on disk; batch in the "
-                              "exporter's sending_queue instead")
+                errors.append(
+                    f"{where}: {x!r} acknowledges records before they are on disk; batch in the "
+                    "exporter's sending_queue instead"
+                )
         for e in p.get("exporters") or []:
             if ctype(e) != "clickhouse":
                 errors.append(f"{where}: exports to {e!r}; usage records go straight to ClickHouse")
@@ -599,11 +623,12 @@ CONTENT_ATTRIBUTES = (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSA
 UNSELECTIVE_TYPES = {"probabilistic", "always_sample", "rate_limiting", "bytes_limiting"}
 
 _OTTL_STRING = r'"(?:[^"\\]|\\.)*"'
-DELETE_KEY = re.compile(rf'^delete_key\(span\.attributes, (?P<key>{_OTTL_STRING})\)$')
+DELETE_KEY = re.compile(rf"^delete_key\(span\.attributes, (?P<key>{_OTTL_STRING})\)$")
 REPLACE_PATTERN = re.compile(
-    rf'^replace_pattern\(span\.attributes\[(?P<key>{_OTTL_STRING})\], '
-    rf'(?P<regex>{_OTTL_STRING}), (?P<repl>{_OTTL_STRING})\)$')
-SCOPE_EQUALS = re.compile(rf'^scope\.attributes\[(?P<key>{_OTTL_STRING})\] == (?P<value>nil|{_OTTL_STRING})$')
+    rf"^replace_pattern\(span\.attributes\[(?P<key>{_OTTL_STRING})\], "
+    rf"(?P<regex>{_OTTL_STRING}), (?P<repl>{_OTTL_STRING})\)$"
+)
+SCOPE_EQUALS = re.compile(rf"^scope\.attributes\[(?P<key>{_OTTL_STRING})\] == (?P<value>nil|{_OTTL_STRING})$")
 
 
 def ottl_string(literal: str) -> str:
@@ -612,8 +637,8 @@ def ottl_string(literal: str) -> str:
     out, i, body = [], 0, literal[1:-1]
     while i < len(body):
         if body[i] == "\\":
-            if body[i + 1:i + 2] not in ("\\", '"'):
-                raise ValueError(f"OTTL string {literal}: escape \\{body[i + 1:i + 2]} (a regex backslash is \\\\)")
+            if body[i + 1 : i + 2] not in ("\\", '"'):
+                raise ValueError(f"OTTL string {literal}: escape \\{body[i + 1 : i + 2]} (a regex backslash is \\\\)")
             out.append(body[i + 1])
             i += 2
         else:
@@ -628,7 +653,7 @@ def confmap_unescape(text: str) -> str:
     out, i = [], 0
     while i < len(text):
         if text[i] == "$":
-            if text[i + 1:i + 2] != "$":
+            if text[i + 1 : i + 2] != "$":
                 raise ValueError(f"a single $ in {text!r}: the collector resolves $ in config strings; write $$")
             i += 1
         out.append(text[i])
@@ -649,7 +674,7 @@ def re2_problems(regex: str) -> list[str]:
     while i < len(regex):
         c = regex[i]
         if c == "\\":
-            n = regex[i + 1:i + 2]
+            n = regex[i + 1 : i + 2]
             if n.isdigit():
                 problems.append(f"\\{n}: backreference or octal escape (not RE2)")
             elif n.isalpha() and n not in (RE2_CLASS_ESCAPES if in_class else RE2_ESCAPES):
@@ -661,13 +686,16 @@ def re2_problems(regex: str) -> list[str]:
             i += 1
             continue
         if c == "[":
-            i += 1 + (regex[i + 1:i + 2] == "^")
-            i += regex[i:i + 1] == "]"  # a ] first in a class is literal
+            i += 1 + (regex[i + 1 : i + 2] == "^")
+            i += regex[i : i + 1] == "]"  # a ] first in a class is literal
             in_class, after_quantifier = True, False
             continue
-        if c == "(" and regex[i + 1:i + 2] == "?" and \
-                not re.match(r"\(\?(?:[imsU]*(?:-[imsU]+)?[:)]|P<[A-Za-z_]\w*>)", regex[i:]):
-            problems.append(f"{regex[i:i + 4]}...: lookaround, atomic group, backreference or conditional (not RE2)")
+        if (
+            c == "("
+            and regex[i + 1 : i + 2] == "?"
+            and not re.match(r"\(\?(?:[imsU]*(?:-[imsU]+)?[:)]|P<[A-Za-z_]\w*>)", regex[i:])
+        ):
+            problems.append(f"{regex[i : i + 4]}...: lookaround, atomic group, backreference or conditional (not RE2)")
         if c == "$":
             problems.append("$: Python's also matches before a final newline")
         if c == "+" and after_quantifier:
@@ -698,12 +726,12 @@ def go_expand(template: str, m: re.Match) -> str:
             out.append(template[i])
             i += 1
             continue
-        if template[i + 1:i + 2] == "$":
+        if template[i + 1 : i + 2] == "$":
             out.append("$")
             i += 2
             continue
-        braced = re.match(r"\{(\w+)\}", template[i + 1:], re.ASCII)
-        name = braced[1] if braced else re.match(r"\w*", template[i + 1:], re.ASCII)[0]
+        braced = re.match(r"\{(\w+)\}", template[i + 1 :], re.ASCII)
+        name = braced[1] if braced else re.match(r"\w*", template[i + 1 :], re.ASCII)[0]
         if not name:
             out.append("$")
             i += 1
@@ -784,10 +812,13 @@ def apply_transform(conf: dict, attributes: dict, scope: dict) -> dict:
 
 def sampled_pipeline(cfg: dict) -> tuple[str, list[str]]:
     """(pipeline id, processors after tail_sampling) of the pipeline that tail-samples."""
-    (pid,) = [pid for pid, p in cfg["service"]["pipelines"].items()
-              if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])]
+    (pid,) = [
+        pid
+        for pid, p in cfg["service"]["pipelines"].items()
+        if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])
+    ]
     procs = cfg["service"]["pipelines"][pid]["processors"]
-    return pid, procs[[ctype(x) for x in procs].index("tail_sampling") + 1:]
+    return pid, procs[[ctype(x) for x in procs].index("tail_sampling") + 1 :]
 
 
 def release(cfg: dict, spans: list[dict], policy: str | None) -> list[dict]:
@@ -821,8 +852,9 @@ def content_transforms(cfg: dict) -> tuple[list[tuple[str, set, list[str]]], lis
             if deletes:
                 keys = {key for key, _ in map(parse_condition, conditions)}
                 if keys != {semconv.TAILSAMPLING_POLICY}:
-                    raise ValueError(f"{x}: deletes content on a condition other than "
-                                     f"{semconv.TAILSAMPLING_POLICY!r}: {keys}")
+                    raise ValueError(
+                        f"{x}: deletes content on a condition other than {semconv.TAILSAMPLING_POLICY!r}: {keys}"
+                    )
                 strips.append((x, {value for _, value in map(parse_condition, conditions)}, deletes))
             if replaces:
                 if conditions:
@@ -837,14 +869,19 @@ def check_content(cfg: dict) -> list[str]:
     errors = []
     pipelines = (cfg.get("service") or {}).get("pipelines") or {}
     connectors = set(cfg.get("connectors") or {})
-    tail_sampled = [pid for pid, p in pipelines.items()
-                    if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])]
+    tail_sampled = [
+        pid for pid, p in pipelines.items() if any(ctype(x) == "tail_sampling" for x in p.get("processors") or [])
+    ]
     for pid, p in pipelines.items():
-        leaving = [e for e in p.get("exporters") or []
-                   if e not in connectors and ctype(e) not in ("loadbalancing", "load_balancing")]
+        leaving = [
+            e
+            for e in p.get("exporters") or []
+            if e not in connectors and ctype(e) not in ("loadbalancing", "load_balancing")
+        ]
         if signal_of(pid) == "traces" and leaving and pid not in tail_sampled:
-            errors.append(f"pipeline {pid}: exports to {leaving} without tail_sampling: "
-                          "content would leave on every trace")
+            errors.append(
+                f"pipeline {pid}: exports to {leaving} without tail_sampling: content would leave on every trace"
+            )
     if not tail_sampled:
         return errors
     if len(tail_sampled) > 1:
@@ -859,29 +896,39 @@ def check_content(cfg: dict) -> list[str]:
     last_selective = max((names.index(n) for n in selective), default=-1)
     for name in unselective:
         if names.index(name) < last_selective:
-            errors.append(f"processors.{ts_id}: policy {name!r} comes before {names[last_selective]!r}: the recorded "
-                          "policy is the first that sampled a trace, so a trace kept for a reason could be recorded "
-                          f"as kept by {name!r} (and lose its content)")
+            errors.append(
+                f"processors.{ts_id}: policy {name!r} comes before {names[last_selective]!r}: the recorded "
+                "policy is the first that sampled a trace, so a trace kept for a reason could be recorded "
+                f"as kept by {name!r} (and lose its content)"
+            )
     if not ((ts.get("decision_cache") or {}).get("sampled_cache_size") or 0) > 0:
-        errors.append(f"processors.{ts_id}: decision_cache.sampled_cache_size must be > 0 (late spans carry the "
-                      "recorded policy only from that cache)")
+        errors.append(
+            f"processors.{ts_id}: decision_cache.sampled_cache_size must be > 0 (late spans carry the "
+            "recorded policy only from that cache)"
+        )
     try:
         strips, redactions = content_transforms(cfg)
     except ValueError as exc:
         return errors + [f"pipeline {pid}: {exc}"]
     if len(strips) != 1:
-        errors.append(f"pipeline {pid}: needs one transform after tail_sampling deleting content by recorded policy, "
-                      f"found {[s[0] for s in strips]}")
+        errors.append(
+            f"pipeline {pid}: needs one transform after tail_sampling deleting content by recorded policy, "
+            f"found {[s[0] for s in strips]}"
+        )
     for x, when, deletes in strips:
         if None not in when:
-            errors.append(f"processors.{x}: keeps content on spans without a recorded policy (add the nil condition: "
-                          f"gate off or a late span): it must fail closed")
+            errors.append(
+                f"processors.{x}: keeps content on spans without a recorded policy (add the nil condition: "
+                f"gate off or a late span): it must fail closed"
+            )
         unknown = sorted(v for v in when - {None} if v not in names)
         if unknown:
             errors.append(f"processors.{x}: names policies tail_sampling does not have: {unknown}")
         if when - {None} != set(unselective):
-            errors.append(f"processors.{x}: deletes content on traces recorded as kept by {sorted(when - {None})}, "
-                          f"must be exactly the unselective policies {sorted(unselective)}")
+            errors.append(
+                f"processors.{x}: deletes content on traces recorded as kept by {sorted(when - {None})}, "
+                f"must be exactly the unselective policies {sorted(unselective)}"
+            )
         for key in CONTENT_ATTRIBUTES:
             if key not in deletes:
                 errors.append(f"processors.{x}: does not delete {key!r}")
@@ -889,8 +936,9 @@ def check_content(cfg: dict) -> list[str]:
             if key not in SEMCONV_NAMES:
                 errors.append(f"processors.{x}: attribute {key!r} is not a name in otel_llm/semconv.py")
     if len(redactions) != 1:
-        errors.append(f"pipeline {pid}: needs one redaction transform after tail_sampling, "
-                      f"found {[r[0] for r in redactions]}")
+        errors.append(
+            f"pipeline {pid}: needs one redaction transform after tail_sampling, found {[r[0] for r in redactions]}"
+        )
     from otel_llm import redaction
 
     tokens = {rule.replacement for rule in redaction.BUILTIN_RULES}
@@ -902,12 +950,15 @@ def check_content(cfg: dict) -> list[str]:
         rules = per_key.get(CONTENT_ATTRIBUTES[0], [])
         for key in CONTENT_ATTRIBUTES:
             if per_key.get(key) != rules:
-                errors.append(f"processors.{x}: {key!r} does not get the same rules, in the same order, "
-                              f"as {CONTENT_ATTRIBUTES[0]!r}")
+                errors.append(
+                    f"processors.{x}: {key!r} does not get the same rules, in the same order, "
+                    f"as {CONTENT_ATTRIBUTES[0]!r}"
+                )
         used = {t for _, repl in rules for t in re.findall(r"<[A-Z_]+>", repl)}
         if used != tokens:
-            errors.append(f"processors.{x}: replacement tokens {sorted(used)} are not "
-                          f"otel_llm/redaction.py's {sorted(tokens)}")
+            errors.append(
+                f"processors.{x}: replacement tokens {sorted(used)} are not otel_llm/redaction.py's {sorted(tokens)}"
+            )
         for regex, repl in rules:
             for problem in re2_problems(regex):
                 errors.append(f"processors.{x}: regex {regex[:40]!r}...: {problem}")
@@ -922,8 +973,14 @@ def check_content(cfg: dict) -> list[str]:
 
 
 def check_all(cfg: dict) -> list[str]:
-    return (check_wiring(cfg) + check_components(cfg) + check_policy_attributes(cfg) + check_other_attributes(cfg)
-            + check_usage(cfg) + check_content(cfg))
+    return (
+        check_wiring(cfg)
+        + check_components(cfg)
+        + check_policy_attributes(cfg)
+        + check_other_attributes(cfg)
+        + check_usage(cfg)
+        + check_content(cfg)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -931,8 +988,12 @@ def check_all(cfg: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 _OPS = {
-    "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
 }
 
 
@@ -960,21 +1021,28 @@ def policy_matches(policy: dict, trace: list[dict]) -> bool | None:
         upper = block.get("upper_threshold_ms")
         return duration >= block["threshold_ms"] and (not upper or duration <= upper)
     if t == "boolean_attribute":
-        hit = any(isinstance(s["attributes"].get(block["key"]), bool)
-                  and s["attributes"][block["key"]] == block["value"] for s in trace)
+        hit = any(
+            isinstance(s["attributes"].get(block["key"]), bool) and s["attributes"][block["key"]] == block["value"]
+            for s in trace
+        )
         return hit != bool(block.get("invert_match"))
     if t == "numeric_attribute":  # int attributes only
-        hit = any(_type_ok(int, s["attributes"].get(block["key"]))
-                  and block.get("min_value", 0) <= s["attributes"][block["key"]] <= block["max_value"]
-                  for s in trace)
+        hit = any(
+            _type_ok(int, s["attributes"].get(block["key"]))
+            and block.get("min_value", 0) <= s["attributes"][block["key"]] <= block["max_value"]
+            for s in trace
+        )
         return hit != bool(block.get("invert_match"))
     if t == "string_attribute":
         hit = any(s["attributes"].get(block["key"]) in block["values"] for s in trace)
         return hit != bool(block.get("invert_match"))
     if t == "ottl_condition":
         conds = [parse_ottl(c) for c in block.get("span") or []]
-        return any(any(all(_ottl_term(s["attributes"], *term) for term in ands) for ands in cond)
-                   for cond in conds for s in trace)
+        return any(
+            any(all(_ottl_term(s["attributes"], *term) for term in ands) for ands in cond)
+            for cond in conds
+            for s in trace
+        )
     if t == "and":
         results = [policy_matches(p, trace) for p in block["and_sub_policy"]]
         return all(r is not False for r in results) if None in results else all(results)
@@ -999,8 +1067,9 @@ def recorded_policy(policies: list[dict], trace: list[dict], baseline_samples: b
     return None
 
 
-def synthetic_trace(genai_attrs: dict | None = None, *, status: str = "UNSET",
-                    duration_ms: int = 1200, http_status: str = "UNSET") -> list[dict]:
+def synthetic_trace(
+    genai_attrs: dict | None = None, *, status: str = "UNSET", duration_ms: int = 1200, http_status: str = "UNSET"
+) -> list[dict]:
     base = {
         semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
         semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
@@ -1014,10 +1083,14 @@ def synthetic_trace(genai_attrs: dict | None = None, *, status: str = "UNSET",
     base.update(genai_attrs or {})
     end = duration_ms
     return [
-        {"name": "POST /v1/chat/completions", "status": http_status, "start_ms": 0, "end_ms": end,
-         "attributes": {url_attributes.URL_PATH: "/v1/chat/completions"}},
-        {"name": "chat llama-3-8b", "status": status, "start_ms": 1, "end_ms": end - 1,
-         "attributes": base},
+        {
+            "name": "POST /v1/chat/completions",
+            "status": http_status,
+            "start_ms": 0,
+            "end_ms": end,
+            "attributes": {url_attributes.URL_PATH: "/v1/chat/completions"},
+        },
+        {"name": "chat llama-3-8b", "status": status, "start_ms": 1, "end_ms": end - 1, "attributes": base},
         {"name": semconv.SPAN_QUEUE, "start_ms": 1, "end_ms": 11, "attributes": {}},
         {"name": semconv.SPAN_PREFILL, "start_ms": 11, "end_ms": 120, "attributes": {}},
         {"name": semconv.SPAN_DECODE, "start_ms": 120, "end_ms": end - 2, "attributes": {}},
@@ -1030,6 +1103,7 @@ BASELINE = "baseline"  # the name of the probabilistic policy that keeps traces 
 # --------------------------------------------------------------------------------------------
 # Reading the configs
 # --------------------------------------------------------------------------------------------
+
 
 def load(name: str) -> dict:
     return yaml.safe_load((CONFIG_DIR / name).read_text())
@@ -1121,6 +1195,7 @@ def run_operators(line: str, receiver: dict, path: str) -> dict | None:
 
 # ---- the content transforms applied to one value ------------------------------------------------
 
+
 def collector_redact(cfg: dict, value: str) -> str:
     """A content attribute's value after the config's redaction transform(s), whatever its policy."""
     (span,) = release(cfg, [{"attributes": {semconv.GEN_AI_INPUT_MESSAGES: value}}], "errors-status")
@@ -1128,5 +1203,5 @@ def collector_redact(cfg: dict, value: str) -> str:
 
 
 def redaction_rules(cfg: dict) -> list[tuple[str, str]]:
-    (_, replaces), = content_transforms(cfg)[1]
+    ((_, replaces),) = content_transforms(cfg)[1]
     return [(rx, repl) for key, rx, repl in replaces if key == semconv.GEN_AI_INPUT_MESSAGES]

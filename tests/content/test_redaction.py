@@ -36,8 +36,8 @@ def test_luhn_check_matches_the_textbook_algorithm_on_random_numbers():
 
     rng = random.Random(7)
     numbers = ["".join(rng.choice("0123456789") for _ in range(rng.randint(11, 21))) for _ in range(5000)]
-    numbers += [" ".join(n[i:i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
-    numbers += ["-".join(n[i:i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
+    numbers += [" ".join(n[i : i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
+    numbers += ["-".join(n[i : i + 4] for i in range(0, len(n), 4)) for n in numbers[:2500]]
     assert sum(map(textbook, numbers)) > 300  # (about a tenth of those of a right length)
     assert [redaction.luhn_valid(n) for n in numbers] == [textbook(n) for n in numbers]
 
@@ -49,9 +49,14 @@ def test_the_public_re2_api_gives_the_same_redactions_as_the_compiled_program():
     assert all(p._raw is not None for p in programs)  # (this release: the fast path is the one tested elsewhere)
     for p in programs:
         p._raw = None
-    texts = [text for _, text, _ in POSITIVE] + list(NEGATIVE) + [
-        "x 4111 1111 1111 1112 4111 1111 1111 1111 a@b.com +1 415 555 2671 ::1 10.0.0.1 é token=Zx8vQ2mL9pR4tY7w",
-        "export OPENAI_API_KEY=sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2 请 a.a.a.a@"]
+    texts = (
+        [text for _, text, _ in POSITIVE]
+        + list(NEGATIVE)
+        + [
+            "x 4111 1111 1111 1112 4111 1111 1111 1111 a@b.com +1 415 555 2671 ::1 10.0.0.1 é token=Zx8vQ2mL9pR4tY7w",
+            "export OPENAI_API_KEY=sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2 请 a.a.a.a@",
+        ]
+    )
     for text in texts:
         assert public.redact_counted(text) == fast.redact_counted(text), text
 
@@ -60,26 +65,37 @@ def test_many_matches_counted_per_rule():
     text = "a@b.io, c@d.io, 4111111111111111, 10.0.0.1"
     assert redaction.Redactor().redact_counted(text) == (
         "<EMAIL>, <EMAIL>, <PAYMENT_CARD>, <IP_ADDRESS>",
-        {semconv.REDACTION_RULE_EMAIL: 2, semconv.REDACTION_RULE_PAYMENT_CARD: 1, semconv.REDACTION_RULE_IP_ADDRESS: 1})
+        {semconv.REDACTION_RULE_EMAIL: 2, semconv.REDACTION_RULE_PAYMENT_CARD: 1, semconv.REDACTION_RULE_IP_ADDRESS: 1},
+    )
 
 
 def test_an_18_digit_number_failing_the_id_check_can_still_be_a_card():
     # 18 digits, Luhn-valid, not a valid resident ID (month 00)
     number = next(str(n) for n in range(400000000000000000, 400000000000001000) if redaction.luhn_valid(str(n)))
     assert not redaction.prc_id_valid(number)
-    assert redaction.Redactor().redact_counted(f"pay {number}") == ("pay <PAYMENT_CARD>",
-                                                                    {semconv.REDACTION_RULE_PAYMENT_CARD: 1})
+    assert redaction.Redactor().redact_counted(f"pay {number}") == (
+        "pay <PAYMENT_CARD>",
+        {semconv.REDACTION_RULE_PAYMENT_CARD: 1},
+    )
 
 
 def test_user_rules_file(tmp_path, caplog):
     rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps([{"name": "employee_id", "pattern": r"EMP-\d{6}", "replacement": "<EMPLOYEE>"},
-                                 {"name": "broken", "pattern": "("},
-                                 {"pattern": "no name"}]))
+    rules.write_text(
+        json.dumps(
+            [
+                {"name": "employee_id", "pattern": r"EMP-\d{6}", "replacement": "<EMPLOYEE>"},
+                {"name": "broken", "pattern": "("},
+                {"pattern": "no name"},
+            ]
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="otel_llm.redaction"):
         r = redaction.from_environment({config.ENV_REDACTION_RULES: str(rules)})
-    assert r.redact_counted("EMP-123456 wrote to x@y.org") == ("<EMPLOYEE> wrote to <EMAIL>",
-                                                               {"employee_id": 1, semconv.REDACTION_RULE_EMAIL: 1})
+    assert r.redact_counted("EMP-123456 wrote to x@y.org") == (
+        "<EMPLOYEE> wrote to <EMAIL>",
+        {"employee_id": 1, semconv.REDACTION_RULE_EMAIL: 1},
+    )
     assert len([m for m in caplog.messages if "skipped" in m]) == 2
 
 
@@ -100,7 +116,9 @@ def test_callable_redactors_run_last_and_a_failing_one_is_skipped(caplog):
     r = redaction.Redactor(callables=[broken, upper_names])
     with caplog.at_level(logging.WARNING, logger="otel_llm.redaction"):
         assert r.redact_counted("Alice <alice@example.com>") == (
-            "<NAME> <<EMAIL>>", {"upper_names": 1, semconv.REDACTION_RULE_EMAIL: 1})
+            "<NAME> <<EMAIL>>",
+            {"upper_names": 1, semconv.REDACTION_RULE_EMAIL: 1},
+        )
         assert r.redact("Alice again") == "<NAME> again"
     assert len([m for m in caplog.messages if "failed" in m]) == 1
 
@@ -110,7 +128,11 @@ def test_content_budget_cuts_each_text_then_the_request():
 
     budget = content.Budget(max_text=5, max_total=8)
     assert [budget.cut(t) for t in ("abc", "defghij", "klm", "")] == [
-        "abc", "defgh" + content.TRUNCATED.format(2), content.TRUNCATED.format(3), ""]
+        "abc",
+        "defgh" + content.TRUNCATED.format(2),
+        content.TRUNCATED.format(3),
+        "",
+    ]
 
 
 def test_only_what_can_be_kept_is_redacted_and_a_key_across_the_cut_is_not_leaked():
@@ -156,16 +178,19 @@ def test_content_caps_from_the_environment(caplog):
     assert (capture.max_text, capture.max_total) == (config.ContentLimits.max_text, config.ContentLimits.max_total)
 
 
-@pytest.mark.parametrize("text,redacted", [
-    # a letter of another script is no word boundary in Unicode's sense: the secret or the e-mail's
-    # first part would leak whole
-    ("邮箱jane.doe@example.com谢谢", "邮箱<EMAIL>谢谢"),
-    ("密钥sk-proj-abcdefghijklmnopqrstuv1234结束", "密钥<SECRET>结束"),
-    ("令牌AKIAABCDEFGHIJKLMNOP吗", "令牌<SECRET>吗"),
-    # an address that ends a sentence
-    ("the server is 10.0.0.1.", "the server is <IP_ADDRESS>."),
-    ("version 1.2.3.4.5 stays", "version 1.2.3.4.5 stays"),
-])
+@pytest.mark.parametrize(
+    "text,redacted",
+    [
+        # a letter of another script is no word boundary in Unicode's sense: the secret or the e-mail's
+        # first part would leak whole
+        ("邮箱jane.doe@example.com谢谢", "邮箱<EMAIL>谢谢"),
+        ("密钥sk-proj-abcdefghijklmnopqrstuv1234结束", "密钥<SECRET>结束"),
+        ("令牌AKIAABCDEFGHIJKLMNOP吗", "令牌<SECRET>吗"),
+        # an address that ends a sentence
+        ("the server is 10.0.0.1.", "the server is <IP_ADDRESS>."),
+        ("version 1.2.3.4.5 stays", "version 1.2.3.4.5 stays"),
+    ],
+)
 def test_rules_hold_next_to_other_scripts_and_punctuation(text, redacted):
     assert redaction.Redactor().redact(text) == redacted
 

@@ -30,13 +30,16 @@ LINEAR = 3.0  # per KB at 64 KB / per KB at 8 KB
 TYPICAL = 25.0
 SIZES = (8 << 10, 64 << 10)
 
-PROSE = ("The platform team reviewed the latency report for the inference cluster and found that queue "
-         "time grew during the nightly batch window; they proposed a separate pool for long prompts. ")
+PROSE = (
+    "The platform team reviewed the latency report for the inference cluster and found that queue "
+    "time grew during the nightly batch window; they proposed a separate pool for long prompts. "
+)
 TYPICAL_PROMPT = (
     PROSE * 2 + "On 2026-12-03 the p99 latency was 2.4 s for 1,250 requests per minute, up 12% on the week. "
     "Contact jane.doe@example.com or +1 415 555 2671 from 10.0.12.7; card 4111 1111 1111 1111.\n"
     "```\nOPENAI_API_KEY=sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2\nDEBUG=true\n"
-    "DATABASE_URL=postgres://app:s3cr3t-pw@db.internal:5432/app\nLOG_LEVEL=info\n```\n")
+    "DATABASE_URL=postgres://app:s3cr3t-pw@db.internal:5432/app\nLOG_LEVEL=info\n```\n"
+)
 RULE_OF_FORMAT = {f: f for f in FORMATS}
 
 
@@ -50,24 +53,42 @@ def _adversarial() -> dict[str, callable]:
     out: dict[str, callable] = {}
     for fmt, gen in sorted(FORMATS.items()):
         key = gen(rng)
-        head = key[:max(3, len(key) // 8)]
-        body = key[len(head):]
+        head = key[: max(3, len(key) // 8)]
+        body = key[len(head) :]
         out[f"{fmt}: head repeated"] = lambda size, h=head: _repeat(h, size)
         out[f"{fmt}: head, then a run of its alphabet"] = lambda size, h=head, b=body: h + _repeat(b, size - len(h))
         out[f"{fmt}: near miss repeated"] = lambda size, k=key: _repeat(k[:-2] + " ", size)
         out[f"{fmt}: near miss glued"] = lambda size, k=key: _repeat(k[:-1], size)
     fixed = {
-        "digits and blanks": "1 ", "varied digits and blanks": "1 2 3 4 5 6 7 8 9 0 ", "digits": "1",
-        "a.a.a...@": None, "sk- repeated": "sk-", "key prefixes repeated": "sk-proj-ghp_AKIAxoxb-AIzaeyJ",
+        "digits and blanks": "1 ",
+        "varied digits and blanks": "1 2 3 4 5 6 7 8 9 0 ",
+        "digits": "1",
+        "a.a.a...@": None,
+        "sk- repeated": "sk-",
+        "key prefixes repeated": "sk-proj-ghp_AKIAxoxb-AIzaeyJ",
         "dots and digits": "1.",
-        "colons and hex": "a:", "double colons": "::1:", "plus digits": "+1 ", "parentheses": "(415) ",
-        "Luhn-invalid cards": "4111 1111 1111 1112 ", "ID-like digits": "110105194912310021 ",
-        "phone-like": "415-555-267 ", "e-mail near misses": "a@b. ", "at signs": "@a",
-        "password= near misses": "password=a ", "token: short values": "token: abc ",
-        "Bearer prose": "Bearer abcdefgh ", "Authorization near misses": "Authorization: ",
-        "URL near misses": "https://a:b", "scheme runs": "ab+", "PEM begin repeated": "-----BEGIN PRIVATE KEY-----",
-        "dashes": "-", "underscores": "_", "base64 run": "QUJD+/", "hex run": "0123456789abcdef",
-        "CJK": "请使用密钥令牌过期模型推理缓存队列", "quotes and equals": "\"='",
+        "colons and hex": "a:",
+        "double colons": "::1:",
+        "plus digits": "+1 ",
+        "parentheses": "(415) ",
+        "Luhn-invalid cards": "4111 1111 1111 1112 ",
+        "ID-like digits": "110105194912310021 ",
+        "phone-like": "415-555-267 ",
+        "e-mail near misses": "a@b. ",
+        "at signs": "@a",
+        "password= near misses": "password=a ",
+        "token: short values": "token: abc ",
+        "Bearer prose": "Bearer abcdefgh ",
+        "Authorization near misses": "Authorization: ",
+        "URL near misses": "https://a:b",
+        "scheme runs": "ab+",
+        "PEM begin repeated": "-----BEGIN PRIVATE KEY-----",
+        "dashes": "-",
+        "underscores": "_",
+        "base64 run": "QUJD+/",
+        "hex run": "0123456789abcdef",
+        "CJK": "请使用密钥令牌过期模型推理缓存队列",
+        "quotes and equals": "\"='",
     }
     for name, unit in fixed.items():
         if unit is None:
@@ -103,8 +124,10 @@ def check(redactor, names=None) -> list[str]:
         if large > LINEAR * max(small, 20.0):
             problems.append(f"{name}: {large:.0f} us/KB at 64 KB, {small:.0f} at 8 KB: not linear")
         if max(small, large) > TYPICAL * typical:
-            problems.append(f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x a typical "
-                            f"prompt ({typical:.1f} us/KB)")
+            problems.append(
+                f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x a typical "
+                f"prompt ({typical:.1f} us/KB)"
+            )
     return problems
 
 

@@ -24,19 +24,37 @@ NEGATIVE_TEXTS = 3000
 SECRET = semconv.REDACTION_RULE_SECRET + "."
 # format -> the rule that counts it
 RULE_OF = {
-    "openai_project_key": "openai_api_key", "openai_service_account_key": "openai_api_key",
-    "openai_admin_key": "openai_api_key", "openai_legacy_key": "openai_api_key", "openrouter_key": "sk_key",
-    "deepseek_key": "sk_key", "anthropic_admin_key": "anthropic_api_key", "slack_bot_token": "slack_token",
-    "slack_user_token": "slack_token", "slack_app_token": "slack_token", "private_key_pem_json_escaped": "private_key",
-    "private_key_pem": "private_key", "groq_key": "groq_api_key", "perplexity_key": "perplexity_api_key",
-    "xai_key": "xai_api_key", "langsmith_key": "langsmith_api_key", "docker_hub_pat": "docker_hub_token",
-    "mailgun_key": "mailgun_api_key", "mailchimp_key": "mailchimp_api_key", "heroku_key": "heroku_api_key",
-    "atlassian_token": "atlassian_api_token", "linear_key": "linear_api_key", "postman_key": "postman_api_key",
-    "newrelic_key": "newrelic_api_key", "gitlab_token": "gitlab_token",
+    "openai_project_key": "openai_api_key",
+    "openai_service_account_key": "openai_api_key",
+    "openai_admin_key": "openai_api_key",
+    "openai_legacy_key": "openai_api_key",
+    "openrouter_key": "sk_key",
+    "deepseek_key": "sk_key",
+    "anthropic_admin_key": "anthropic_api_key",
+    "slack_bot_token": "slack_token",
+    "slack_user_token": "slack_token",
+    "slack_app_token": "slack_token",
+    "private_key_pem_json_escaped": "private_key",
+    "private_key_pem": "private_key",
+    "groq_key": "groq_api_key",
+    "perplexity_key": "perplexity_api_key",
+    "xai_key": "xai_api_key",
+    "langsmith_key": "langsmith_api_key",
+    "docker_hub_pat": "docker_hub_token",
+    "mailgun_key": "mailgun_api_key",
+    "mailchimp_key": "mailchimp_api_key",
+    "heroku_key": "heroku_api_key",
+    "atlassian_token": "atlassian_api_token",
+    "linear_key": "linear_api_key",
+    "postman_key": "postman_api_key",
+    "newrelic_key": "newrelic_api_key",
+    "gitlab_token": "gitlab_token",
 }
 CONTEXT_RULES = {
-    "secret_assignment": {"password_assignment", "secret_assignment"}, "url_credentials": {"url_credentials"},
-    "basic_auth": {"authorization_header"}, "bearer_token": {"authorization_header", "bearer_token", "jwt"},
+    "secret_assignment": {"password_assignment", "secret_assignment"},
+    "url_credentials": {"url_credentials"},
+    "basic_auth": {"authorization_header"},
+    "bearer_token": {"authorization_header", "bearer_token", "jwt"},
     "aws_secret_access_key": {"secret_assignment", "aws_key_pair", "aws_access_key_id"},
     "azure_storage_account_key": {"azure_storage_account_key"},
 }
@@ -44,14 +62,14 @@ REDACTOR = redaction.Redactor()
 
 
 def pieces(secret: str) -> set[str]:
-    return {secret[i:i + 8] for i in range(len(secret) - 7)} or {secret}
+    return {secret[i : i + 8] for i in range(len(secret) - 7)} or {secret}
 
 
 def left_of(secret: str, text: str) -> list[str]:
     """The 8-character pieces of `secret` found in `text`."""
     if len(text) < 8:
         return [p for p in pieces(secret) if p in text]
-    return sorted(pieces(secret) & {text[i:i + 8] for i in range(len(text) - 7)})
+    return sorted(pieces(secret) & {text[i : i + 8] for i in range(len(text) - 7)})
 
 
 def test_every_rule_has_a_format_and_a_source():
@@ -115,6 +133,7 @@ def test_lookalikes_survive(name):
 
 # ---- the collector's second line: the same rules as RE2, run by RE2 on the JSON-escaped content ----
 
+
 def _collector():
     rules = [(re2.compile(regex), repl) for regex, repl in redaction_rules(load("otelcol.yaml"))]
 
@@ -123,6 +142,7 @@ def _collector():
         for regex, repl in rules:
             value = regex.sub(lambda m, repl=repl: go_expand(repl, m), value)
         return json.loads(value)[0]["parts"][0]["content"]  # still valid JSON
+
     return run
 
 
@@ -131,7 +151,7 @@ COLLECTOR = _collector()
 # placeholder test); each is listed with why
 COLLECTOR_STRICTER = {
     "token_prose": "api_key = os.environ[...], token = get_token(), password=$PASSWORD: no check tells code, "
-                   "variables and placeholders from values there",
+    "variables and placeholders from values there"
 }
 
 

@@ -21,17 +21,32 @@ def main() -> None:
     model_dir, count = sys.argv[1], int(sys.argv[2])
     headers = {"traceparent": sys.argv[3], "baggage": sys.argv[4]} if len(sys.argv) > 4 else None
     config = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512).create_engine_config()
-    client = EngineCoreClient.make_client(multiprocess_mode=True, asyncio_mode=False, vllm_config=config,
-                                          executor_class=Executor.get_class(config), log_stats=False)
+    client = EngineCoreClient.make_client(
+        multiprocess_mode=True,
+        asyncio_mode=False,
+        vllm_config=config,
+        executor_class=Executor.get_class(config),
+        log_stats=False,
+    )
     try:
         seen: dict[str, dict] = {}
         for i in range(count):
             rid = f"direct-{i}"
             params = SamplingParams(max_tokens=8 + i, ignore_eos=True, temperature=0.0)
-            client.add_request(EngineCoreRequest(
-                request_id=rid, prompt_token_ids=list(range(5, 25 + 3 * i)), mm_features=None,
-                sampling_params=params, pooling_params=None, arrival_time=time.time(), lora_request=None,
-                cache_salt=None, data_parallel_rank=None, trace_headers=headers))
+            client.add_request(
+                EngineCoreRequest(
+                    request_id=rid,
+                    prompt_token_ids=list(range(5, 25 + 3 * i)),
+                    mm_features=None,
+                    sampling_params=params,
+                    pooling_params=None,
+                    arrival_time=time.time(),
+                    lora_request=None,
+                    cache_salt=None,
+                    data_parallel_rank=None,
+                    trace_headers=headers,
+                )
+            )
             seen[rid] = {"id": rid, "prompt": 20 + 3 * i, "output": 0, "finish": None}
         deadline = time.monotonic() + 120
         while any(r["finish"] is None for r in seen.values()) and time.monotonic() < deadline:

@@ -20,7 +20,8 @@ import yaml
 from helpers import start_prometheus, start_server
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import rules, semconv
+from otel_llm import semconv
+from otel_llm.ops import rules
 
 STALL = "LLMEngineStalled"
 STALL_SECONDS = 20
@@ -35,8 +36,9 @@ MAX_MODEL_LEN = 2048
 
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "alerts", extra_args=["--max-model-len", str(MAX_MODEL_LEN)],
-                       paced=True)
+    srv = start_server(
+        receiver, tmp_path_factory, "alerts", extra_args=["--max-model-len", str(MAX_MODEL_LEN)], paced=True
+    )
     yield srv
     srv.stop()
 
@@ -74,8 +76,9 @@ def stall_alerts(prometheus) -> list[dict]:
 
 
 def stall_rule(prometheus) -> dict:
-    [rule] = [r for g in api(prometheus, "/api/v1/rules?type=alert")["groups"] for r in g["rules"]
-              if r["name"] == STALL]
+    [rule] = [
+        r for g in api(prometheus, "/api/v1/rules?type=alert")["groups"] for r in g["rules"] if r["name"] == STALL
+    ]
     return rule
 
 
@@ -120,9 +123,15 @@ class Stream(threading.Thread):
     def run(self):
         try:
             for chunk in self.client.completions.create(
-                    model=MODEL_NAME, prompt=self.prompt, max_tokens=MAX_TOKENS, stream=True, temperature=0,
-                    extra_body={"ignore_eos": True}, stream_options={"include_usage": True},
-                    extra_headers={"x-tenant-id": "alerts"}):
+                model=MODEL_NAME,
+                prompt=self.prompt,
+                max_tokens=MAX_TOKENS,
+                stream=True,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+                extra_headers={"x-tenant-id": "alerts"},
+            ):
                 if chunk.choices:
                     self.started.set()
                     self.finish_reason = chunk.choices[0].finish_reason or self.finish_reason
@@ -137,13 +146,21 @@ class Stream(threading.Thread):
 def test_a_stopped_engine_raises_the_stall_alert(vllm, prometheus):
     # the idle server, past a whole stall window after a request: evaluated, nothing raised
     openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-alerts", max_retries=0).completions.create(
-        model=MODEL_NAME, prompt="warm up", max_tokens=8)
-    wait_for("Prometheus sees the request's tokens and no request running", lambda: prometheus.query(
-        f"{semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL} > 0 and on (instance) {semconv.VLLM_METRIC_RUNNING} == 0"),
-        60)
+        model=MODEL_NAME, prompt="warm up", max_tokens=8
+    )
+    wait_for(
+        "Prometheus sees the request's tokens and no request running",
+        lambda: prometheus.query(
+            f"{semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL} > 0 and on (instance) {semconv.VLLM_METRIC_RUNNING} == 0"
+        ),
+        60,
+    )
     idle_since = time.time()
-    wait_for("a stall window of evaluations on the idle server",
-             lambda: unix_time(stall_rule(prometheus)["lastEvaluation"]) > idle_since + STALL_SECONDS + 2, 120)
+    wait_for(
+        "a stall window of evaluations on the idle server",
+        lambda: unix_time(stall_rule(prometheus)["lastEvaluation"]) > idle_since + STALL_SECONDS + 2,
+        120,
+    )
     rule = stall_rule(prometheus)
     assert (rule["health"], rule["state"], rule["alerts"]) == ("ok", "inactive", [])
 
@@ -171,11 +188,18 @@ def test_a_stopped_engine_raises_the_stall_alert(vllm, prometheus):
     # tokens were generated up to the stop: not active before a whole stall window without any
     # (less a scrape and an evaluation interval)
     assert unix_time(alert["activeAt"]) >= stopped_at + STALL_SECONDS - 2
-    assert alert["labels"] == {"alertname": STALL, "severity": "critical", "instance": f"127.0.0.1:{vllm.port}",
-                               "job": "vllm", semconv.VLLM_LABEL_MODEL: MODEL_NAME, "engine": "0"}
+    assert alert["labels"] == {
+        "alertname": STALL,
+        "severity": "critical",
+        "instance": f"127.0.0.1:{vllm.port}",
+        "job": "vllm",
+        semconv.VLLM_LABEL_MODEL: MODEL_NAME,
+        "engine": "0",
+    }
     assert alert["annotations"]["summary"] == (
         f"{STREAMS} requests are running in vLLM 127.0.0.1:{vllm.port} (model {MODEL_NAME}), which computed no "
-        f"token in {STALL_SECONDS}s")
+        f"token in {STALL_SECONDS}s"
+    )
 
     # resumed: every stream finishes with all its tokens, and the alert resolves
     for s in streams:

@@ -22,9 +22,10 @@ from helpers import Traceparent, start_server
 
 from devkit.devserver import BudgetServer, GatewayServer, PrometheusServer, otlp_env, write_keys_file
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import budgets, semconv
-from otel_llm.ledger import read_spool
-from otel_llm.promql import yaml_text
+from otel_llm import semconv
+from otel_llm.billing.ledger import read_spool
+from otel_llm.billing.promql import yaml_text
+from otel_llm.ops import budgets
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
 EDGE = "edge"
@@ -40,17 +41,23 @@ def stack(receiver, tmp_path_factory):
     usage = work / "usage"
     vllm = start_server(receiver, tmp_path_factory, "budgets", env={"OTEL_LLM_USAGE_DIR": str(usage)})
     budget_file = work / "budgets.json"
-    budget_file.write_text(json.dumps({"budgets": [{"tenant": t, "tokens": 1} for t in TENANTS]
-                                       + [{"tenant": EDGE, "tokens": EDGE_BUDGET}]}))
+    budget_file.write_text(
+        json.dumps(
+            {"budgets": [{"tenant": t, "tokens": 1} for t in TENANTS] + [{"tenant": EDGE, "tokens": EDGE_BUDGET}]}
+        )
+    )
     rules = budgets.rules(budgets.load(budget_file))
     for group in rules["groups"]:
         group["interval"] = "1s"  # (the generated groups are evaluated every minute)
     (work / "rules.yml").write_text(yaml_text(rules))
     tracker = BudgetServer(budget_file, str(usage), log_path=work / "budget-server.log")
     keys = write_keys_file(work / "keys.json", {KEYS[t]: (t, None) for t in KEYS})
-    gateway = GatewayServer(vllm.url, keys, env={**otlp_env(receiver.endpoint, service_name="llm-gateway"),
-                                                 "GATEWAY_BUDGETS_URL": tracker.url},
-                            log_path=work / "gateway.log")
+    gateway = GatewayServer(
+        vllm.url,
+        keys,
+        env={**otlp_env(receiver.endpoint, service_name="llm-gateway"), "GATEWAY_BUDGETS_URL": tracker.url},
+        log_path=work / "gateway.log",
+    )
     started = []
     try:
         for server in (tracker, gateway):
@@ -67,8 +74,13 @@ def stack(receiver, tmp_path_factory):
 
 
 def chat(stack, tenant, tp=None, prompt="budget check"):
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": OUTPUT_TOKENS,
-            "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     headers = {"authorization": f"Bearer {KEYS[tenant]}", **(tp.headers() if tp else {})}
     return httpx.post(stack["gateway"].url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
 
@@ -85,8 +97,11 @@ def read_through(stack, bills: int, timeout: float = 60) -> dict:
 
 
 def ledger_tokens(stack, tenant) -> list[int]:
-    return [r[semconv.GEN_AI_USAGE_INPUT_TOKENS] + r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
-            for r in read_spool(str(stack["usage"])) if r.get(semconv.TENANT_ID) == tenant]
+    return [
+        r[semconv.GEN_AI_USAGE_INPUT_TOKENS] + r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        for r in read_spool(str(stack["usage"]))
+        if r.get(semconv.TENANT_ID) == tenant
+    ]
 
 
 def test_every_budgeted_tenant_is_refused_once_over_and_alerted(stack, receiver):
@@ -112,8 +127,9 @@ def test_every_budgeted_tenant_is_refused_once_over_and_alerted(stack, receiver)
 
     # the reason is on the gateway's span
     tp = traces[TENANTS[7]]
-    spans = receiver.wait_for(lambda rx: [s for s in rx.traces().get(tp.trace_id, []) if s.kind == "SERVER"],
-                              timeout=60)
+    spans = receiver.wait_for(
+        lambda rx: [s for s in rx.traces().get(tp.trace_id, []) if s.kind == "SERVER"], timeout=60
+    )
     (span,) = spans
     assert span.attributes[semconv.BUDGET_STATE] == semconv.BUDGET_STATE_OVER
     assert span.attributes[semconv.ERROR_TYPE] == semconv.ERROR_BUDGET_EXCEEDED
@@ -124,8 +140,11 @@ def test_every_budgeted_tenant_is_refused_once_over_and_alerted(stack, receiver)
     while True:
         with urllib.request.urlopen(stack["prometheus"].url + "/api/v1/alerts", timeout=30) as r:
             alerts = json.loads(r.read())["data"]["alerts"]
-        firing = {a["labels"]["tenant"] for a in alerts
-                  if a["labels"]["alertname"] == budgets.ALERT_OVER and a["state"] == "firing"}
+        firing = {
+            a["labels"]["tenant"]
+            for a in alerts
+            if a["labels"]["alertname"] == budgets.ALERT_OVER and a["state"] == "firing"
+        }
         if firing >= set(TENANTS) or time.monotonic() > deadline:
             break
         time.sleep(1)

@@ -17,11 +17,20 @@ from helpers import LONG_PROMPT, start_server
 
 from devkit.devserver import PrometheusServer
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import dashboards, price_rules, rules, semconv
-from otel_llm.report import load_prices
+from otel_llm import semconv
+from otel_llm.billing.report import load_prices
+from otel_llm.ops import dashboards, price_rules, rules
 
-VALUES = {"model": MODEL_NAME, "tenant": ".*", "scene": ".*", "cost_center": ".*", "__rate_interval": "1m",
-          "__range": "5m", "__interval": "15s", **{name: default for name, _, default in dashboards.PRICES}}
+VALUES = {
+    "model": MODEL_NAME,
+    "tenant": ".*",
+    "scene": ".*",
+    "cost_center": ".*",
+    "__rate_interval": "1m",
+    "__range": "5m",
+    "__interval": "15s",
+    **{name: default for name, _, default in dashboards.PRICES},
+}
 # A second name of the served model, which the price file does not price: the dashboard's price variables
 UNPRICED_MODEL = f"{MODEL_NAME}-unpriced"
 FILE_PRICES = {"input": 1.0, "cached_input": 0.25, "output": 4.0}  # MODEL_NAME's, half the variables' defaults
@@ -33,19 +42,25 @@ NO_DATA = {
     # matches nothing. Its +Inf halves must have data.
     "LLMRequestNearMaxModelLen": [
         f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({semconv.VLLM_METRIC_PROMPT_TOKENS}_bucket{{le="+Inf"}}[5m]))',
-        f'sum by ({semconv.VLLM_LABEL_MODEL}) '
-        f'(increase({semconv.VLLM_METRIC_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))'],
+        f"sum by ({semconv.VLLM_LABEL_MODEL}) "
+        f'(increase({semconv.VLLM_METRIC_GENERATION_TOKENS}_bucket{{le="+Inf"}}[5m]))',
+    ],
     # a healthy server has no failure series (one appears at a point's first failure): the whole
     # expression must parse; promtool fires it (tests/operator/test_prometheus_rules.py) and the
     # fault run counts failures on the real server (tests/e2e/reliability/test_faults_e2e.py)
     "LLMInstrumentationFailing": [],
     # the tenant anomaly baselines end an hour ago, before this server started: the recorded
     # current rates stand in (promtool fires them, tests/operator/test_prometheus_rules.py)
-    **{name: [rules.TENANT_REQUESTS, rules.TENANT_TOKENS] for name in (
-        "LLMTenantRequestRateHigh", "LLMTenantTokensPerRequestHigh", "LLMTenantOutputLengthHigh")},
+    **{
+        name: [rules.TENANT_REQUESTS, rules.TENANT_TOKENS]
+        for name in ("LLMTenantRequestRateHigh", "LLMTenantTokensPerRequestHigh", "LLMTenantOutputLengthHigh")
+    },
     # a running engine: the token counters grew, and the instance has not vanished
-    "LLMEngineStalled": [semconv.VLLM_METRIC_RUNNING, f"increase({semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL}[2m])",
-                         f"increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[2m])"],
+    "LLMEngineStalled": [
+        semconv.VLLM_METRIC_RUNNING,
+        f"increase({semconv.VLLM_METRIC_GENERATION_TOKENS_TOTAL}[2m])",
+        f"increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[2m])",
+    ],
     "LLMInstanceDown": [f"group by (job, instance) (max_over_time({semconv.VLLM_METRIC_RUNNING}[1h]))"],
 }
 
@@ -64,13 +79,29 @@ def alert_sides(expr: str) -> list[str]:
 def vllm(receiver, tmp_path_factory):
     # a usage spool: the engine core accounts each request's compute (the cost dashboard's GPU panels)
     # an n-gram speculator: the speculative-decoding panel has data
-    speculator = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                             "prompt_lookup_min": 2})
-    srv = start_server(receiver, tmp_path_factory, "dashboards",
-                       extra_args=["--enable-prompt-tokens-details", "--served-model-name", MODEL_NAME, UNPRICED_MODEL,
-                                   "--speculative-config", speculator, "--per-request-spec-decode-metrics", "summary"],
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_METRIC_LABEL_LIMIT": "50",
-                            "OTEL_LLM_USAGE_DIR": str(tmp_path_factory.mktemp("usage"))})
+    speculator = json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    )
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "dashboards",
+        extra_args=[
+            "--enable-prompt-tokens-details",
+            "--served-model-name",
+            MODEL_NAME,
+            UNPRICED_MODEL,
+            "--speculative-config",
+            speculator,
+            "--per-request-spec-decode-metrics",
+            "summary",
+        ],
+        env={
+            "OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm",
+            "OTEL_LLM_METRIC_LABEL_LIMIT": "50",
+            "OTEL_LLM_USAGE_DIR": str(tmp_path_factory.mktemp("usage")),
+        },
+    )
     yield srv
     srv.stop()
 
@@ -100,8 +131,9 @@ def prices_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prometheus(vllm, rules_file, prices_file, tmp_path_factory):
-    prom = PrometheusServer([f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"),
-                            rule_files=[rules_file, prices_file])
+    prom = PrometheusServer(
+        [f"127.0.0.1:{vllm.port}"], tmp_path_factory.mktemp("prometheus"), rule_files=[rules_file, prices_file]
+    )
     prom.start()
     yield prom
     prom.stop()
@@ -128,8 +160,9 @@ def traffic(vllm, prometheus):
 
     def chat(tenant, scene, content, max_tokens=8, stream=False, model=MODEL_NAME):
         headers = {"x-tenant-id": tenant, "x-scene": scene, **({"x-cost-center": "cc-rd"} if tenant == "alpha" else {})}
-        kwargs = dict(model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens,
-                      extra_headers=headers)
+        kwargs = dict(
+            model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, extra_headers=headers
+        )
         if stream:
             return list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
         return client.chat.completions.create(**kwargs)
@@ -139,9 +172,16 @@ def traffic(vllm, prometheus):
     cached = 0
     for _ in range(2):  # the second one hits the prefix cache
         time.sleep(2)  # a scrape between the two: rate() sees the cached tokens' increase from 0
-        chunks = list(client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=6, stream=True,
-                                                stream_options={"include_usage": True},
-                                                extra_headers={"x-tenant-id": "beta", "x-scene": "rag"}))
+        chunks = list(
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=LONG_PROMPT,
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers={"x-tenant-id": "beta", "x-scene": "rag"},
+            )
+        )
         details = chunks[-1].usage.prompt_tokens_details
         cached = (details.cached_tokens if details else 0) or 0
     assert cached > 0
@@ -149,25 +189,40 @@ def traffic(vllm, prometheus):
     # see as an increase), the second is an increase
     for _ in range(2):
         with pytest.raises(openai.NotFoundError):
-            client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
-                                           extra_headers={"x-tenant-id": "delta"})
+            client.chat.completions.create(
+                model="no-such-model",
+                messages=[{"role": "user", "content": "x"}],
+                extra_headers={"x-tenant-id": "delta"},
+            )
         time.sleep(2)
     # concurrent requests: some wait in vLLM's queue
     with ThreadPoolExecutor(12) as pool:
-        list(pool.map(lambda i: chat(f"tenant-{i % 4}", "batch", f"concurrent {i} " * 20, max_tokens=24,
-                                     stream=i % 3 == 0), range(24)))
+        list(
+            pool.map(
+                lambda i: chat(f"tenant-{i % 4}", "batch", f"concurrent {i} " * 20, max_tokens=24, stream=i % 3 == 0),
+                range(24),
+            )
+        )
     while time.monotonic() - started < 30:  # keep a trickle going for ~30 s, on both model names
         chat("alpha", "search", "trickle", max_tokens=4)
         chat("gamma", "chatbot", "unpriced trickle", max_tokens=5, model=UNPRICED_MODEL)
         # a prompt that repeats itself, greedy: the n-gram speculator proposes drafts (17 of 40 tokens)
-        client.completions.create(model=MODEL_NAME, prompt="a b c d a b c d a b c d a b c d", max_tokens=40,
-                                  temperature=0, extra_headers={"x-tenant-id": "alpha", "x-scene": "search"})
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt="a b c d a b c d a b c d a b c d",
+            max_tokens=40,
+            temperature=0,
+            extra_headers={"x-tenant-id": "alpha", "x-scene": "search"},
+        )
     time.sleep(5)  # a few scrapes and rule evaluations after the last request
 
 
 def dashboard_queries():
-    return [(name, title, expr) for name, board in dashboards.dashboards().items()
-            for title, expr in dashboards.promql_targets(board)]
+    return [
+        (name, title, expr)
+        for name, board in dashboards.dashboards().items()
+        for title, expr in dashboards.promql_targets(board)
+    ]
 
 
 def test_every_dashboard_query_parses_and_returns_data(prometheus, traffic):
@@ -175,9 +230,15 @@ def test_every_dashboard_query_parses_and_returns_data(prometheus, traffic):
     for name, title, expr in dashboard_queries():
         body = query(prometheus, substitute(expr))
         if body.get("status") != "success" or not body["data"]["result"]:
-            failures.append({"dashboard": name, "panel": title, "expr": substitute(expr),
-                             "answer": {k: v for k, v in body.items() if k != "data"} | {
-                                 "result": body.get("data", {}).get("result")}})
+            failures.append(
+                {
+                    "dashboard": name,
+                    "panel": title,
+                    "expr": substitute(expr),
+                    "answer": {k: v for k, v in body.items() if k != "data"}
+                    | {"result": body.get("data", {}).get("result")},
+                }
+            )
     assert not failures, json.dumps(failures, indent=1)
     assert len(dashboard_queries()) > 40
 
@@ -223,22 +284,26 @@ def test_each_model_at_its_price(prometheus, traffic):
     model, token_type = dashboards.MODEL, dashboards.TOKEN_TYPE
     recorded = query(prometheus, price_rules.PRICE)["data"]["result"]
     assert {(r["metric"][model], r["metric"][token_type], float(r["value"][1])) for r in recorded} == {
-        (MODEL_NAME, t, price) for t, price in FILE_PRICES.items()}
+        (MODEL_NAME, t, price) for t, price in FILE_PRICES.items()
+    }
     variables = {t: float(VALUES[f"price_{t}"]) for t in FILE_PRICES}
     assert variables == {t: 2 * price for t, price in FILE_PRICES.items()}  # the two must differ
     at = time.time()
     used = {}
-    for r in query(prometheus, f"sum by ({model}, {token_type}) (increase({dashboards.TOKENS}[5m]))", at)[
-            "data"]["result"]:
+    for r in query(prometheus, f"sum by ({model}, {token_type}) (increase({dashboards.TOKENS}[5m]))", at)["data"][
+        "result"
+    ]:
         used[r["metric"][model], r["metric"][token_type]] = float(r["value"][1])
     assert used[UNPRICED_MODEL, semconv.TOKEN_TYPE_INPUT] > 0 and used[MODEL_NAME, semconv.TOKEN_TYPE_CACHED_INPUT] > 0
 
     def expected(name, prices):
         tokens = {t: used.get((name, t), 0.0) for t in FILE_PRICES}
         uncached = tokens[semconv.TOKEN_TYPE_INPUT] - tokens[semconv.TOKEN_TYPE_CACHED_INPUT]
-        return (uncached * prices[semconv.TOKEN_TYPE_INPUT] + tokens[semconv.TOKEN_TYPE_OUTPUT] *
-                prices[semconv.TOKEN_TYPE_OUTPUT] + tokens[semconv.TOKEN_TYPE_CACHED_INPUT] *
-                prices[semconv.TOKEN_TYPE_CACHED_INPUT]) / 1e6
+        return (
+            uncached * prices[semconv.TOKEN_TYPE_INPUT]
+            + tokens[semconv.TOKEN_TYPE_OUTPUT] * prices[semconv.TOKEN_TYPE_OUTPUT]
+            + tokens[semconv.TOKEN_TYPE_CACHED_INPUT] * prices[semconv.TOKEN_TYPE_CACHED_INPUT]
+        ) / 1e6
 
     costs = {m[model]: v for m, v in panel_series(prometheus, "Cost in range by model", at, model=".*")}
     want = {MODEL_NAME: expected(MODEL_NAME, FILE_PRICES), UNPRICED_MODEL: expected(UNPRICED_MODEL, variables)}
@@ -246,8 +311,10 @@ def test_each_model_at_its_price(prometheus, traffic):
     [(_, total)] = panel_series(prometheus, "Cost in range", at, model=".*")
     assert total == pytest.approx(sum(want.values()), rel=1e-9)
     # alpha's requests carry cost center cc-rd; the others none
-    by_center = {m.get(dashboards.COST_CENTER): v for m, v in panel_series(
-        prometheus, "Cost in range by cost center", at, model=".*")}
+    by_center = {
+        m.get(dashboards.COST_CENTER): v
+        for m, v in panel_series(prometheus, "Cost in range by cost center", at, model=".*")
+    }
     assert set(by_center) == {"cc-rd", None} and sum(by_center.values()) == pytest.approx(total, rel=1e-9)
     [(_, rd)] = panel_series(prometheus, "Cost in range", at, model=".*", cost_center="cc-rd")
     assert rd == pytest.approx(by_center["cc-rd"], rel=1e-9) and 0 < rd < total
@@ -280,6 +347,6 @@ def test_every_rule_parses_and_returns_data(prometheus, traffic):
 
 
 def test_alert_sides():
-    assert alert_sides("a{x=\"1\"} > 3") == ['a{x="1"}']
+    assert alert_sides('a{x="1"} > 3') == ['a{x="1"}']
     assert alert_sides("a < 0.2 and on (m) sum by (m) (rate(b[5m])) > 1") == ["a", "sum by (m) (rate(b[5m]))"]
     assert alert_sides("r > 2 * (x + y) / 7") == ["r"]

@@ -18,8 +18,9 @@ def server(receiver, tmp_path_factory):
 def test_embeddings_span_and_usage(server, receiver):
     tp = Traceparent()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    response = client.embeddings.create(model=MODEL_NAME, input=["hello world", "a second, longer input text"],
-                                        extra_headers=tp.headers())
+    response = client.embeddings.create(
+        model=MODEL_NAME, input=["hello world", "a second, longer input text"], extra_headers=tp.headers()
+    )
     assert len(response.data) == 2
     spans = request_trace(receiver, tp.trace_id, phases=4)
     (genai,) = genai_spans(spans)

@@ -27,7 +27,8 @@ from helpers import LONG_PROMPT, Traceparent, abandon_stream, genai_spans, reque
 
 from devkit.devserver import bin_path
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, report, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger, report
 from otel_llm.config import ENV_ENGINE_COST_WINDOW, ENV_USAGE_DIR
 
 HERE = Path(__file__).resolve().parent
@@ -90,8 +91,14 @@ def spool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory, spool):
     # paced (and 2048 tokens long): a stream the client leaves is aborted while the engine still generates
-    srv = start_server(receiver, tmp_path_factory, "engine-cost", extra_args=["--max-model-len", "2048"],
-                       env={ENV_USAGE_DIR: str(spool), ENV_ENGINE_COST_WINDOW: "1", **DEV_MODE}, paced=True)
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "engine-cost",
+        extra_args=["--max-model-len", "2048"],
+        env={ENV_USAGE_DIR: str(spool), ENV_ENGINE_COST_WINDOW: "1", **DEV_MODE},
+        paced=True,
+    )
     yield srv
     srv.stop()
 
@@ -105,8 +112,13 @@ def test_a_request_alone_is_charged_its_prefill_and_decode_and_no_more(vllm, cli
     wait_engine_idle(vllm.url)
     time.sleep(1.2)  # idle long enough to close a window: idle time must not reach the request
     tp = Traceparent()
-    client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=150, extra_headers=tp.headers(),
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=MODEL_NAME,
+        prompt=LONG_PROMPT,
+        max_tokens=150,
+        extra_headers=tp.headers(),
+        extra_body={"ignore_eos": True},
+    )
     genai = genai_spans(request_trace(receiver, tp.trace_id))[0]
     bill = _bill_of(spool, tp.trace_id)
     (row,) = _wait_rows(spool, bill[semconv.USAGE_ENGINE_REQUEST_IDS])
@@ -123,22 +135,38 @@ def test_a_request_alone_is_charged_its_prefill_and_decode_and_no_more(vllm, cli
     assert row[semconv.USAGE_FRONTEND_BILLED] is True and row[semconv.VLLM_PREEMPTIONS] == 0
     assert row[semconv.COST_KV_BLOCK_NS] > 0
     # the engine's figures came back on the request's final output: the span carries the record's
-    for name in (semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS, semconv.COST_KV_BLOCK_NS,
-                 semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS, semconv.COST_SCHEDULED_TOKENS):
+    for name in (
+        semconv.COST_COMPUTE_NS,
+        semconv.COST_PREFILL_COMPUTE_NS,
+        semconv.COST_KV_BLOCK_NS,
+        semconv.COST_KV_HIT_BLOCK_NS,
+        semconv.COST_PREEMPTED_NS,
+        semconv.COST_SCHEDULED_TOKENS,
+    ):
         assert genai.attributes[name] == row[name], name
 
 
 def test_two_requests_sent_together_share_their_steps(vllm, client, spool):
     tp = Traceparent()
-    client.completions.create(model=MODEL_NAME, prompt="two of a kind", max_tokens=120, n=2,
-                              extra_headers=tp.headers(), extra_body={"ignore_eos": True})
+    client.completions.create(
+        model=MODEL_NAME,
+        prompt="two of a kind",
+        max_tokens=120,
+        n=2,
+        extra_headers=tp.headers(),
+        extra_body={"ignore_eos": True},
+    )
     bill = _bill_of(spool, tp.trace_id)
     a, b = _wait_rows(spool, bill[semconv.USAGE_ENGINE_REQUEST_IDS])
     # both children run every step together (one may join a step late: "about half each")
     assert abs(a[semconv.COST_COMPUTE_NS] - b[semconv.COST_COMPUTE_NS]) <= 0.25 * (
-        a[semconv.COST_COMPUTE_NS] + b[semconv.COST_COMPUTE_NS])
-    assert a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] + b[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == \
-        bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 240
+        a[semconv.COST_COMPUTE_NS] + b[semconv.COST_COMPUTE_NS]
+    )
+    assert (
+        a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] + b[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        == bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        == 240
+    )
 
 
 def _pause(vllm) -> None:
@@ -159,8 +187,12 @@ def _one_step_pair(vllm, client, spool, settle: float) -> dict[str, dict]:
     def send(tenant: str, tokens: int) -> None:
         tp = Traceparent()
         traces[tenant] = tp.trace_id
-        client.completions.create(model=MODEL_NAME, prompt=[7 + i % 50 for i in range(tokens)], max_tokens=1,
-                                  extra_headers=tp.headers(**{"x-tenant-id": tenant}))
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=[7 + i % 50 for i in range(tokens)],
+            max_tokens=1,
+            extra_headers=tp.headers(**{"x-tenant-id": tenant}),
+        )
 
     threads = [threading.Thread(target=send, args=args) for args in (("short", 40), ("long", 400))]
     try:
@@ -197,20 +229,35 @@ def test_mixed_workload(vllm, client, spool):
     """Three tenants: plain, streamed, n=2, prefix-cache hits, a 4xx, a stream abandoned, an idle gap."""
     for i, tenant in enumerate(("t-a", "t-b", "t-c")):
         headers = {"x-tenant-id": tenant}
-        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": LONG_PROMPT}],
-                                       max_tokens=10 + i, extra_headers=headers)
-        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": LONG_PROMPT}],
-                                       max_tokens=10 + i, extra_headers=headers)  # a prefix-cache hit
-        stream = client.completions.create(model=MODEL_NAME, prompt=f"stream {i}", max_tokens=30, stream=True,
-                                           extra_headers=headers, extra_body={"ignore_eos": True})
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": LONG_PROMPT}],
+            max_tokens=10 + i,
+            extra_headers=headers,
+        )
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": LONG_PROMPT}],
+            max_tokens=10 + i,
+            extra_headers=headers,
+        )  # a prefix-cache hit
+        stream = client.completions.create(
+            model=MODEL_NAME,
+            prompt=f"stream {i}",
+            max_tokens=30,
+            stream=True,
+            extra_headers=headers,
+            extra_body={"ignore_eos": True},
+        )
         for _ in stream:
             pass
         client.completions.create(model=MODEL_NAME, prompt=f"pair {i}", max_tokens=5, n=2, extra_headers=headers)
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="no-such-model", prompt="x", max_tokens=5, extra_headers=headers)
     body = {"model": MODEL_NAME, "prompt": "leave early", "max_tokens": 1900, "ignore_eos": True}
-    attempts = abandon_stream(vllm.url, "/v1/completions", body,
-                              lambda: Traceparent().headers(**{"x-tenant-id": "t-a"}))
+    attempts = abandon_stream(
+        vllm.url, "/v1/completions", body, lambda: Traceparent().headers(**{"x-tenant-id": "t-a"})
+    )
     ABORTED.extend(a.trace_id for a in attempts if a.aborted)
     time.sleep(1.5)  # an idle gap
     client.completions.create(model=MODEL_NAME, prompt="after the gap", max_tokens=5)
@@ -238,11 +285,13 @@ def test_every_bill_joins_its_engine_records_one_to_one(stopped):
         rows = [engine[i] for i in bill[semconv.USAGE_ENGINE_REQUEST_IDS]]
         assert sum(r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] for r in rows) == bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
         assert rows[0][semconv.GEN_AI_USAGE_INPUT_TOKENS] == bill[semconv.GEN_AI_USAGE_INPUT_TOKENS]
-        assert rows[0][semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == \
-            bill[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]
+        assert (
+            rows[0][semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == bill[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]
+        )
         assert all(r[semconv.USAGE_TRACE_ID] == bill[semconv.USAGE_TRACE_ID] for r in rows)
-        assert bill[semconv.REQUEST_OUTCOME] == semconv.OUTCOME_ABORTED or \
-            all(r[semconv.REQUEST_OUTCOME] == semconv.OUTCOME_FINISHED for r in rows)
+        assert bill[semconv.REQUEST_OUTCOME] == semconv.OUTCOME_ABORTED or all(
+            r[semconv.REQUEST_OUTCOME] == semconv.OUTCOME_FINISHED for r in rows
+        )
     hits = [r for r in engine.values() if r[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] > 0]
     assert len(hits) >= 3 and all(r[semconv.COST_KV_HIT_BLOCK_NS] > 0 for r in hits)
     (aborted,) = ABORTED
@@ -262,16 +311,35 @@ def test_the_cost_report_equals_a_hand_computation_from_the_records(stopped, spo
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
     out, err = io.StringIO(), io.StringIO()
-    code = report.run(parser.parse_args(["--ledger", str(spool), "--start", str(start), "--end", str(end),
-                                         "--by", "tenant", "--costs", str(tmp_path / "costs.yaml"),
-                                         "--format", "json"]), now=end + 60, out=out, err=err)
+    code = report.run(
+        parser.parse_args(
+            [
+                "--ledger",
+                str(spool),
+                "--start",
+                str(start),
+                "--end",
+                str(end),
+                "--by",
+                "tenant",
+                "--costs",
+                str(tmp_path / "costs.yaml"),
+                "--format",
+                "json",
+            ]
+        ),
+        now=end + 60,
+        out=out,
+        err=err,
+    )
     assert code == 0, err.getvalue()
     rows = {r["tenant"]: r for r in json.loads(out.getvalue())["rows"]}
     engine = {r[semconv.VLLM_ENGINE_REQUEST_ID]: r for r in stopped[semconv.USAGE_KIND_ENGINE]}
     compute = defaultdict(int)
     for bill in stopped[semconv.USAGE_KIND_REQUEST]:
-        compute[bill.get(semconv.TENANT_ID, "-")] += sum(engine[i][semconv.COST_COMPUTE_NS]
-                                                         for i in bill[semconv.USAGE_ENGINE_REQUEST_IDS])
+        compute[bill.get(semconv.TENANT_ID, "-")] += sum(
+            engine[i][semconv.COST_COMPUTE_NS] for i in bill[semconv.USAGE_ENGINE_REQUEST_IDS]
+        )
     wall = sum(w[semconv.USAGE_TIME] - w[semconv.ENGINE_WINDOW_START] for w in windows)
     assert set(rows) == {*compute, "idle"}
     for tenant, ns in compute.items():
@@ -283,17 +351,27 @@ def test_the_cost_report_equals_a_hand_computation_from_the_records(stopped, spo
 
 # --- preemption: a KV pool of 6 blocks of 128 tokens for 4 requests that grow to 4 blocks each --------
 
+
 def test_a_tiny_kv_pool_preempts_and_the_records_and_spans_show_it(receiver, tmp_path_factory):
     spool = tmp_path_factory.mktemp("preempt-spool")
-    srv = start_server(receiver, tmp_path_factory, "preempt", extra_args=["--num-gpu-blocks-override", "6"],
-                       env={ENV_USAGE_DIR: str(spool), ENV_ENGINE_COST_WINDOW: "1"})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "preempt",
+        extra_args=["--num-gpu-blocks-override", "6"],
+        env={ENV_USAGE_DIR: str(spool), ENV_ENGINE_COST_WINDOW: "1"},
+    )
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-cost", max_retries=0, timeout=300)
 
         def send(tenant: str, prompts: int, prompt_tokens: int, max_tokens: int) -> None:
-            client.completions.create(model=MODEL_NAME, prompt=[[9 + i % 40 for i in range(prompt_tokens)]] * prompts,
-                                      max_tokens=max_tokens, extra_body={"ignore_eos": True},
-                                      extra_headers={"x-tenant-id": tenant})
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=[[9 + i % 40 for i in range(prompt_tokens)]] * prompts,
+                max_tokens=max_tokens,
+                extra_body={"ignore_eos": True},
+                extra_headers={"x-tenant-id": tenant},
+            )
 
         # the long prompts in one request: vLLM hands the engine all four at once, so they hold the pool
         # together (four requests of their own once reached the API server one after another: no preemption)
@@ -308,8 +386,9 @@ def test_a_tiny_kv_pool_preempts_and_the_records_and_spans_show_it(receiver, tmp
         srv.stop()
     records = _records(spool)
     assert_conserved(records)
-    bills = {engine_id: r for r in records[semconv.USAGE_KIND_REQUEST]
-             for engine_id in r[semconv.USAGE_ENGINE_REQUEST_IDS]}
+    bills = {
+        engine_id: r for r in records[semconv.USAGE_KIND_REQUEST] for engine_id in r[semconv.USAGE_ENGINE_REQUEST_IDS]
+    }
     rows = records[semconv.USAGE_KIND_ENGINE]
     assert len(rows) == 5
     preempted = [r for r in rows if r[semconv.VLLM_PREEMPTIONS] > 0]
@@ -320,39 +399,75 @@ def test_a_tiny_kv_pool_preempts_and_the_records_and_spans_show_it(receiver, tmp
     for trace_id, trace_rows in by_trace.items():  # one span event per preemption, at its time, with its wait
         (span,) = receiver.wait_for(lambda rx, t=trace_id: genai_spans(rx.traces().get(t, [])) or None, 30)
         events = [(e, t) for e, t in zip(span.events, span.event_times) if e["name"] == semconv.EVENT_PREEMPTED]
-        assert len(events) == sum(r[semconv.VLLM_PREEMPTIONS] for r in trace_rows) == \
-            span.attributes[semconv.VLLM_PREEMPTIONS]
-        assert sum(e["attributes"][semconv.COST_PREEMPTED_NS] for e, _ in events) == \
-            sum(r[semconv.COST_PREEMPTED_NS] for r in trace_rows) == span.attributes.get(semconv.COST_PREEMPTED_NS, 0)
+        assert (
+            len(events)
+            == sum(r[semconv.VLLM_PREEMPTIONS] for r in trace_rows)
+            == span.attributes[semconv.VLLM_PREEMPTIONS]
+        )
+        assert (
+            sum(e["attributes"][semconv.COST_PREEMPTED_NS] for e, _ in events)
+            == sum(r[semconv.COST_PREEMPTED_NS] for r in trace_rows)
+            == span.attributes.get(semconv.COST_PREEMPTED_NS, 0)
+        )
         assert all(span.start_ns <= t <= span.end_ns for _, t in events)
-    tenants = {r[semconv.VLLM_ENGINE_REQUEST_ID]: bills[r[semconv.VLLM_ENGINE_REQUEST_ID]][semconv.TENANT_ID]
-               for r in rows}
+    tenants = {
+        r[semconv.VLLM_ENGINE_REQUEST_ID]: bills[r[semconv.VLLM_ENGINE_REQUEST_ID]][semconv.TENANT_ID] for r in rows
+    }
     # every request computes its prompt but its prefix-cache hit, and its output; a preempted one may
     # compute again what the cache no longer holds
     for r in rows:
-        computed = r[semconv.GEN_AI_USAGE_INPUT_TOKENS] - r[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] + \
-            r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] - 1
+        computed = (
+            r[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+            - r[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]
+            + r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+            - 1
+        )
         assert r[semconv.COST_SCHEDULED_TOKENS] >= computed
-    longest_short = max(r[semconv.COST_KV_BLOCK_NS] for r in rows if tenants[r[semconv.VLLM_ENGINE_REQUEST_ID]]
-                        == "short")
-    assert all(r[semconv.COST_KV_BLOCK_NS] > longest_short for r in rows
-               if tenants[r[semconv.VLLM_ENGINE_REQUEST_ID]] == "long")
+    longest_short = max(
+        r[semconv.COST_KV_BLOCK_NS] for r in rows if tenants[r[semconv.VLLM_ENGINE_REQUEST_ID]] == "short"
+    )
+    assert all(
+        r[semconv.COST_KV_BLOCK_NS] > longest_short
+        for r in rows
+        if tenants[r[semconv.VLLM_ENGINE_REQUEST_ID]] == "long"
+    )
 
 
 # --- a frontend otel-llm cannot see: vLLM's engine-core client, driven by a script --------------------
 
+
 def test_a_request_straight_to_the_engine_core_gets_its_record(tmp_path):
     spool = tmp_path / "spool"
     tp = Traceparent()
-    env = {**os.environ, ENV_USAGE_DIR: str(spool), "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", "OTEL_SERVICE_NAME": "direct-engine", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        **os.environ,
+        ENV_USAGE_DIR: str(spool),
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_SERVICE_NAME": "direct-engine",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     from devkit.devserver import DEFAULT_MODEL_DIR
     from devkit.tiny_model import build
 
-    out = subprocess.run([bin_path("opentelemetry-instrument"), sys.executable, str(HERE / "engine_client.py"),
-                          str(build(DEFAULT_MODEL_DIR)), "3", tp.header, "tenant.id=acme,tenant.scene=batch"],
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            bin_path("opentelemetry-instrument"),
+            sys.executable,
+            str(HERE / "engine_client.py"),
+            str(build(DEFAULT_MODEL_DIR)),
+            "3",
+            tp.header,
+            "tenant.id=acme,tenant.scene=batch",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = {r["id"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
     records = _records(spool)

@@ -24,12 +24,24 @@ from otel_llm import semconv
 USAGE_ENV = {"OTEL_LLM_USAGE_EVENTS": "true", "OTEL_LOGS_EXPORTER": "otlp"}
 # values that differ between any two requests (ids, clocks)
 VOLATILE = {
-    semconv.GEN_AI_RESPONSE_ID, semconv.VLLM_REQUEST_ID, semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS,
-    semconv.VLLM_DECODE_SECONDS, semconv.VLLM_TTFT_SECONDS, semconv.VLLM_SCHEDULED_TTFT_SECONDS,
-    semconv.VLLM_TPOT_SECONDS, semconv.VLLM_STREAM_TTFT_SECONDS, semconv.USAGE_ID, semconv.USAGE_DURATION,
+    semconv.GEN_AI_RESPONSE_ID,
+    semconv.VLLM_REQUEST_ID,
+    semconv.VLLM_QUEUE_SECONDS,
+    semconv.VLLM_PREFILL_SECONDS,
+    semconv.VLLM_DECODE_SECONDS,
+    semconv.VLLM_TTFT_SECONDS,
+    semconv.VLLM_SCHEDULED_TTFT_SECONDS,
+    semconv.VLLM_TPOT_SECONDS,
+    semconv.VLLM_STREAM_TTFT_SECONDS,
+    semconv.USAGE_ID,
+    semconv.USAGE_DURATION,
     semconv.USAGE_TIME,
-    semconv.USAGE_ENGINE_REQUEST_IDS, semconv.COST_COMPUTE_NS, semconv.COST_PREFILL_COMPUTE_NS,
-    semconv.COST_KV_BLOCK_NS, semconv.COST_KV_HIT_BLOCK_NS, semconv.COST_PREEMPTED_NS,
+    semconv.USAGE_ENGINE_REQUEST_IDS,
+    semconv.COST_COMPUTE_NS,
+    semconv.COST_PREFILL_COMPUTE_NS,
+    semconv.COST_KV_BLOCK_NS,
+    semconv.COST_KV_HIT_BLOCK_NS,
+    semconv.COST_PREEMPTED_NS,
 }
 # the resource attributes of one server (its port, its process)
 PER_SERVER = {semconv.SERVICE_INSTANCE_ID, "process.pid"}
@@ -40,8 +52,9 @@ def servers(receiver, tmp_path_factory):
     started = {}
     try:
         started["export"] = start_server(receiver, tmp_path_factory, "export", env=USAGE_ENV)
-        started["inprocess"] = start_server(receiver, tmp_path_factory, "inprocess",
-                                            env={**USAGE_ENV, "OTEL_LLM_EXPORT_PROCESS": "false"})
+        started["inprocess"] = start_server(
+            receiver, tmp_path_factory, "inprocess", env={**USAGE_ENV, "OTEL_LLM_EXPORT_PROCESS": "false"}
+        )
         yield started
     finally:
         for server in started.values():
@@ -50,12 +63,20 @@ def servers(receiver, tmp_path_factory):
 
 def chat(server, tenant: str, stream: bool) -> tuple[Traceparent, httpx.Response]:
     tp = Traceparent()
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4,
-            "temperature": 0, "seed": 7, "ignore_eos": True, "stream": stream}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "seed": 7,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120,
-                          headers=tp.headers(**{"x-tenant-id": tenant}))
+    response = httpx.post(
+        server.url + "/v1/chat/completions", json=body, timeout=120, headers=tp.headers(**{"x-tenant-id": tenant})
+    )
     assert response.status_code == 200, response.text
     return tp, response
 
@@ -77,8 +98,9 @@ def shape(spans, port: int) -> list[tuple]:
             elif v == port:
                 v = "PORT"
             attrs[k] = v
-        out.append((s.name, s.kind, parent.name if parent else None, s.scope, s.status, s.events,
-                    sorted(attrs.items())))
+        out.append(
+            (s.name, s.kind, parent.name if parent else None, s.scope, s.status, s.events, sorted(attrs.items()))
+        )
     return sorted(out, key=repr)
 
 
@@ -108,8 +130,10 @@ def test_the_export_process_exports_what_the_sdk_exported_in_process(servers, re
     tenants = {name: f"same-{name}-{stream}" for name in servers}
 
     def same_tenant(trace, name):  # the tenants differ by design; the rest must not
-        return [(*head, [(a, "T" if v == tenants[name] else v) for a, v in attrs])
-                for *head, attrs in shape(trace, servers[name].port)]
+        return [
+            (*head, [(a, "T" if v == tenants[name] else v) for a, v in attrs])
+            for *head, attrs in shape(trace, servers[name].port)
+        ]
 
     assert same_tenant(traces["export"], "export") == same_tenant(traces["inprocess"], "inprocess")
     for name, spans in traces.items():
@@ -128,20 +152,27 @@ def test_the_export_process_exports_what_the_sdk_exported_in_process(servers, re
         return got if all(got.values()) and all(len(v) == len(got["inprocess"]) for v in got.values()) else None
 
     got = receiver.wait_for(both_counted)
-    strip = {name: {(n, tuple((k, "T" if v == tenants[name] else v) for k, v in attrs)): value
-                    for (n, attrs), value in got[name].items()} for name in servers}
+    strip = {
+        name: {
+            (n, tuple((k, "T" if v == tenants[name] else v) for k, v in attrs)): value
+            for (n, attrs), value in got[name].items()
+        }
+        for name in servers
+    }
     assert strip["export"] == strip["inprocess"]
 
     events = {}
     for name in servers:
         trace_id = genai_spans(traces[name])[0].trace_id
-        events[name] = receiver.wait_for(lambda rx, t=trace_id: [e for e in rx.logs if e.trace_id == t
-                                                                 and e.event_name == semconv.USAGE_EVENT])
+        events[name] = receiver.wait_for(
+            lambda rx, t=trace_id: [e for e in rx.logs if e.trace_id == t and e.event_name == semconv.USAGE_EVENT]
+        )
     for name, (event,) in events.items():
         assert event.span_id == genai_spans(traces[name])[0].span_id
     (a,), (b,) = events["export"], events["inprocess"]
-    assert {k: v for k, v in a.attributes.items() if k not in VOLATILE | PER_SERVER and v != tenants["export"]} == \
-        {k: v for k, v in b.attributes.items() if k not in VOLATILE | PER_SERVER and v != tenants["inprocess"]}
+    assert {k: v for k, v in a.attributes.items() if k not in VOLATILE | PER_SERVER and v != tenants["export"]} == {
+        k: v for k, v in b.attributes.items() if k not in VOLATILE | PER_SERVER and v != tenants["inprocess"]
+    }
 
 
 def test_a_stopped_export_process_does_not_hold_requests_up(servers, receiver):
@@ -168,8 +199,15 @@ def test_a_killed_export_process_is_counted_and_restarted(servers, receiver):
     api_pid = export_processes(server).get(child) or next(iter(export_processes(server).values()), None)
 
     def dropped(rx):
-        return sum(p.value for p in rx.latest_metrics() if p.name == semconv.EXPORT_DROPPED
-                   and p.attributes.get(semconv.ERROR_TYPE) == semconv.EXPORT_DROP_EXPORTER_DOWN) or None
+        return (
+            sum(
+                p.value
+                for p in rx.latest_metrics()
+                if p.name == semconv.EXPORT_DROPPED
+                and p.attributes.get(semconv.ERROR_TYPE) == semconv.EXPORT_DROP_EXPORTER_DOWN
+            )
+            or None
+        )
 
     assert receiver.wait_for(dropped) >= 1
 

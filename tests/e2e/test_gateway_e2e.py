@@ -46,7 +46,8 @@ def book(tenant, usage):
     LEDGER[(tenant, semconv.TOKEN_TYPE_INPUT)] += usage["prompt_tokens"]
     LEDGER[(tenant, semconv.TOKEN_TYPE_OUTPUT)] += usage["completion_tokens"]
     LEDGER[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)] += (usage.get("prompt_tokens_details") or {}).get(
-        "cached_tokens") or 0
+        "cached_tokens"
+    ) or 0
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +55,13 @@ def vllm(receiver, tmp_path_factory):
     # --api-key: vLLM answers 401 unless the gateway swaps the client's key for its own.
     # --max-model-len 2048 (the tiny model's limit; overrides the default 512): a long stream to
     # abandon, since on a busy 2-core machine the first chunks can reach the client late.
-    srv = start_server(receiver, tmp_path_factory, "gateway-upstream",
-                       extra_args=["--enable-prompt-tokens-details", "--api-key", UPSTREAM_KEY,
-                                   "--max-model-len", str(MAX_MODEL_LEN)], paced=True)
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "gateway-upstream",
+        extra_args=["--enable-prompt-tokens-details", "--api-key", UPSTREAM_KEY, "--max-model-len", str(MAX_MODEL_LEN)],
+        paced=True,
+    )
     yield srv
     srv.stop()
 
@@ -65,8 +70,13 @@ def vllm(receiver, tmp_path_factory):
 def gateway(vllm, receiver, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gateway")
     keys = write_keys_file(workdir / "keys.json", {KEYS[t]: (t, s) for t, s in TENANTS.items()})
-    gw = GatewayServer(vllm.url, keys, env=otlp_env(receiver.endpoint, service_name=GATEWAY),
-                       log_path=workdir / "gateway.log", upstream_api_key=UPSTREAM_KEY)
+    gw = GatewayServer(
+        vllm.url,
+        keys,
+        env=otlp_env(receiver.endpoint, service_name=GATEWAY),
+        log_path=workdir / "gateway.log",
+        upstream_api_key=UPSTREAM_KEY,
+    )
     gw.start()
     yield gw
     gw.stop()
@@ -85,8 +95,11 @@ def gateway_trace(receiver, trace_id, upstream=True, phases=3, timeout=30.0):
         kinds = {(service(s), s.kind) for s in spans}
         if (GATEWAY, "SERVER") not in kinds:
             return None
-        if upstream and not ({(GATEWAY, "CLIENT"), (VLLM, "SERVER")} <= kinds and genai_spans(spans)
-                             and len([s for s in spans if s.name in semconv.PHASE_SPANS]) >= phases):
+        if upstream and not (
+            {(GATEWAY, "CLIENT"), (VLLM, "SERVER")} <= kinds
+            and genai_spans(spans)
+            and len([s for s in spans if s.name in semconv.PHASE_SPANS]) >= phases
+        ):
             return None
         return spans
 
@@ -119,14 +132,17 @@ def assert_gateway_tree(spans, parent_span_id, vllm, tenant, path=CHAT):
 
 
 def sse_events(text):
-    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
 
 
 def test_chat_is_one_trace_with_tenant_from_baggage(vllm, gateway, receiver, traceparent):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEYS["acme"], max_retries=0)
     response = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "hello through the gateway"}], max_tokens=6,
-        extra_body={"ignore_eos": True}, extra_headers=traceparent.headers(),
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "hello through the gateway"}],
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+        extra_headers=traceparent.headers(),
     )
     book("acme", response.usage)
     assert response.usage.completion_tokens == 6
@@ -140,11 +156,18 @@ def test_chat_is_one_trace_with_tenant_from_baggage(vllm, gateway, receiver, tra
 
 
 def test_streaming_passthrough(vllm, gateway, receiver, traceparent):
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "stream it"}], "max_tokens": 8,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "stream it"}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=60) as http:
-        via_gateway = http.post(gateway.url + CHAT, json=body,
-                                headers=traceparent.headers(authorization=f"Bearer {KEYS['acme']}"))
+        via_gateway = http.post(
+            gateway.url + CHAT, json=body, headers=traceparent.headers(authorization=f"Bearer {KEYS['acme']}")
+        )
         direct = http.post(vllm.url + CHAT, json=body, headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
     assert via_gateway.status_code == direct.status_code == 200
     assert via_gateway.headers["content-type"] == direct.headers["content-type"]
@@ -152,8 +175,11 @@ def test_streaming_passthrough(vllm, gateway, receiver, traceparent):
     events, direct_events = sse_events(via_gateway.text), sse_events(direct.text)
     assert events[-1] == direct_events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert {c["object"] for c in chunks} == {json.loads(e)["object"] for e in direct_events[:-1]} == {
-        "chat.completion.chunk"}
+    assert (
+        {c["object"] for c in chunks}
+        == {json.loads(e)["object"] for e in direct_events[:-1]}
+        == {"chat.completion.chunk"}
+    )
     # the usage event comes last, alone, as vLLM sent it
     assert [c.get("usage") is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
     usage = chunks[-1]["usage"]
@@ -174,8 +200,13 @@ def test_completions_prefix_cache_metered_as_cached_input(vllm, gateway, receive
     usages = []
     for _ in range(2):
         tp = Traceparent()
-        response = client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=4,
-                                             extra_body={"ignore_eos": True}, extra_headers=tp.headers())
+        response = client.completions.create(
+            model=MODEL_NAME,
+            prompt=LONG_PROMPT,
+            max_tokens=4,
+            extra_body={"ignore_eos": True},
+            extra_headers=tp.headers(),
+        )
         spans = gateway_trace(receiver, tp.trace_id)
         _, _, _, genai = assert_gateway_tree(spans, tp.span_id, vllm, "acme", path="/v1/completions")
         assert genai.name == f"text_completion {MODEL_NAME}"
@@ -187,8 +218,14 @@ def test_completions_prefix_cache_metered_as_cached_input(vllm, gateway, receive
 
 
 def test_client_cannot_claim_another_tenant(vllm, gateway, receiver, traceparent):
-    headers = traceparent.headers(**{"authorization": f"Bearer {KEYS['acme']}", "x-tenant-id": "globex",
-                                     "x-scene": "spoofed", "baggage": "tenant.id=globex,tenant.scene=spoofed"})
+    headers = traceparent.headers(
+        **{
+            "authorization": f"Bearer {KEYS['acme']}",
+            "x-tenant-id": "globex",
+            "x-scene": "spoofed",
+            "baggage": "tenant.id=globex,tenant.scene=spoofed",
+        }
+    )
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "I am globex"}], "max_tokens": 3}
     response = httpx.post(gateway.url + CHAT, json=body, headers=headers, timeout=60)
     assert response.status_code == 200, response.text
@@ -196,16 +233,18 @@ def test_client_cannot_claim_another_tenant(vllm, gateway, receiver, traceparent
     assert_gateway_tree(gateway_trace(receiver, traceparent.trace_id), traceparent.span_id, vllm, "acme")
 
 
-@pytest.mark.parametrize("authorization", [f"Bearer {WRONG_KEY}", None, WRONG_KEY],
-                         ids=["unknown-key", "no-header", "no-bearer-scheme"])
+@pytest.mark.parametrize(
+    "authorization", [f"Bearer {WRONG_KEY}", None, WRONG_KEY], ids=["unknown-key", "no-header", "no-bearer-scheme"]
+)
 def test_bad_key_is_401_without_upstream_call(gateway, receiver, authorization):
     tp = Traceparent()
     headers = tp.headers(**({"authorization": authorization} if authorization else {}))
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "let me in"}], "max_tokens": 3}
     response = httpx.post(gateway.url + CHAT, json=body, headers=headers, timeout=30)
     assert response.status_code == 401
-    assert response.json() == {"error": {"message": "Invalid or missing API key.", "type": "authentication_error",
-                                         "code": 401}}
+    assert response.json() == {
+        "error": {"message": "Invalid or missing API key.", "type": "authentication_error", "code": 401}
+    }
     gateway_trace(receiver, tp.trace_id, upstream=False)
     time.sleep(1.0)  # anything from an upstream call would have been exported by now
     spans = receiver.traces()[tp.trace_id]
@@ -222,8 +261,12 @@ def stop_after_two_chunks(vllm, gateway, receiver):
     tp = Traceparent()
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEYS["globex"], max_retries=0)
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "a very long story"}],
-        max_tokens=LONG_STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True}, extra_headers=tp.headers(),
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "a very long story"}],
+        max_tokens=LONG_STREAM_TOKENS,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers=tp.headers(),
     )
     read = [chunk for _, chunk in zip(range(2), stream)]
     stream.close()
@@ -254,14 +297,22 @@ def app_trace(receiver, response_id):
 
     def complete(rx):
         for spans in rx.traces().values():
-            mine = [s for s in spans if service(s) == APP and s.kind == "CLIENT"
-                    and s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id]
+            mine = [
+                s
+                for s in spans
+                if service(s) == APP
+                and s.kind == "CLIENT"
+                and s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id
+            ]
             # every process's spans: each exports on its own schedule, later on a busy machine
             # (vLLM's HTTP span and its GenAI span leave the server by different processes)
-            if mine and genai_spans([s for s in spans if service(s) == VLLM]) \
-                    and any(service(s) == VLLM and s.kind == "SERVER" for s in spans) \
-                    and any(service(s) == GATEWAY and s.kind == "SERVER" for s in spans) \
-                    and len([s for s in spans if s.name in semconv.PHASE_SPANS]) == 3:
+            if (
+                mine
+                and genai_spans([s for s in spans if service(s) == VLLM])
+                and any(service(s) == VLLM and s.kind == "SERVER" for s in spans)
+                and any(service(s) == GATEWAY and s.kind == "SERVER" for s in spans)
+                and len([s for s in spans if s.name in semconv.PHASE_SPANS]) == 3
+            ):
                 return spans
         return None
 
@@ -292,8 +343,10 @@ def test_app_to_gateway_to_engine_is_one_trace(vllm, gateway, receiver):
     for line in (chat, stream):
         ours, genai = assert_app_chain(app_trace(receiver, line["response_id"]), vllm, "initech")
         usage = line["usage"]
-        for attr, value in ((semconv.GEN_AI_USAGE_INPUT_TOKENS, usage["prompt_tokens"]),
-                            (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, usage["completion_tokens"])):
+        for attr, value in (
+            (semconv.GEN_AI_USAGE_INPUT_TOKENS, usage["prompt_tokens"]),
+            (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, usage["completion_tokens"]),
+        ):
             assert ours.attributes[attr] == genai.attributes[attr] == value
         assert ours.attributes[semconv.GEN_AI_RESPONSE_ID] == genai.attributes[semconv.GEN_AI_RESPONSE_ID]
         book("initech", usage)
@@ -311,8 +364,10 @@ def test_app_to_gateway_to_engine_is_one_trace(vllm, gateway, receiver):
     # generated for the stream it abandoned (no usage reached the app for that one)
     engine = Counter()
     for line, span in ((chat, None), (stream, None), (stop_early, genai)):
-        usage = line["usage"] or {"prompt_tokens": span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS],
-                                  "completion_tokens": span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]}
+        usage = line["usage"] or {
+            "prompt_tokens": span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+            "completion_tokens": span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS],
+        }
         engine[semconv.TOKEN_TYPE_INPUT] += usage["prompt_tokens"]
         engine[semconv.TOKEN_TYPE_OUTPUT] += usage["completion_tokens"]
 
@@ -328,8 +383,10 @@ def test_app_to_gateway_to_engine_is_one_trace(vllm, gateway, receiver):
         for p in rx.latest_metrics():
             if p.name == semconv.CLIENT_TOKEN_USAGE and p.resource.get("service.name") == APP:
                 found[p.attributes[semconv.GEN_AI_TOKEN_TYPE]] += p.total
-        expected = {"input": chat["usage"]["prompt_tokens"] + stream["usage"]["prompt_tokens"],
-                    "output": chat["usage"]["completion_tokens"] + stream["usage"]["completion_tokens"]}
+        expected = {
+            "input": chat["usage"]["prompt_tokens"] + stream["usage"]["prompt_tokens"],
+            "output": chat["usage"]["completion_tokens"] + stream["usage"]["completion_tokens"],
+        }
         return found if found == expected else None
 
     receiver.wait_for(client_tokens, timeout=20)
@@ -352,16 +409,17 @@ def test_gateway_metering_equals_usage_and_vllm(gateway, receiver):
         ours = _sums(rx, semconv.GATEWAY_TOKEN_USAGE, TENANTS)
         vllms = _sums(rx, semconv.SERVER_TOKEN_USAGE, ["acme"])
         keys = set(LEDGER) | set(ours)
-        if all(ours[k] == LEDGER[k] for k in keys) and all(
-                vllms[k] == LEDGER[k] for k in LEDGER if k[0] == "acme"):
+        if all(ours[k] == LEDGER[k] for k in keys) and all(vllms[k] == LEDGER[k] for k in LEDGER if k[0] == "acme"):
             return ours
         return None
 
     try:
         ours = receiver.wait_for(agreed, timeout=20)
     except TimeoutError:
-        pytest.fail(f"ledger {dict(LEDGER)}\ngateway {_sums(receiver, semconv.GATEWAY_TOKEN_USAGE, TENANTS)}\n"
-                    f"vllm {_sums(receiver, semconv.SERVER_TOKEN_USAGE, TENANTS)}")
+        pytest.fail(
+            f"ledger {dict(LEDGER)}\ngateway {_sums(receiver, semconv.GATEWAY_TOKEN_USAGE, TENANTS)}\n"
+            f"vllm {_sums(receiver, semconv.SERVER_TOKEN_USAGE, TENANTS)}"
+        )
     # globex's streams (the early stops) carried no usage event: nothing metered for them
     assert not [k for k in ours if k[0] == "globex"]
     points = [p for p in receiver.latest_metrics() if p.name == semconv.GATEWAY_TOKEN_USAGE]
@@ -370,8 +428,12 @@ def test_gateway_metering_equals_usage_and_vllm(gateway, receiver):
         assert p.resource["service.name"] == GATEWAY
         assert p.attributes[semconv.GEN_AI_RESPONSE_MODEL] == MODEL_NAME
         assert p.attributes[semconv.TENANT_SCENE] == TENANTS[p.attributes[semconv.TENANT_ID]]
-        assert set(p.attributes) == {semconv.TENANT_ID, semconv.TENANT_SCENE, semconv.GEN_AI_RESPONSE_MODEL,
-                                     semconv.GEN_AI_TOKEN_TYPE}
+        assert set(p.attributes) == {
+            semconv.TENANT_ID,
+            semconv.TENANT_SCENE,
+            semconv.GEN_AI_RESPONSE_MODEL,
+            semconv.GEN_AI_TOKEN_TYPE,
+        }
 
 
 def test_no_api_key_in_telemetry_or_gateway_log(gateway, receiver):

@@ -15,7 +15,8 @@ import pytest
 from helpers import start_server
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, report, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger, report
 
 THREADS = 6
 KILL_AFTER = 40  # completed responses before the kill
@@ -29,13 +30,21 @@ def _load(url: str, tenant: str, stop: threading.Event, completed: list, lock: t
         n += 1
         try:
             if (index + n) % 2:
-                r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
-                                                   max_tokens=8, extra_headers=headers)
+                r = client.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=8, extra_headers=headers
+                )
                 done = (r.id, r.usage.prompt_tokens, r.usage.completion_tokens)
             else:
-                chunks = list(client.chat.completions.create(
-                    model=MODEL_NAME, messages=[{"role": "user", "content": "stream"}], max_tokens=24, stream=True,
-                    stream_options={"include_usage": True}, extra_headers=headers))
+                chunks = list(
+                    client.chat.completions.create(
+                        model=MODEL_NAME,
+                        messages=[{"role": "user", "content": "stream"}],
+                        max_tokens=24,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                        extra_headers=headers,
+                    )
+                )
                 done = (chunks[0].id, chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens)
         except (openai.APIError, httpx.HTTPError):
             continue  # the server died mid-request: not a completed response
@@ -45,8 +54,10 @@ def _load(url: str, tenant: str, stop: threading.Event, completed: list, lock: t
 
 def _run_load(url, tenant, until):
     stop, lock, completed = threading.Event(), threading.Lock(), []
-    threads = [threading.Thread(target=_load, args=(url, tenant, stop, completed, lock, i), daemon=True)
-               for i in range(THREADS)]
+    threads = [
+        threading.Thread(target=_load, args=(url, tenant, stop, completed, lock, i), daemon=True)
+        for i in range(THREADS)
+    ]
     for t in threads:
         t.start()
     until(completed, lock)
@@ -80,6 +91,7 @@ def crash(receiver, tmp_path_factory):
     # the restarted server samples no trace at all: bills do not depend on trace sampling
     second = start_server(receiver, tmp_path_factory, "crash-2", env={**env, "OTEL_TRACES_SAMPLER": "always_off"})
     try:
+
         def a_few(completed, lock):
             while len(completed) < 12:
                 time.sleep(0.02)
@@ -125,7 +137,9 @@ def test_every_completed_response_survives_a_kill_9_once(crash):
         record = by_id[response_id]
         assert record[semconv.TENANT_ID] == tenant
         assert (record[semconv.GEN_AI_USAGE_INPUT_TOKENS], record[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) == (
-            prompt, completion)
+            prompt,
+            completion,
+        )
     # the restarted server wrote new files next to the killed one's, which it left untouched
     assert set(files_before) < {p.name for p in spool.glob("usage-*.jsonl")}
 

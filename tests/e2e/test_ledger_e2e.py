@@ -20,7 +20,8 @@ import pytest
 from helpers import LONG_PROMPT, abandon_stream, start_server
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import billing_export, ledger, reconcile, report, semconv
+from otel_llm import semconv
+from otel_llm.billing import exports, ledger, reconcile, report
 
 TENANTS = [f"tenant-{i:03d}" for i in range(120)]
 ABORTING = {TENANTS[5], TENANTS[11]}
@@ -36,10 +37,14 @@ def spool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory, spool):
     # --max-model-len 2048: a stream long enough to be abandoned while the engine still generates
-    srv = start_server(receiver, tmp_path_factory, "ledger",
-                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
-                       env={"OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_USAGE_EVENTS": "true",
-                            "OTEL_LOGS_EXPORTER": "otlp"}, paced=True)
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "ledger",
+        extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
+        env={"OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_USAGE_EVENTS": "true", "OTEL_LOGS_EXPORTER": "otlp"},
+        paced=True,
+    )
     yield srv
     srv.stop()
 
@@ -58,8 +63,11 @@ def traffic(vllm, prometheus, spool):
 
     def usage_of(u):
         details = u.prompt_tokens_details
-        return {semconv.TOKEN_TYPE_INPUT: u.prompt_tokens, semconv.TOKEN_TYPE_OUTPUT: u.completion_tokens,
-                semconv.TOKEN_TYPE_CACHED_INPUT: (details.cached_tokens if details else 0) or 0}
+        return {
+            semconv.TOKEN_TYPE_INPUT: u.prompt_tokens,
+            semconv.TOKEN_TYPE_OUTPUT: u.completion_tokens,
+            semconv.TOKEN_TYPE_CACHED_INPUT: (details.cached_tokens if details else 0) or 0,
+        }
 
     def one(index, tenant):
         calls = []  # (trace id, usage or None, response id or None)
@@ -71,12 +79,23 @@ def traffic(vllm, prometheus, spool):
             r = client.chat.completions.create(model=MODEL_NAME, messages=chat, max_tokens=5, extra_headers=h)
             calls.append((trace_id, usage_of(r.usage), r.id))
         elif kind == 1:
-            chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=chat, max_tokens=6, stream=True,
-                                                         stream_options={"include_usage": True}, extra_headers=h))
+            chunks = list(
+                client.chat.completions.create(
+                    model=MODEL_NAME,
+                    messages=chat,
+                    max_tokens=6,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_headers=h,
+                )
+            )
             calls.append((trace_id, usage_of(chunks[-1].usage), chunks[0].id))
         elif kind == 2:
-            chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=chat, max_tokens=6, stream=True,
-                                                         extra_headers=h))
+            chunks = list(
+                client.chat.completions.create(
+                    model=MODEL_NAME, messages=chat, max_tokens=6, stream=True, extra_headers=h
+                )
+            )
             calls.append((trace_id, None, chunks[0].id))
         elif kind == 3:
             r = client.completions.create(model=MODEL_NAME, prompt="two choices", max_tokens=4, n=2, extra_headers=h)
@@ -86,8 +105,9 @@ def traffic(vllm, prometheus, spool):
             for attempt in range(2):  # the second one hits the prefix cache
                 if attempt:
                     trace_id, tp = _traceparent()
-                r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3,
-                                              extra_headers={**headers, **tp})
+                r = client.completions.create(
+                    model=MODEL_NAME, prompt=prompt, max_tokens=3, extra_headers={**headers, **tp}
+                )
                 calls.append((trace_id, usage_of(r.usage), r.id))
         if kind == 5:  # a 4xx never reaches the engine: no record
             with pytest.raises(openai.NotFoundError):
@@ -98,8 +118,9 @@ def traffic(vllm, prometheus, spool):
         """Stops reading a long stream: billed with what the engine generated. Streams the engine
         ran to the end before it saw the client leave are billed as finished (see abandon_stream)."""
         body = {"model": MODEL_NAME, "messages": chat, "max_tokens": 1900, "ignore_eos": True}
-        attempts = abandon_stream(vllm.url, "/v1/chat/completions", body,
-                                  lambda: {"x-tenant-id": tenant, **_traceparent()[1]})
+        attempts = abandon_stream(
+            vllm.url, "/v1/chat/completions", body, lambda: {"x-tenant-id": tenant, **_traceparent()[1]}
+        )
         engine_aborted.update((a.trace_id, a.aborted) for a in attempts)
         return tenant, [(a.trace_id, None, None) for a in attempts]
 
@@ -107,12 +128,16 @@ def traffic(vllm, prometheus, spool):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda item: one(*item), enumerate(TENANTS)))
     results += [abandon(tenant) for tenant in sorted(ABORTING)]
-    calls = {trace_id: SimpleNamespace(tenant=tenant, usage=usage, response_id=rid)
-             for tenant, items in results for trace_id, usage, rid in items}
+    calls = {
+        trace_id: SimpleNamespace(tenant=tenant, usage=usage, response_id=rid)
+        for tenant, items in results
+        for trace_id, usage, rid in items
+    }
     assert sum(1 for c in calls.values() if c.usage and c.usage[semconv.TOKEN_TYPE_CACHED_INPUT]) >= 20
     time.sleep(3)  # two scrapes after the last request
-    return SimpleNamespace(calls=calls, started=started, ended=time.time() + 1, spool=spool,
-                           engine_aborted=engine_aborted)
+    return SimpleNamespace(
+        calls=calls, started=started, ended=time.time() + 1, spool=spool, engine_aborted=engine_aborted
+    )
 
 
 def genai_span(receiver, trace_id):
@@ -136,9 +161,11 @@ def expected(traffic, receiver):
         usage = call.usage
         if usage is None:
             attrs = genai_span(receiver, trace_id).attributes
-            usage = {semconv.TOKEN_TYPE_INPUT: attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS],
-                     semconv.TOKEN_TYPE_CACHED_INPUT: attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS],
-                     semconv.TOKEN_TYPE_OUTPUT: attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]}
+            usage = {
+                semconv.TOKEN_TYPE_INPUT: attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+                semconv.TOKEN_TYPE_CACHED_INPUT: attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS],
+                semconv.TOKEN_TYPE_OUTPUT: attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS],
+            }
         for token_type in TYPES:
             totals[(call.tenant, token_type)] += usage[token_type]
     return totals
@@ -189,11 +216,15 @@ def test_records_carry_full_fields_and_the_span_they_belong_to(traffic, records,
         assert record[semconv.GEN_AI_RESPONSE_MODEL] == MODEL_NAME
         assert record[semconv.VLLM_REQUEST_ID] == span.attributes[semconv.VLLM_REQUEST_ID]
         assert record[semconv.GEN_AI_OPERATION_NAME] == span.attributes[semconv.GEN_AI_OPERATION_NAME]
-        for field in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-                      semconv.GEN_AI_USAGE_OUTPUT_TOKENS, semconv.TENANT_SCENE, semconv.TENANT_COST_CENTER):
+        for field in (
+            semconv.GEN_AI_USAGE_INPUT_TOKENS,
+            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+            semconv.TENANT_SCENE,
+            semconv.TENANT_COST_CENTER,
+        ):
             assert record.get(field) == span.attributes.get(field), field
-        assert record[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == span.attributes[
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS]
+        assert record[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]
         assert abs(record[semconv.USAGE_TIME] - span.end_ns) < 1_000_000  # written as the span ended
         aborted = span.attributes.get(semconv.VLLM_ABORTED, False)
         assert record[semconv.REQUEST_OUTCOME] == (semconv.OUTCOME_ABORTED if aborted else semconv.OUTCOME_FINISHED)
@@ -212,8 +243,10 @@ def test_ledger_report_bills_every_tenant_exactly(traffic, expected, records):
         written[record.get(semconv.TENANT_ID)] += record.get(semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0)
     assert sum(written.values()) > 0
     for row in rows:
-        assert row["tokens"] == {**{t: expected[(row["tenant"], t)] for t in TYPES},
-                                 "cache_write_input": written[row["tenant"]]}, row["tenant"]
+        assert row["tokens"] == {
+            **{t: expected[(row["tenant"], t)] for t in TYPES},
+            "cache_write_input": written[row["tenant"]],
+        }, row["tenant"]
     aborted = [r for r in rows if r["tenant"] in ABORTING]
     assert all(r["tokens"][semconv.TOKEN_TYPE_OUTPUT] > 5 for r in aborted)
 
@@ -246,15 +279,25 @@ def test_clickhouse_table_gives_the_same_report_and_counts_a_reshipped_spool_onc
 
 
 def test_reconcile_matches_vllm_counters(traffic, prometheus, records):
-    code, out, err = run_cli(reconcile, "reconcile", "--ledger", str(traffic.spool), "--prometheus", prometheus.url,
-                             "--format", "json", *window(traffic))
+    code, out, err = run_cli(
+        reconcile,
+        "reconcile",
+        "--ledger",
+        str(traffic.spool),
+        "--prometheus",
+        prometheus.url,
+        "--format",
+        "json",
+        *window(traffic),
+    )
     assert out, err
     rows = json.loads(out)["rows"]
     assert code == 0, out + err
     assert len(rows) == 3 and {r["state"] for r in rows} == {"ok"}
     input_row = next(r for r in rows if r["tokens"] == semconv.TOKEN_TYPE_INPUT)
-    n2_prompts = sum(r[semconv.GEN_AI_USAGE_INPUT_TOKENS] for r in records
-                     if r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2)
+    n2_prompts = sum(
+        r[semconv.GEN_AI_USAGE_INPUT_TOKENS] for r in records if r[semconv.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+    )
     assert input_row["explained"] == n2_prompts > 0
     assert input_row["engine"] == input_row["ledger"] + n2_prompts
 
@@ -264,34 +307,42 @@ def test_reconcile_flags_a_lost_record(traffic, prometheus, records, tmp_path):
     lost.mkdir()
     kept = [r for r in records if r[semconv.USAGE_ID] != records[0][semconv.USAGE_ID]]
     (lost / "usage-test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    code, out, err = run_cli(reconcile, "reconcile", "--ledger", str(lost), "--prometheus", prometheus.url,
-                             "--by", "model", *window(traffic))
+    code, out, err = run_cli(
+        reconcile, "reconcile", "--ledger", str(lost), "--prometheus", prometheus.url, "--by", "model", *window(traffic)
+    )
     assert code == 1, out + err
     assert "MISMATCH" in out
 
 
 def test_exports_are_idempotent_and_add_up(traffic, records, expected, tmp_path):
     rows = ledger.open_ledger(str(traffic.spool)).records(traffic.started - 60, traffic.ended + 1)
-    lago, missing = billing_export.render(rows, "lago", {})
+    lago, missing = exports.render(rows, "lago", {})
     events = [json.loads(line)["event"] for line in lago.splitlines()]
     assert not missing and len(events) == len(records)
     assert {e["transaction_id"] for e in events} == {r[semconv.USAGE_ID] for r in records}
-    stripe, _ = billing_export.render(rows, "stripe", {t: f"cus_{t}" for t in TENANTS})
+    stripe, _ = exports.render(rows, "stripe", {t: f"cus_{t}" for t in TENANTS})
     summed = Counter()
     for line in stripe.splitlines():
         event = json.loads(line)
         token_type = event["event_name"].removeprefix("llm_").removesuffix("_tokens")
         customer = event["payload"]["stripe_customer_id"].removeprefix("cus_")
         summed[(customer, token_type)] += int(event["payload"]["value"])
-        assert len(event["identifier"]) <= billing_export.STRIPE_IDENTIFIER_MAX
-    uncached = Counter({(tenant, "uncached_input"): expected[(tenant, semconv.TOKEN_TYPE_INPUT)]
-                        - expected[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)] for tenant in TENANTS})
+        assert len(event["identifier"]) <= exports.STRIPE_IDENTIFIER_MAX
+    uncached = Counter(
+        {
+            (tenant, "uncached_input"): expected[(tenant, semconv.TOKEN_TYPE_INPUT)]
+            - expected[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)]
+            for tenant in TENANTS
+        }
+    )
     assert summed == +(expected + uncached)
-    again, _ = billing_export.render(ledger.open_ledger(str(traffic.spool)).records(traffic.started - 60,
-                                                                                     traffic.ended + 1),
-                                     "stripe", {t: f"cus_{t}" for t in TENANTS})
+    again, _ = exports.render(
+        ledger.open_ledger(str(traffic.spool)).records(traffic.started - 60, traffic.ended + 1),
+        "stripe",
+        {t: f"cus_{t}" for t in TENANTS},
+    )
     assert again == stripe  # a re-run sends the same identifiers
-    csv_rows = billing_export.render(rows, "csv", {})[0].splitlines()
+    csv_rows = exports.render(rows, "csv", {})[0].splitlines()
     assert len(csv_rows) == len(records) + 1
 
 

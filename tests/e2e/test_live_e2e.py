@@ -10,7 +10,8 @@ import pytest
 from helpers import Traceparent, start_server
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger
 
 TENANT = "live-tenant"
 MAX_TOKENS = 1000  # about 20 s on the paced model (its step is ~20 ms on the dev VM)
@@ -24,23 +25,36 @@ def spool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm(receiver, tmp_path_factory, spool):
-    srv = start_server(receiver, tmp_path_factory, "live", extra_args=["--max-model-len", "2048"],
-                       env={"OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_LIVE_INTERVAL": str(INTERVAL_S)}, paced=True)
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "live",
+        extra_args=["--max-model-len", "2048"],
+        env={"OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_LIVE_INTERVAL": str(INTERVAL_S)},
+        paced=True,
+    )
     yield srv
     srv.stop()
 
 
 def output_tokens(points) -> int | None:
     """The tenant's output tokens in one export of the counter (summed over its series), or None."""
-    values = [p.value for p in points if p.name == semconv.SERVER_TOKEN_USAGE
-              and p.attributes.get(semconv.TENANT_ID) == TENANT
-              and p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_OUTPUT]
+    values = [
+        p.value
+        for p in points
+        if p.name == semconv.SERVER_TOKEN_USAGE
+        and p.attributes.get(semconv.TENANT_ID) == TENANT
+        and p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_OUTPUT
+    ]
     return sum(values) if values else None
 
 
 def progress_of(spool) -> list[dict]:
-    return [r for r in ledger.read_spool(str(spool), kinds=(semconv.USAGE_KIND_PROGRESS,))
-            if r.get(semconv.TENANT_ID) == TENANT]
+    return [
+        r
+        for r in ledger.read_spool(str(spool), kinds=(semconv.USAGE_KIND_PROGRESS,))
+        if r.get(semconv.TENANT_ID) == TENANT
+    ]
 
 
 def test_a_long_stream_counts_while_it_runs_and_is_billed_its_usage(vllm, receiver, spool):
@@ -48,9 +62,14 @@ def test_a_long_stream_counts_while_it_runs_and_is_billed_its_usage(vllm, receiv
     client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="sk-live", max_retries=0)
     tp = Traceparent()
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "tell me everything"}], max_tokens=MAX_TOKENS,
-        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        extra_headers=tp.headers(**{"x-tenant-id": TENANT}))
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "tell me everything"}],
+        max_tokens=MAX_TOKENS,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        extra_headers=tp.headers(**{"x-tenant-id": TENANT}),
+    )
     usage = None
     seen_in_counter = seen_in_spool = None  # what the client had read when each showed up
     read = 0
@@ -66,8 +85,10 @@ def test_a_long_stream_counts_while_it_runs_and_is_billed_its_usage(vllm, receiv
                 seen_in_counter = read
             if seen_in_spool is None and progress_of(spool):
                 seen_in_spool = read
-    print(f"\nstream: {time.time() - started:.1f} s, {read} chunks; the counter showed it after {seen_in_counter}, "
-          f"the spool after {seen_in_spool}")
+    print(
+        f"\nstream: {time.time() - started:.1f} s, {read} chunks; the counter showed it after {seen_in_counter}, "
+        f"the spool after {seen_in_spool}"
+    )
     assert usage is not None and usage.completion_tokens == MAX_TOKENS
     # both showed up while the stream still had most of its chunks to go (first expected after ~1-3 s
     # of a ~20 s stream)
@@ -98,10 +119,14 @@ def test_a_long_stream_counts_while_it_runs_and_is_billed_its_usage(vllm, receiv
     assert times == sorted(times)
     gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:-1])]
     assert all(gap >= INTERVAL_S * 0.9 for gap in gaps), gaps  # at most one per interval
-    assert (bill[semconv.GEN_AI_USAGE_INPUT_TOKENS], bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) == \
-        (usage.prompt_tokens, usage.completion_tokens)
+    assert (bill[semconv.GEN_AI_USAGE_INPUT_TOKENS], bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
 
     # the ledger bills it once, its usage, however many progress records it has
     rows = ledger.open_ledger(str(spool)).usage(started - 60, time.time() + 60, ["tenant"])
-    assert {k: (r.tokens[semconv.TOKEN_TYPE_INPUT], r.tokens[semconv.TOKEN_TYPE_OUTPUT], r.requests)
-            for k, r in rows.items()} == {(TENANT,): (usage.prompt_tokens, usage.completion_tokens, 1)}
+    assert {
+        k: (r.tokens[semconv.TOKEN_TYPE_INPUT], r.tokens[semconv.TOKEN_TYPE_OUTPUT], r.requests)
+        for k, r in rows.items()
+    } == {(TENANT,): (usage.prompt_tokens, usage.completion_tokens, 1)}

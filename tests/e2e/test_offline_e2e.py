@@ -29,8 +29,14 @@ def telemetry(tmp_path_factory):
 
 
 def _engine_kwargs():
-    return dict(model=str(build(DEFAULT_MODEL_DIR)), served_model_name=MODEL_NAME, dtype="float32",
-                enforce_eager=True, max_model_len=512, gpu_memory_utilization=0.3)
+    return dict(
+        model=str(build(DEFAULT_MODEL_DIR)),
+        served_model_name=MODEL_NAME,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+    )
 
 
 def _assert_offline_span(spans, genai, prompt_tokens, output_tokens):
@@ -41,8 +47,9 @@ def _assert_offline_span(spans, genai, prompt_tokens, output_tokens):
     assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == prompt_tokens
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == output_tokens
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
-    kids = sorted((s for s in spans if s.parent and s.parent.span_id == genai.context.span_id),
-                  key=lambda s: s.start_time)
+    kids = sorted(
+        (s for s in spans if s.parent and s.parent.span_id == genai.context.span_id), key=lambda s: s.start_time
+    )
     assert [k.name for k in kids] == list(semconv.PHASE_SPANS)
     previous = genai.start_time
     for kid in kids:
@@ -87,8 +94,9 @@ def test_async_llm_direct_with_stats_disabled(telemetry):
         try:
             final = None
             request_id = str(uuid.uuid4())
-            async for output in engine.generate("tokens and traces", SamplingParams(max_tokens=6, ignore_eos=True),
-                                                request_id):
+            async for output in engine.generate(
+                "tokens and traces", SamplingParams(max_tokens=6, ignore_eos=True), request_id
+            ):
                 final = output
             return final
         finally:

@@ -28,8 +28,9 @@ MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "openai-client", extra_args=["--enable-prompt-tokens-details"],
-                       paced=True)
+    srv = start_server(
+        receiver, tmp_path_factory, "openai-client", extra_args=["--enable-prompt-tokens-details"], paced=True
+    )
     yield srv
     srv.stop()
 
@@ -64,9 +65,13 @@ def test_chat_one_trace_and_equal_tokens(otel, client, receiver, server):
     response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
     span = client_span(otel)
     genai = engine_trace(receiver, span)
-    for name in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-                 semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_RESPONSE_ID,
-                 semconv.GEN_AI_RESPONSE_MODEL):
+    for name in (
+        semconv.GEN_AI_USAGE_INPUT_TOKENS,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+        semconv.GEN_AI_RESPONSE_ID,
+        semconv.GEN_AI_RESPONSE_MODEL,
+    ):
         assert span.attributes[name] == genai.attributes[name], name
     assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == response.usage.completion_tokens == 12
     assert span.attributes[semconv.SERVER_PORT] == server.port
@@ -79,8 +84,11 @@ def test_stream_with_include_usage_counts_what_the_engine_counted(otel, client, 
     assert all(c.choices for c in chunks)  # the usage chunk we asked for is not shown to the caller
     span = client_span(otel)
     genai = engine_trace(receiver, span)
-    assert (span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
-            == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 20)
+    assert (
+        span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        == 20
+    )
     assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     # the user felt at least the engine's time to first token
@@ -94,10 +102,8 @@ def test_latest_mode_inference_metrics_count_the_servers_usage(client, receiver,
     monkeypatch.setenv(ENV_SEMCONV_OPT_IN, GENAI_LATEST_EXPERIMENTAL)
     latest = Otel(include_usage=True)
     try:
-        response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12,
-                                                  temperature=0)
-        chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=20,
-                                                     stream=True))
+        response = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
+        chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=20, stream=True))
     finally:
         latest.close()
     assert all(c.choices for c in chunks)
@@ -108,12 +114,18 @@ def test_latest_mode_inference_metrics_count_the_servers_usage(client, receiver,
     input_tokens = usage.prompt_tokens + served[semconv.GEN_AI_USAGE_INPUT_TOKENS]
     cached = usage.prompt_tokens_details.cached_tokens + served[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]
     assert usage.completion_tokens == 12
-    assert [call.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS], stream.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]] \
-        == [usage.prompt_tokens, served[semconv.GEN_AI_USAGE_INPUT_TOKENS]]
-    attrs = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_OPENAI,
-             semconv.GEN_AI_REQUEST_MODEL: MODEL_NAME, semconv.GEN_AI_RESPONSE_MODEL: response.model,
-             semconv.SERVER_ADDRESS: call.attributes[semconv.SERVER_ADDRESS],
-             semconv.SERVER_PORT: call.attributes[semconv.SERVER_PORT]}
+    assert [
+        call.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+        stream.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+    ] == [usage.prompt_tokens, served[semconv.GEN_AI_USAGE_INPUT_TOKENS]]
+    attrs = {
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_OPENAI,
+        semconv.GEN_AI_REQUEST_MODEL: MODEL_NAME,
+        semconv.GEN_AI_RESPONSE_MODEL: response.model,
+        semconv.SERVER_ADDRESS: call.attributes[semconv.SERVER_ADDRESS],
+        semconv.SERVER_PORT: call.attributes[semconv.SERVER_PORT],
+    }
     text = {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_TEXT}
 
     def counted(name):
@@ -131,31 +143,36 @@ def test_latest_mode_inference_metrics_count_the_servers_usage(client, receiver,
     assert [(dict(p.attributes), p.count) for p in latest.points(semconv.CLIENT_INFERENCE_DURATION)] == [(attrs, 2)]
     assert [p.count for p in latest.points(semconv.CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK)] == [1]
     assert [p.count for p in latest.points(semconv.CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK)] == [len(chunks) - 1]
-    for v1_41 in (semconv.CLIENT_OPERATION_DURATION, semconv.CLIENT_TOKEN_USAGE, semconv.CLIENT_TIME_TO_FIRST_CHUNK,
-                  semconv.CLIENT_TIME_PER_OUTPUT_CHUNK):
+    for v1_41 in (
+        semconv.CLIENT_OPERATION_DURATION,
+        semconv.CLIENT_TOKEN_USAGE,
+        semconv.CLIENT_TIME_TO_FIRST_CHUNK,
+        semconv.CLIENT_TIME_PER_OUTPUT_CHUNK,
+    ):
         assert latest.points(v1_41) == [], v1_41
 
 
 def test_async_legacy_completion_stream(otel, server, receiver):
     async def call():
         async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
-            stream = await c.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8,
-                                                stream=True)
+            stream = await c.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8, stream=True)
             return [chunk async for chunk in stream]
 
     asyncio.run(call())
     span = client_span(otel)
     assert span.name == f"text_completion {MODEL_NAME}"
     genai = engine_trace(receiver, span)
-    assert (span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
-            == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8)
+    assert (
+        span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == genai.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 8
+    )
 
 
 def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, client, receiver, server):
     def leave():
         otel.spans.clear()
-        stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=400, stream=True,
-                                                extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+        )
         for index, _ in enumerate(stream):
             if index == 3:
                 break
@@ -176,8 +193,12 @@ def test_client_that_stops_early_is_one_trace_with_an_aborted_engine_span(otel, 
 
 
 def test_client_disconnect_mid_stream_yields_aborted_span(server, receiver):
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
-            "max_tokens": 400, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "write a long story"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+    }
     *ran_to_end, left = abandon_stream(server.url, "/v1/chat/completions", body, lambda: Traceparent().headers())
     for attempt in ran_to_end:  # the engine finished it before it saw the client leave: no abort
         ended = receiver.wait_for(lambda rx, attempt=attempt: genai_spans(rx.traces().get(attempt.trace_id, [])))[0]

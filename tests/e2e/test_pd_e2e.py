@@ -15,7 +15,8 @@ from helpers import Traceparent, genai_spans
 
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger
 
 PROMPT = "hello there, how are you today? " * 8
 TENANT = "pd-tenant"
@@ -26,15 +27,24 @@ def pair(receiver, tmp_path_factory):
     store = tmp_path_factory.mktemp("kv-store")
     spool = tmp_path_factory.mktemp("usage")
     logs = tmp_path_factory.mktemp("logs")
-    config = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                         "kv_connector_extra_config": {"shared_storage_path": str(store)}})
+    config = json.dumps(
+        {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(store)},
+        }
+    )
     servers = {}
     for role in ("prefill", "decode"):
         servers[role] = VLLMServer(
-            env={**otlp_env(receiver.endpoint, service_name=f"vllm-{role}"), "OTEL_LLM_USAGE_DIR": str(spool / role),
-                 "VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+            env={
+                **otlp_env(receiver.endpoint, service_name=f"vllm-{role}"),
+                "OTEL_LLM_USAGE_DIR": str(spool / role),
+                "VLLM_SERVER_DEV_MODE": "1",
+            },  # /reset_prefix_cache
             extra_args=["--kv-transfer-config", config, "--enable-prompt-tokens-details"],
-            log_path=logs / f"vllm-{role}.log")
+            log_path=logs / f"vllm-{role}.log",
+        )
     try:
         for server in servers.values():
             server.start()
@@ -48,13 +58,25 @@ def test_prefill_and_decode_legs_are_one_trace_billed_once(pair, receiver):
     servers, spool = pair
     tp = Traceparent()
     headers = tp.headers(**{"x-tenant-id": TENANT})
-    prefill = httpx.post(servers["prefill"].url + "/v1/completions", headers=headers, timeout=120, json={
-        "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 1,
-        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+    prefill = httpx.post(
+        servers["prefill"].url + "/v1/completions",
+        headers=headers,
+        timeout=120,
+        json={
+            "model": MODEL_NAME,
+            "prompt": PROMPT,
+            "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+        },
+    )
     assert prefill.status_code == 200, prefill.text
     params = prefill.json().get("kv_transfer_params") or {"do_remote_prefill": True, "do_remote_decode": False}
-    decode = httpx.post(servers["decode"].url + "/v1/completions", headers=headers, timeout=120, json={
-        "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "kv_transfer_params": params})
+    decode = httpx.post(
+        servers["decode"].url + "/v1/completions",
+        headers=headers,
+        timeout=120,
+        json={"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "kv_transfer_params": params},
+    )
     assert decode.status_code == 200, decode.text
     usage = decode.json()["usage"]
 
@@ -74,8 +96,11 @@ def test_prefill_and_decode_legs_are_one_trace_billed_once(pair, receiver):
     assert [s.name for s in decode_phases][0] == semconv.SPAN_KV_TRANSFER_WAIT
 
     # (the prefill leg ended before the decode leg was sent: a record of it would be in its spool)
-    records = [r for r in ledger.read_spool(str(spool / "prefill")) + ledger.read_spool(str(spool / "decode"))
-               if r.get(semconv.USAGE_TRACE_ID) == tp.trace_id]
+    records = [
+        r
+        for r in ledger.read_spool(str(spool / "prefill")) + ledger.read_spool(str(spool / "decode"))
+        if r.get(semconv.USAGE_TRACE_ID) == tp.trace_id
+    ]
     assert len(records) == 1 and records[0][semconv.SERVICE_NAME] == "vllm-decode"
     assert records[0][semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage["prompt_tokens"]
     assert records[0][semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
@@ -83,8 +108,12 @@ def test_prefill_and_decode_legs_are_one_trace_billed_once(pair, receiver):
     def exported_by_both(rx):
         points = [p for p in rx.latest_metrics() if p.attributes.get(semconv.TENANT_ID) == TENANT]
         requests = {p.resource["service.name"] for p in points if p.name == semconv.SERVER_REQUESTS}
-        tokens = [(p.resource["service.name"], p.value) for p in points if p.name == semconv.SERVER_TOKEN_USAGE
-                  and p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_INPUT]
+        tokens = [
+            (p.resource["service.name"], p.value)
+            for p in points
+            if p.name == semconv.SERVER_TOKEN_USAGE
+            and p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_INPUT
+        ]
         return tokens if requests == {"vllm-prefill", "vllm-decode"} and tokens else None
 
     # both nodes counted the request (each served a leg); the prompt is counted on the decode node only
@@ -102,8 +131,12 @@ def test_a_prefix_hit_is_split_into_local_and_connector_tokens(pair, receiver):
 
     def send():
         tp = Traceparent()
-        response = httpx.post(server.url + "/v1/completions", headers=tp.headers(), timeout=120, json={
-            "model": MODEL_NAME, "prompt": prompt, "max_tokens": 2})
+        response = httpx.post(
+            server.url + "/v1/completions",
+            headers=tp.headers(),
+            timeout=120,
+            json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2},
+        )
         assert response.status_code == 200, response.text
         span = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(tp.trace_id, [])) or None, 30)[0]
         return response.json()["usage"], span.attributes, tp.trace_id
@@ -122,9 +155,11 @@ def test_a_prefix_hit_is_split_into_local_and_connector_tokens(pair, receiver):
 
     def bill_and_engine_record(trace_id):  # the engine core writes its records when it goes idle
         def both(_):
-            kinds = {r.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST): r
-                     for r in ledger.read_spool(str(spool / "prefill"), kinds=None)
-                     if r.get(semconv.USAGE_TRACE_ID) == trace_id}
+            kinds = {
+                r.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST): r
+                for r in ledger.read_spool(str(spool / "prefill"), kinds=None)
+                if r.get(semconv.USAGE_TRACE_ID) == trace_id
+            }
             return kinds if set(kinds) == {semconv.USAGE_KIND_REQUEST, semconv.USAGE_KIND_ENGINE} else None
 
         return receiver.wait_for(both, 30).values()

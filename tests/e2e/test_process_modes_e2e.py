@@ -24,10 +24,12 @@ def server(receiver, tmp_path_factory):
         tmp_path_factory,
         "spawn",
         extra_args=[
-            "--api-server-count", "2",
+            "--api-server-count",
+            "2",
             "--disable-log-stats",
             # vLLM's native tracing pointed at the same receiver: must not trace requests twice
-            "--otlp-traces-endpoint", receiver.endpoint + "/v1/traces",
+            "--otlp-traces-endpoint",
+            receiver.endpoint + "/v1/traces",
         ],
         env={"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"},
     )
@@ -40,8 +42,11 @@ def _one_request(url):
     # a new connection each time, so that every API server gets to accept some
     with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
         response = client.chat.completions.create(
-            model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3,
-            extra_body={"ignore_eos": True}, extra_headers=tp.headers(),
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=3,
+            extra_body={"ignore_eos": True},
+            extra_headers=tp.headers(),
         )
     return tp, response
 
@@ -93,11 +98,13 @@ def test_cached_tokens_without_prompt_tokens_details(server, receiver):
     for _ in range(2):
         tp = Traceparent()
         with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
-            response = client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=2,
-                                                 extra_headers=tp.headers())
+            response = client.completions.create(
+                model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=2, extra_headers=tp.headers()
+            )
         assert response.usage.prompt_tokens_details is None
-        (genai,) = [s for s in request_trace(receiver, tp.trace_id, phases=0)
-                    if semconv.GEN_AI_OPERATION_NAME in s.attributes]
+        (genai,) = [
+            s for s in request_trace(receiver, tp.trace_id, phases=0) if semconv.GEN_AI_OPERATION_NAME in s.attributes
+        ]
         assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == response.usage.prompt_tokens
         cached.append(genai.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS])
     # the second send hits the prefix cache of the shared engine, whichever API server took it

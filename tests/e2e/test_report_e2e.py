@@ -16,7 +16,8 @@ from helpers import LONG_PROMPT, Traceparent, abandon_stream, start_server
 
 from devkit.devserver import write_keys_file
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import report, semconv
+from otel_llm import semconv
+from otel_llm.billing import report
 
 DELTA_KEY = f"sk-delta-{secrets.token_hex(12)}"  # mapped to tenant delta by OTEL_LLM_API_KEYS_FILE
 
@@ -28,12 +29,19 @@ def vllm(receiver, tmp_path_factory):
     data["keys"][0]["cost_center"] = "cc-42"
     keys.write_text(json.dumps(data))
     # --max-model-len 2048: a stream long enough to be abandoned while the engine still generates
-    srv = start_server(receiver, tmp_path_factory, "report",
-                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm", "OTEL_LLM_API_KEYS_FILE": str(keys),
-                            # with a key map, only what it names gets labels unless an allow-list says more
-                            "OTEL_LLM_METRIC_LABEL_ALLOW_LIST": "alpha,beta,gamma,delta,search,chatbot,batch,ops,"
-                                                                "cc-7,cc-42"}, paced=True)
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "report",
+        extra_args=["--enable-prompt-tokens-details", "--max-model-len", "2048"],
+        env={
+            "OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm",
+            "OTEL_LLM_API_KEYS_FILE": str(keys),
+            # with a key map, only what it names gets labels unless an allow-list says more
+            "OTEL_LLM_METRIC_LABEL_ALLOW_LIST": "alpha,beta,gamma,delta,search,chatbot,batch,ops,cc-7,cc-42",
+        },
+        paced=True,
+    )
     yield srv
     srv.stop()
 
@@ -52,33 +60,62 @@ def traffic(vllm, prometheus):
         billed[(tenant, semconv.TOKEN_TYPE_CACHED_INPUT)] += (details.cached_tokens if details else 0) or 0
 
     alpha = {"x-tenant-id": "alpha", "x-scene": "search", "x-cost-center": "cc-7"}
-    book("alpha", client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=7, extra_headers=alpha).usage)
-    two = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "two"}],
-                                         max_tokens=5, n=2, extra_headers=alpha).usage
+    book(
+        "alpha",
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=7, extra_headers=alpha
+        ).usage,
+    )
+    two = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "two"}], max_tokens=5, n=2, extra_headers=alpha
+    ).usage
     book("alpha", two)
     beta = {"x-tenant-id": "beta", "x-scene": "chatbot"}
     for _ in range(2):  # the second one hits the prefix cache
-        chunks = list(client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=6, stream=True,
-                                                stream_options={"include_usage": True}, extra_headers=beta))
+        chunks = list(
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=LONG_PROMPT,
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_headers=beta,
+            )
+        )
         book("beta", chunks[-1].usage)
     assert billed[("beta", semconv.TOKEN_TYPE_CACHED_INPUT)] > 0
     # gamma stops reading a long stream: no usage reaches it, the engine still counted its tokens
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "long"}], "max_tokens": 1900,
-            "ignore_eos": True}
-    gamma = abandon_stream(vllm.url, "/v1/chat/completions", body,
-                           lambda: {"x-tenant-id": "gamma", "x-scene": "batch", **Traceparent().headers()})
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "long"}],
+        "max_tokens": 1900,
+        "ignore_eos": True,
+    }
+    gamma = abandon_stream(
+        vllm.url,
+        "/v1/chat/completions",
+        body,
+        lambda: {"x-tenant-id": "gamma", "x-scene": "batch", **Traceparent().headers()},
+    )
     # delta is named by its API key alone (the key map wins over headers); one of its calls fails
     delta = openai.OpenAI(base_url=vllm.url + "/v1", api_key=DELTA_KEY, max_retries=0)
-    book("delta", delta.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "d"}],
-                                                max_tokens=4, extra_headers={"x-tenant-id": "spoofed"}).usage)
+    book(
+        "delta",
+        delta.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "d"}],
+            max_tokens=4,
+            extra_headers={"x-tenant-id": "spoofed"},
+        ).usage,
+    )
     with pytest.raises(openai.NotFoundError):
         delta.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "d"}])
     time.sleep(0.5)
     # vLLM's own vllm:prompt_tokens_total counts an n=2 request's prompt twice (once per choice);
     # usage, and so billing, counts it once
-    return SimpleNamespace(billed=billed, started=started, prompt_counted_twice=two.prompt_tokens,
-                           gamma_ran_to_end=len(gamma) - 1)
+    return SimpleNamespace(
+        billed=billed, started=started, prompt_counted_twice=two.prompt_tokens, gamma_ran_to_end=len(gamma) - 1
+    )
 
 
 def run_report(prometheus, *argv, now=None):
@@ -128,8 +165,16 @@ def test_report_equals_usage_per_tenant_and_vllm_counters_per_model(prometheus, 
     data = report_rows(prometheus, traffic, "--by", "tenant,model")
     engine = {t: vllm_total(prometheus, name) for t, name in expected_models.items()}
     if result is None:
-        pytest.fail(json.dumps({"rows": data["rows"], "total": data["total"], "engine": engine,
-                                "billed": {"/".join(k): v for k, v in traffic.billed.items()}}))
+        pytest.fail(
+            json.dumps(
+                {
+                    "rows": data["rows"],
+                    "total": data["total"],
+                    "engine": engine,
+                    "billed": {"/".join(k): v for k, v in traffic.billed.items()},
+                }
+            )
+        )
     data, got = result
     assert {r["model"] for r in data["rows"]} == {MODEL_NAME}
     for key, tokens in traffic.billed.items():
@@ -141,8 +186,9 @@ def test_report_equals_usage_per_tenant_and_vllm_counters_per_model(prometheus, 
 
 def test_report_by_scene_and_day_with_prices(prometheus, traffic, tmp_path):
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"currency": "EUR", "models": {
-        MODEL_NAME: {"input": 2.0, "cached_input": 0.5, "output": 8.0}}}))
+    prices.write_text(
+        json.dumps({"currency": "EUR", "models": {MODEL_NAME: {"input": 2.0, "cached_input": 0.5, "output": 8.0}}})
+    )
     data = report_rows(prometheus, traffic, "--by", "tenant,scene,model,day", "--prices", str(prices))
     assert data["currency"] == "EUR"
     today = time.strftime("%Y-%m-%d", time.gmtime())
@@ -157,8 +203,9 @@ def test_report_by_scene_and_day_with_prices(prometheus, traffic, tmp_path):
 
 
 def test_report_table_and_csv(prometheus, traffic):
-    code, out, _ = run_report(prometheus, "--start", str(int(traffic.started) - 60), "--by", "tenant",
-                              "--format", "csv")
+    code, out, _ = run_report(
+        prometheus, "--start", str(int(traffic.started) - 60), "--by", "tenant", "--format", "csv"
+    )
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0] == "tenant,input,cached_input,output"
@@ -170,17 +217,24 @@ def test_report_table_and_csv(prometheus, traffic):
 
 
 def test_report_of_a_window_before_the_traffic_is_empty(prometheus, traffic):
-    data = report_rows(prometheus, SimpleNamespace(started=traffic.started - 3600), "--end",
-                       str(int(traffic.started) - 1800))
+    data = report_rows(
+        prometheus, SimpleNamespace(started=traffic.started - 3600), "--end", str(int(traffic.started) - 1800)
+    )
     assert data["rows"] == [] and data["total"]["tokens"] == dict.fromkeys(report.TOKEN_TYPES, 0)
 
 
 def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic, receiver):
     name = semconv.prometheus_metric(semconv.SERVER_REQUESTS)
-    outcome, tenant, cost_center = (semconv.prometheus_label(a) for a in (
-        semconv.REQUEST_OUTCOME, semconv.TENANT_ID, semconv.TENANT_COST_CENTER))
-    expected = {("alpha", "finished", "cc-7"): 2, ("beta", "finished", "-"): 2, ("gamma", "aborted", "-"): 1,
-                ("delta", "finished", "cc-42"): 1, ("delta", "error", "cc-42"): 1}
+    outcome, tenant, cost_center = (
+        semconv.prometheus_label(a) for a in (semconv.REQUEST_OUTCOME, semconv.TENANT_ID, semconv.TENANT_COST_CENTER)
+    )
+    expected = {
+        ("alpha", "finished", "cc-7"): 2,
+        ("beta", "finished", "-"): 2,
+        ("gamma", "aborted", "-"): 1,
+        ("delta", "finished", "cc-42"): 1,
+        ("delta", "error", "cc-42"): 1,
+    }
     if traffic.gamma_ran_to_end:  # streams vLLM finished before it saw the client leave
         expected[("gamma", "finished", "-")] = traffic.gamma_ran_to_end
 
@@ -197,7 +251,11 @@ def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic, receive
     assert counted() == expected
     data = report_rows(prometheus, traffic, "--by", "tenant,cost_center")
     assert {(r["tenant"], r["cost_center"]) for r in data["rows"]} == {
-        ("alpha", "cc-7"), ("beta", "-"), ("gamma", "-"), ("delta", "cc-42")}
+        ("alpha", "cc-7"),
+        ("beta", "-"),
+        ("gamma", "-"),
+        ("delta", "cc-42"),
+    }
     # over OTLP the counter's points carry exemplars (in the export after each add): the traces of
     # counted requests
     points = [p for batch in receiver.metric_batches for p in batch if p.name == semconv.SERVER_REQUESTS]
@@ -210,12 +268,20 @@ def test_requests_by_outcome_tenant_and_cost_center(prometheus, traffic, receive
 
 def test_budget_view_against_real_usage(prometheus, traffic, tmp_path):
     path = tmp_path / "budgets.json"
-    path.write_text(json.dumps({"budgets": [
-        {"tenant": "alpha", "tokens_per_day": 10},
-        {"tenant": "beta", "scene": "chatbot", "tokens_per_day": 10**9},
-        {"tenant": "delta", "tokens_per_day": 10**9, "token_types": ["output"]}]}))
-    code, out, err = run_report(prometheus, "--budgets", str(path), "--start", str(int(traffic.started) - 60),
-                                "--format", "json")
+    path.write_text(
+        json.dumps(
+            {
+                "budgets": [
+                    {"tenant": "alpha", "tokens_per_day": 10},
+                    {"tenant": "beta", "scene": "chatbot", "tokens_per_day": 10**9},
+                    {"tenant": "delta", "tokens_per_day": 10**9, "token_types": ["output"]},
+                ]
+            }
+        )
+    )
+    code, out, err = run_report(
+        prometheus, "--budgets", str(path), "--start", str(int(traffic.started) - 60), "--format", "json"
+    )
     assert code == 1, err  # a budget is over: non-zero, for scripts and cron
     status = {b["tenant"]: b for b in json.loads(out)["budgets"]}
     billed = traffic.billed

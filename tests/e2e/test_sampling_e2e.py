@@ -89,7 +89,8 @@ def scaled_policies(longest_other_ms: float) -> tuple[list[dict], dict[str, obje
     old = f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > 4000'
     assert old in original, original
     cond[0] = original.replace(
-        old, f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > {SCALED["cache-miss-long-prompt"]}')
+        old, f'attributes["{semconv.GEN_AI_USAGE_INPUT_TOKENS}"] > {SCALED["cache-miss-long-prompt"]}'
+    )
     parse_ottl(cond[0])  # still inside the evaluator's OTTL subset
     changed["cache-miss-long-prompt"] = cond[0]
     # slow-requests: 4x the longest of the other (short) traces, at least 1 s.
@@ -100,8 +101,16 @@ def scaled_policies(longest_other_ms: float) -> tuple[list[dict], dict[str, obje
 
 
 def as_eval_trace(spans) -> list[dict]:
-    return [{"name": s.name, "status": s.status, "start_ms": s.start_ns / 1e6, "end_ms": s.end_ns / 1e6,
-             "attributes": dict(s.attributes)} for s in spans]
+    return [
+        {
+            "name": s.name,
+            "status": s.status,
+            "start_ms": s.start_ns / 1e6,
+            "end_ms": s.end_ns / 1e6,
+            "attributes": dict(s.attributes),
+        }
+        for s in spans
+    ]
 
 
 def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
@@ -124,9 +133,14 @@ def _prompt(client: httpx.Client, nonce: str, tokens: int) -> str:
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory):
-    srv = start_server(receiver, tmp_path_factory, "sampling",
-                       extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)], paced=True,
-                       env={config.ENV_CAPTURE_CONTENT: "true"})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "sampling",
+        extra_args=["--enable-prompt-tokens-details", "--max-model-len", str(MAX_MODEL_LEN)],
+        paced=True,
+        env={config.ENV_CAPTURE_CONTENT: "true"},
+    )
     yield srv
     srv.stop()
 
@@ -140,22 +154,35 @@ def traces(server, receiver):
 
         def complete(case, prompt, max_tokens, **extra):
             tp = ids[case] = Traceparent()
-            r = c.post("/v1/completions", headers=tp.headers(),
-                       json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                             "temperature": 0, **extra})
+            r = c.post(
+                "/v1/completions",
+                headers=tp.headers(),
+                json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra},
+            )
             assert r.status_code == 200, r.text
             responses[case] = r.json()
 
         complete("normal", f"hello there. {PII}", 8)
 
         tp = ids["error_404"] = Traceparent()
-        r = c.post("/v1/chat/completions", headers=tp.headers(**{"x-tenant-id": "acme"}),
-                   json={"model": "no-such-model", "messages": [{"role": "user", "content": f"hi. {PII}"}]})
+        r = c.post(
+            "/v1/chat/completions",
+            headers=tp.headers(**{"x-tenant-id": "acme"}),
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": f"hi. {PII}"}]},
+        )
         assert r.status_code == 404, r.text
 
-        left = abandon_stream(server.url, "/v1/chat/completions",
-                              {"model": MODEL_NAME, "messages": [{"role": "user", "content": "write a long story"}],
-                               "max_tokens": ABORT_MAX_TOKENS, "ignore_eos": True}, lambda: Traceparent().headers())[-1]
+        left = abandon_stream(
+            server.url,
+            "/v1/chat/completions",
+            {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "write a long story"}],
+                "max_tokens": ABORT_MAX_TOKENS,
+                "ignore_eos": True,
+            },
+            lambda: Traceparent().headers(),
+        )[-1]
         ids["aborted"] = SimpleNamespace(trace_id=left.trace_id)
 
         complete("slow", "tell me everything", SLOW_MAX_TOKENS, ignore_eos=True)
@@ -181,8 +208,9 @@ def traces(server, receiver):
 
 @pytest.fixture(scope="module")
 def policies(traces):
-    durations = {case: (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) / 1e6
-                 for case, spans in traces.items()}
+    durations = {
+        case: (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) / 1e6 for case, spans in traces.items()
+    }
     longest_other = max(d for case, d in durations.items() if case != "slow")
     policies, changed = scaled_policies(longest_other)
     print("\ntrace durations (ms):", {k: round(v, 1) for k, v in durations.items()})
@@ -202,9 +230,11 @@ def test_real_trace_kept_by_its_policies(case, traces, policies):
     spans = traces[case]
     kept_by = keeping_policies(policies, as_eval_trace(spans))
     (genai,) = genai_spans(spans)
-    shown = ('gen_ai.usage', 'vllm.latency.time_to', 'vllm.request.aborted', 'error')
-    print(f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
-          f"{ {k: v for k, v in genai.attributes.items() if k.startswith(shown)} }")
+    shown = ("gen_ai.usage", "vllm.latency.time_to", "vllm.request.aborted", "error")
+    print(
+        f"{case}: kept by {sorted(kept_by)}; GenAI span attributes: "
+        f"{ {k: v for k, v in genai.attributes.items() if k.startswith(shown)} }"
+    )
     assert BASELINE in kept_by
     assert kept_by - {BASELINE} == _reasons(case, genai), f"{case}: kept by {sorted(kept_by)}"
 
@@ -238,8 +268,11 @@ def test_real_attribute_types_match_policy_types(traces):
     carry exactly those types."""
     (genai,) = genai_spans(traces["slow"])
     attrs = genai.attributes
-    for key in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
-                semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS):
+    for key in (
+        semconv.GEN_AI_USAGE_INPUT_TOKENS,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    ):
         assert type(attrs[key]) is int, key
     assert type(attrs[semconv.VLLM_TTFT_SECONDS]) is float
     (aborted,) = genai_spans(traces["aborted"])
@@ -262,12 +295,15 @@ def test_slow_ttft_unscaled_keeps_exactly_the_traces_over_5_s(traces, policies):
 def test_every_span_attribute_a_traceql_panel_reads_is_on_real_spans(traces):
     """The Traces dashboard's TraceQL tables can only match attributes the server really emits (a
     panel on an attribute nothing emits shows an empty table forever)."""
-    from otel_llm import dashboards
+    from otel_llm.ops import dashboards
 
     emitted = {key for spans in traces.values() for s in spans for key in s.attributes}
-    read = {(name, title, attr) for name, board in dashboards.dashboards().items()
-            for title, query in dashboards.traceql_targets(board)
-            for attr in dashboards.traceql_span_attributes(query)}
+    read = {
+        (name, title, attr)
+        for name, board in dashboards.dashboards().items()
+        for title, query in dashboards.traceql_targets(board)
+        for attr in dashboards.traceql_span_attributes(query)
+    }
     assert read, "no TraceQL panel found"
     assert [(name, title, attr) for name, title, attr in sorted(read) if attr not in emitted] == []
     # and the check can fail: the end-to-end latency attribute the fault-and-fuzz run found a panel
@@ -298,8 +334,9 @@ def test_content_survives_only_where_a_reason_kept_the_trace(case, baseline_samp
     kept = {(s["name"], key) for s in exported for key in CONTENT_ATTRIBUTES if key in s["attributes"]}
     if not reasons:
         assert kept == set(), f"{case}: content left on a baseline-only trace: {kept}"
-        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == \
-               [s["attributes"] for s in exported]  # nothing else removed
+        assert [{k: v for k, v in s["attributes"].items() if k not in CONTENT_ATTRIBUTES} for s in trace] == [
+            s["attributes"] for s in exported
+        ]  # nothing else removed
         return
     assert kept == {(s["name"], key) for s in trace for key in CONTENT_ATTRIBUTES if key in s["attributes"]}
     assert (genai.name, semconv.GEN_AI_INPUT_MESSAGES) in kept
@@ -322,6 +359,9 @@ def test_exported_content_has_no_personal_data(traces, policies):
             policy = recorded_policy(policies, trace, baseline_samples)
             exported = json.dumps([s["attributes"] for s in release(cfg, trace, policy)]) if policy else ""
             assert not [p for p in PII_PIECES if p in exported], (case, baseline_samples)
-    (exported,) = [s for s in release(cfg, as_eval_trace(traces["error_404"]), "errors-status")
-                   if semconv.GEN_AI_OPERATION_NAME in s["attributes"]]
+    (exported,) = [
+        s
+        for s in release(cfg, as_eval_trace(traces["error_404"]), "errors-status")
+        if semconv.GEN_AI_OPERATION_NAME in s["attributes"]
+    ]
     assert exported["attributes"][semconv.GEN_AI_INPUT_MESSAGES] == genai.attributes[semconv.GEN_AI_INPUT_MESSAGES]

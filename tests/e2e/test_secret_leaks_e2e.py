@@ -77,7 +77,7 @@ def _probe(secret: str, others: list[str]) -> str | None:
     (a password of 4 to 7 characters)."""
     text = _PEM_END.sub("", secret)
     for end in range(len(text), 7, -1):
-        window = text[end - 8:end]
+        window = text[end - 8 : end]
         if _PROBE_SAFE.issuperset(window) and not any(window in other for other in others):
             return window
     return None
@@ -127,11 +127,23 @@ def build_prompt(keys: Secrets) -> tuple[str, dict[str, str]]:
 
 
 # near misses of the redactor's rules, long (about 7,000 tokens together)
-WORST_CASES = ("sk-" + "a-" * 400, "Bearer " * 100, "eyJ" + "a" * 400 + "." + "b" * 400, "AKIA" * 150,
-               "4111 " * 150, "1." * 400, "a:" * 400, "x" * 600 + "@", "xox" * 200, "_" * 600, "-" * 600)
+WORST_CASES = (
+    "sk-" + "a-" * 400,
+    "Bearer " * 100,
+    "eyJ" + "a" * 400 + "." + "b" * 400,
+    "AKIA" * 150,
+    "4111 " * 150,
+    "1." * 400,
+    "a:" * 400,
+    "x" * 600 + "@",
+    "xox" * 200,
+    "_" * 600,
+    "-" * 600,
+)
 
 
 # --- the server, the client and the fake provider ------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def spool(tmp_path_factory):
@@ -140,13 +152,24 @@ def spool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory, spool):
-    srv = start_server(receiver, tmp_path_factory, "leaks", extra_args=["--max-model-len", "32768"], env={
-        config.ENV_CAPTURE_CONTENT: "span_only",
-        config.ENV_CONTENT_MAX_TEXT_LENGTH: str(MAX_CONTENT), config.ENV_CONTENT_MAX_LENGTH: str(MAX_CONTENT),
-        "OTEL_LLM_USAGE_DIR": str(spool), "OTEL_LLM_USAGE_EVENTS": "true", "OTEL_LOGS_EXPORTER": "otlp",
-        # every log record the server writes goes out over OTLP too, ours among them
-        "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "true", config.ENV_LOG_PROPAGATE: "1",
-        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "leaks",
+        extra_args=["--max-model-len", "32768"],
+        env={
+            config.ENV_CAPTURE_CONTENT: "span_only",
+            config.ENV_CONTENT_MAX_TEXT_LENGTH: str(MAX_CONTENT),
+            config.ENV_CONTENT_MAX_LENGTH: str(MAX_CONTENT),
+            "OTEL_LLM_USAGE_DIR": str(spool),
+            "OTEL_LLM_USAGE_EVENTS": "true",
+            "OTEL_LOGS_EXPORTER": "otlp",
+            # every log record the server writes goes out over OTLP too, ours among them
+            "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "true",
+            config.ENV_LOG_PROPAGATE: "1",
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        },
+    )
     yield srv
     srv.stop()
 
@@ -169,15 +192,18 @@ def client_otel(receiver):
     os.environ.update({k: str(MAX_CONTENT) for k in saved})
     resource = Resource.create({"service.name": "leak-test-client"})
     tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(f"{receiver.endpoint}/v1/traces"),
-                                                          schedule_delay_millis=200))
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter(f"{receiver.endpoint}/v1/metrics"),
-                                           export_interval_millis=1000)
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(f"{receiver.endpoint}/v1/traces"), schedule_delay_millis=200)
+    )
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(f"{receiver.endpoint}/v1/metrics"), export_interval_millis=1000
+    )
     meter_provider = MeterProvider(metric_readers=[reader], resource=resource)
     logs = _Logs()
     loggers = [logging.getLogger(), logging.getLogger("otel_llm")]
-    OpenAIInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                                    capture_content=True, include_usage=True)
+    OpenAIInstrumentor().instrument(
+        tracer_provider=tracer_provider, meter_provider=meter_provider, capture_content=True, include_usage=True
+    )
     for logger in loggers:
         logger.addHandler(logs)
     try:
@@ -210,14 +236,24 @@ class FakeProvider:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
                 key = (self.headers.get("authorization") or "").partition(" ")[2]
                 if body.get("stream"):
-                    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body["model"],
-                             "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]}
+                    chunk = {
+                        "id": "c1",
+                        "object": "chat.completion.chunk",
+                        "created": 1,
+                        "model": body["model"],
+                        "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}],
+                    }
                     error = {"error": {"message": f"upstream rejected the key {key} mid-stream", "type": "server"}}
                     reply = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(error)}\n\n".encode()
                     self._send(200, "text/event-stream", reply)
                 else:
-                    error = {"error": {"message": f"Incorrect API key provided: {key}.",
-                                       "type": "invalid_request_error", "code": "invalid_api_key"}}
+                    error = {
+                        "error": {
+                            "message": f"Incorrect API key provided: {key}.",
+                            "type": "invalid_request_error",
+                            "code": "invalid_api_key",
+                        }
+                    }
                     self._send(401, "application/json", json.dumps(error).encode())
 
             def _send(self, status, content_type, body):
@@ -238,6 +274,7 @@ class FakeProvider:
 
 
 # --- the traffic -----------------------------------------------------------------------------------
+
 
 @dataclass
 class Traffic:
@@ -271,28 +308,59 @@ def traffic(server, client_otel) -> Traffic:
         chat = client.chat.completions
         user, system = {"role": "user", "content": prompt}, {"role": "system", "content": MARK + " be brief"}
         # content: chat, chat stream, completions, completions stream, Responses, tools
-        chat.create(model=MODEL_NAME, messages=[system, user], max_tokens=3,
-                    user=_openai_key(keys, "user field"), stop=[_openai_key(keys, "stop sequence")])
+        chat.create(
+            model=MODEL_NAME,
+            messages=[system, user],
+            max_tokens=3,
+            user=_openai_key(keys, "user field"),
+            stop=[_openai_key(keys, "stop sequence")],
+        )
         _drain(chat.create(model=MODEL_NAME, messages=[user], max_tokens=3, stream=True))
         client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3)
         _drain(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, stream=True))
         t.server_requests += 4
         try:
-            client.responses.create(model=MODEL_NAME, input=prompt, max_output_tokens=3,
-                                    instructions="answer; the key is " + _openai_key(keys, "Responses instructions"))
+            client.responses.create(
+                model=MODEL_NAME,
+                input=prompt,
+                max_output_tokens=3,
+                instructions="answer; the key is " + _openai_key(keys, "Responses instructions"),
+            )
             _drain(client.responses.create(model=MODEL_NAME, input=prompt, max_output_tokens=3, stream=True))
             t.server_requests += 2
         except openai.NotFoundError:
             t.errors.append("the server does not serve the Responses API")
-        call = {"id": "call_1", "type": "function", "function": {
-            "name": "lookup", "arguments": json.dumps({"api_key": _openai_key(keys, "tool call arguments"),
-                                                       "q": MARK})}}
-        tool = {"type": "function", "function": {"name": "lookup", "description": "looks things up",
-                                                 "parameters": {"type": "object", "properties": {}}}}
-        chat.create(model=MODEL_NAME, max_tokens=3, tools=[tool], tool_choice="none", messages=[
-            user, {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_1",
-             "content": "found " + _openai_key(keys, "tool message") + " for " + MARK}])
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "arguments": json.dumps({"api_key": _openai_key(keys, "tool call arguments"), "q": MARK}),
+            },
+        }
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "looks things up",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+        chat.create(
+            model=MODEL_NAME,
+            max_tokens=3,
+            tools=[tool],
+            tool_choice="none",
+            messages=[
+                user,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {
+                    "role": "tool",
+                    "tool_call_id": "call_1",
+                    "content": "found " + _openai_key(keys, "tool message") + " for " + MARK,
+                },
+            ],
+        )
         t.server_requests += 1
         # a key as the model name: vLLM's 404 echoes it (one per format; a stream and a completion too)
         for fmt in FORMATS:
@@ -312,13 +380,22 @@ def traffic(server, client_otel) -> Traffic:
         t.server_requests += 2
     # over plain HTTP: a key in the query, in headers, and in a field vLLM rejects (its 400 echoes it)
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
-    headers = {"authorization": "Bearer " + _openai_key(keys, "raw Authorization header"),
-               "x-api-key": _openai_key(keys, "x-api-key header")}
-    ok = httpx.post(f"{server.url}/v1/chat/completions?api_key={_openai_key(keys, 'URL query')}", json=body,
-                    headers=headers, timeout=120)
+    headers = {
+        "authorization": "Bearer " + _openai_key(keys, "raw Authorization header"),
+        "x-api-key": _openai_key(keys, "x-api-key header"),
+    }
+    ok = httpx.post(
+        f"{server.url}/v1/chat/completions?api_key={_openai_key(keys, 'URL query')}",
+        json=body,
+        headers=headers,
+        timeout=120,
+    )
     assert ok.status_code == 200, ok.text
-    rejected = httpx.post(f"{server.url}/v1/chat/completions",
-                          json={**body, "max_tokens": _openai_key(keys, "rejected field")}, timeout=120)
+    rejected = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={**body, "max_tokens": _openai_key(keys, "rejected field")},
+        timeout=120,
+    )
     assert rejected.status_code == 400, rejected.text
     t.server_requests += 2
     # a provider whose errors echo the key it was sent (what vLLM cannot be made to do)
@@ -329,8 +406,11 @@ def traffic(server, client_otel) -> Traffic:
                 c.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
         with openai.OpenAI(base_url=fake.url, api_key=_openai_key(keys, "fake provider stream"), max_retries=0) as c:
             with pytest.raises(openai.APIError):
-                _drain(c.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
-                                                 stream=True))
+                _drain(
+                    c.chat.completions.create(
+                        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+                    )
+                )
     finally:
         fake.close()
     return t
@@ -347,8 +427,12 @@ class Exported:
 def exported(traffic, server, receiver, spool, client_otel) -> Exported:
     """After the traffic: the server's spans all arrived, then the server stopped (its exit flush sends
     the rest) and the client's providers flushed."""
-    receiver.wait_for(lambda rx: len([s for s in genai_spans(rx.spans) if s.scope == "otel_llm.vllm"])
-                      >= traffic.server_requests or None, timeout=60)
+    receiver.wait_for(
+        lambda rx: (
+            len([s for s in genai_spans(rx.spans) if s.scope == "otel_llm.vllm"]) >= traffic.server_requests or None
+        ),
+        timeout=60,
+    )
     server.stop()
     tracer_provider, meter_provider, logs = client_otel
     tracer_provider.force_flush()
@@ -367,11 +451,14 @@ def exported(traffic, server, receiver, spool, client_otel) -> Exported:
 VLLM_LOG = "server log, vLLM's own lines"
 # vLLM's log format, on every line of a record (its NewLineFormatter):
 # `(APIServer pid=7) ERROR 12-04 03:41:15 [serving.py:274] ...`
-VLLM_LOG_LINE = re.compile(rb"^(?:\([\w-]+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                           rb"\d\d-\d\d [\d:]{8} \[[^\]]+\] ")
+VLLM_LOG_LINE = re.compile(
+    rb"^(?:\([\w-]+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    rb"\d\d-\d\d [\d:]{8} \[[^\]]+\] "
+)
 
 
 # --- the checks ------------------------------------------------------------------------------------
+
 
 def test_the_probes_are_distinct_from_everything_else_sent(traffic):
     """(the search below is meaningful: no probe occurs in the look-alikes or the prompt's own words)"""
@@ -396,8 +483,9 @@ def _leaks(traffic, places) -> dict[str, list[str]]:
 
 def _report(leaks: dict[str, list[str]]) -> str:
     formats = sorted({label.split(" (")[0] for label in leaks})
-    return (f"seed {SEED}: keys of {len(formats)} format(s) left the process: {formats}\n"
-            + "\n".join(f"  {label}: {where}" for label, where in sorted(leaks.items())))
+    return f"seed {SEED}: keys of {len(formats)} format(s) left the process: {formats}\n" + "\n".join(
+        f"  {label}: {where}" for label, where in sorted(leaks.items())
+    )
 
 
 def test_no_key_leaves_in_telemetry_spool_or_logs(traffic, exported):

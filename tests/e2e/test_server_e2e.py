@@ -25,8 +25,14 @@ from otel_llm import semconv
 def server(receiver, tmp_path_factory):
     # gRPC (the SDK's default OTLP protocol, which the forked engine processes inherit), and a
     # Prometheus reader beside OTLP: our metrics then also appear on vLLM's own /metrics.
-    srv = start_server(receiver, tmp_path_factory, "main", extra_args=["--enable-prompt-tokens-details"], grpc=True,
-                       env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm"})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "main",
+        extra_args=["--enable-prompt-tokens-details"],
+        grpc=True,
+        env={"OTEL_METRICS_EXPORTER": "otlp,prometheus_vllm"},
+    )
     yield srv
     srv.stop()
 
@@ -133,8 +139,9 @@ def test_n_greater_than_one(server, client, receiver, traceparent):
     assert len({s.attributes[semconv.VLLM_REQUEST_ID] for s in phases}) == 2
     # the request's latency, not the sum over its engine requests: phases that follow each other
     # inside the span, and decode from the first token of any choice to the last token of any
-    queue, prefill, decode = (attrs[k] for k in (semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS,
-                                                 semconv.VLLM_DECODE_SECONDS))
+    queue, prefill, decode = (
+        attrs[k] for k in (semconv.VLLM_QUEUE_SECONDS, semconv.VLLM_PREFILL_SECONDS, semconv.VLLM_DECODE_SECONDS)
+    )
     assert queue + prefill + decode <= genai.duration_s
     decodes = [s for s in phases if s.name == semconv.SPAN_DECODE]
     union = (max(s.end_ns for s in decodes) - min(s.start_ns for s in decodes)) / 1e9
@@ -146,8 +153,9 @@ def test_many_choices_make_a_bounded_number_of_phase_spans(server, client, recei
     from otel_llm.vllm.request_telemetry import MAX_PHASE_SPAN_CHAINS
 
     n = MAX_PHASE_SPAN_CHAINS + 6
-    client.completions.create(model=MODEL_NAME, prompt="many", max_tokens=2, n=n, temperature=0.8,
-                              extra_headers=traceparent.headers())
+    client.completions.create(
+        model=MODEL_NAME, prompt="many", max_tokens=2, n=n, temperature=0.8, extra_headers=traceparent.headers()
+    )
     spans = request_trace(receiver, traceparent.trace_id, phases=3 * MAX_PHASE_SPAN_CHAINS)
     (genai,) = genai_spans(spans)
     assert genai.attributes[semconv.VLLM_ENGINE_REQUESTS] == n
@@ -156,8 +164,9 @@ def test_many_choices_make_a_bounded_number_of_phase_spans(server, client, recei
     phases = [s for s in receiver.traces()[traceparent.trace_id] if s.parent_span_id == genai.span_id]
     assert len(phases) == 3 * MAX_PHASE_SPAN_CHAINS
     attrs = genai.attributes
-    assert (attrs[semconv.VLLM_QUEUE_SECONDS] + attrs[semconv.VLLM_PREFILL_SECONDS]
-            + attrs[semconv.VLLM_DECODE_SECONDS]) <= genai.duration_s
+    assert (
+        attrs[semconv.VLLM_QUEUE_SECONDS] + attrs[semconv.VLLM_PREFILL_SECONDS] + attrs[semconv.VLLM_DECODE_SECONDS]
+    ) <= genai.duration_s
 
 
 def test_prefix_cache_hits_equal_usage_cached_tokens(server, client, receiver):
@@ -180,8 +189,9 @@ def test_prefix_cache_hits_equal_usage_cached_tokens(server, client, receiver):
 
 
 def _post(server, path, payload: bytes, headers):
-    request = urllib.request.Request(server.url + path, data=payload, method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
+    request = urllib.request.Request(
+        server.url + path, data=payload, method="POST", headers={"Content-Type": "application/json", **headers}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -193,16 +203,25 @@ def _post(server, path, payload: bytes, headers):
     "case, path, payload, status, span_name, error_type",
     [
         # rejected by FastAPI before a handler: the error type of the response body
-        ("bad json", "/v1/chat/completions", b'{"model": "tiny-llama", "messages": [', 400, "chat",
-         "Bad Request"),
+        ("bad json", "/v1/chat/completions", b'{"model": "tiny-llama", "messages": [', 400, "chat", "Bad Request"),
         # the handler returns an error response: its type
-        ("unknown model", "/v1/chat/completions",
-         json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-         404, "chat no-such-model", "NotFoundError"),
+        (
+            "unknown model",
+            "/v1/chat/completions",
+            json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            404,
+            "chat no-such-model",
+            "NotFoundError",
+        ),
         # the handler raises: the exception class (vLLM turns it into a 400 BadRequestError)
-        ("prompt over max-model-len", "/v1/completions",
-         json.dumps({"model": MODEL_NAME, "prompt": LONG_PROMPT * 3, "max_tokens": 4}).encode(),
-         400, f"text_completion {MODEL_NAME}", "VLLMValidationError"),
+        (
+            "prompt over max-model-len",
+            "/v1/completions",
+            json.dumps({"model": MODEL_NAME, "prompt": LONG_PROMPT * 3, "max_tokens": 4}).encode(),
+            400,
+            f"text_completion {MODEL_NAME}",
+            "VLLMValidationError",
+        ),
     ],
 )
 def test_rejections_yield_error_spans(server, receiver, case, path, payload, status, span_name, error_type):
@@ -252,7 +271,9 @@ def test_tenant_from_header_and_baggage_on_spans_and_metrics(server, client, rec
     ):
         tp = Traceparent()
         response = client.chat.completions.create(
-            model=MODEL_NAME, messages=[{"role": "user", "content": f"hi from {tenant}"}], max_tokens=3,
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": f"hi from {tenant}"}],
+            max_tokens=3,
             extra_headers=tp.headers(**headers),
         )
         sent[tenant][0] += response.usage.prompt_tokens
@@ -280,8 +301,9 @@ def test_tenant_from_header_and_baggage_on_spans_and_metrics(server, client, rec
 
 
 def test_metrics_buckets_exemplars_and_resource(server, client, receiver):
-    client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4,
-                                   extra_body={"ignore_eos": True})
+    client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4, extra_body={"ignore_eos": True}
+    )
     expected_bounds = {
         semconv.SERVER_REQUEST_DURATION: semconv.DURATION_BUCKETS,
         semconv.SERVER_TIME_TO_FIRST_TOKEN: semconv.TTFT_BUCKETS,
@@ -328,8 +350,11 @@ def test_engine_counters_match_ours_and_no_instrumentation_errors(server, client
         text = r.read().decode()
 
     def vllm_counter(name):
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
 
     totals = ours()
     assert totals[semconv.TOKEN_TYPE_OUTPUT] == vllm_counter("vllm:generation_tokens_total")

@@ -16,7 +16,8 @@ from helpers import Traceparent, children, genai_spans, request_trace, start_ser
 
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger
 
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
 
@@ -28,8 +29,13 @@ def spool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(receiver, tmp_path_factory, spool):
-    srv = start_server(receiver, tmp_path_factory, "paths", extra_args=["--enable-scale-out"],
-                       env={"OTEL_LLM_USAGE_DIR": str(spool), "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "paths",
+        extra_args=["--enable-scale-out"],
+        env={"OTEL_LLM_USAGE_DIR": str(spool), "VLLM_ENABLE_RESPONSES_API_STORE": "1"},
+    )
     yield srv
     srv.stop()
 
@@ -37,8 +43,7 @@ def server(receiver, tmp_path_factory, spool):
 @pytest.fixture(scope="module")
 def scorer(receiver, tmp_path_factory, spool):
     log = tmp_path_factory.mktemp("logs") / "vllm-scorer.log"
-    srv = VLLMServer(env={**otlp_env(receiver.endpoint), "OTEL_LLM_USAGE_DIR": str(spool)}, log_path=log,
-                     scorer=True)
+    srv = VLLMServer(env={**otlp_env(receiver.endpoint), "OTEL_LLM_USAGE_DIR": str(spool)}, log_path=log, scorer=True)
     srv.start()
     yield srv
     srv.stop()
@@ -87,8 +92,9 @@ def assert_billed_once(spool, tp, input_tokens, output_tokens, operation):
 def test_responses_api_is_one_chat_span_with_the_usage_vllm_returns(server, receiver, spool):
     tp = Traceparent()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    response = client.responses.create(model=MODEL_NAME, input="hello there", max_output_tokens=8,
-                                       extra_headers=tp.headers(**{"x-tenant-id": "acme"}))
+    response = client.responses.create(
+        model=MODEL_NAME, input="hello there", max_output_tokens=8, extra_headers=tp.headers(**{"x-tenant-id": "acme"})
+    )
     genai, spans = one_genai_span(receiver, tp, phases=3)
     attrs = genai.attributes
     assert genai.name == f"chat {MODEL_NAME}"
@@ -104,8 +110,13 @@ def test_responses_api_is_one_chat_span_with_the_usage_vllm_returns(server, rece
 def test_responses_api_stream_is_one_span(server, receiver, spool):
     tp = Traceparent()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    stream = client.responses.create(model=MODEL_NAME, input="hello there", max_output_tokens=6, stream=True,
-                                     extra_headers=tp.headers(**{"x-tenant-id": "acme"}))
+    stream = client.responses.create(
+        model=MODEL_NAME,
+        input="hello there",
+        max_output_tokens=6,
+        stream=True,
+        extra_headers=tp.headers(**{"x-tenant-id": "acme"}),
+    )
     final = [event for event in stream if event.type == "response.completed"][-1].response
     genai, _ = one_genai_span(receiver, tp, phases=3)
     assert genai.attributes[semconv.GEN_AI_REQUEST_STREAM] is True
@@ -117,8 +128,14 @@ def test_responses_api_stream_is_one_span(server, receiver, spool):
 def test_background_response_is_its_own_span_linked_to_the_request(server, receiver, spool):
     tp = Traceparent()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    queued = client.responses.create(model=MODEL_NAME, input="hello there", max_output_tokens=5, background=True,
-                                     store=True, extra_headers=tp.headers(**{"x-tenant-id": "acme"}))
+    queued = client.responses.create(
+        model=MODEL_NAME,
+        input="hello there",
+        max_output_tokens=5,
+        background=True,
+        store=True,
+        extra_headers=tp.headers(**{"x-tenant-id": "acme"}),
+    )
     deadline = time.monotonic() + 60
     done = client.responses.retrieve(queued.id)
     while done.status in ("queued", "in_progress") and time.monotonic() < deadline:
@@ -129,8 +146,10 @@ def test_background_response_is_its_own_span_linked_to_the_request(server, recei
     def background(rx):
         for spans in rx.traces().values():
             for span in genai_spans(spans):
-                if any(link.trace_id == tp.trace_id for link in span.links) and semconv.GEN_AI_USAGE_INPUT_TOKENS \
-                        in span.attributes:
+                if (
+                    any(link.trace_id == tp.trace_id for link in span.links)
+                    and semconv.GEN_AI_USAGE_INPUT_TOKENS in span.attributes
+                ):
                     return span
         return None
 
@@ -145,8 +164,9 @@ def test_background_response_is_its_own_span_linked_to_the_request(server, recei
     assert semconv.GEN_AI_USAGE_INPUT_TOKENS not in front.attributes
     assert usage_records(spool, tp.trace_id, timeout=1) == []
     records = usage_records(spool, later.trace_id)
-    assert [(r[semconv.GEN_AI_USAGE_INPUT_TOKENS], r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) for r in records] == \
-        [(done.usage.input_tokens, 5)]
+    assert [(r[semconv.GEN_AI_USAGE_INPUT_TOKENS], r[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) for r in records] == [
+        (done.usage.input_tokens, 5)
+    ]
 
 
 # --- beam search --------------------------------------------------------------------------------
@@ -173,10 +193,17 @@ def test_beam_search_is_one_span_billed_as_vllm_reports_it(server, receiver, spo
 def test_beam_search_stream_is_billed_as_vllm_reports_it(server, receiver, spool):
     tp = Traceparent()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model=MODEL_NAME, messages=MESSAGES, max_tokens=3, stream=True, stream_options={"include_usage": True},
-        extra_body={"use_beam_search": True, "n": 2, "ignore_eos": True},
-        extra_headers=tp.headers(**{"x-tenant-id": "acme"})))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=MESSAGES,
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"use_beam_search": True, "n": 2, "ignore_eos": True},
+            extra_headers=tp.headers(**{"x-tenant-id": "acme"}),
+        )
+    )
     usage = chunks[-1].usage
     genai, _ = one_genai_span(receiver, tp, phases=3)
     assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage.prompt_tokens
@@ -189,8 +216,13 @@ def test_beam_search_stream_is_billed_as_vllm_reports_it(server, receiver, spool
 
 def test_chat_batch_is_one_span_for_all_its_conversations(server, receiver, spool):
     tp = Traceparent()
-    body = {"model": MODEL_NAME, "messages": [MESSAGES, [{"role": "user", "content": "bye"}]], "max_tokens": 4,
-            "ignore_eos": True, "temperature": 0.5}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [MESSAGES, [{"role": "user", "content": "bye"}]],
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "temperature": 0.5,
+    }
     response = post(server, "/v1/chat/completions/batch", body, tp)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
@@ -210,8 +242,11 @@ def test_chat_batch_is_one_span_for_all_its_conversations(server, receiver, spoo
 
 def test_token_in_token_out_generate_is_one_span(server, receiver, spool):
     tp = Traceparent()
-    body = {"model": MODEL_NAME, "token_ids": [7, 8, 9, 10, 11],
-            "sampling_params": {"max_tokens": 3, "ignore_eos": True}}
+    body = {
+        "model": MODEL_NAME,
+        "token_ids": [7, 8, 9, 10, 11],
+        "sampling_params": {"max_tokens": 3, "ignore_eos": True},
+    }
     response = post(server, "/inference/v1/generate", body, tp)
     assert response.status_code == 200, response.text
     genai, _ = one_genai_span(receiver, tp, phases=3)
@@ -234,14 +269,17 @@ def test_generative_scoring_is_one_span(server, receiver, spool):
     assert attrs[semconv.GEN_AI_OPERATION_NAME] == semconv.OP_GENERATIVE_SCORING
     assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage["prompt_tokens"]
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage["completion_tokens"]
-    assert_billed_once(spool, tp, usage["prompt_tokens"], usage["completion_tokens"],
-                       semconv.OP_GENERATIVE_SCORING)
+    assert_billed_once(spool, tp, usage["prompt_tokens"], usage["completion_tokens"], semconv.OP_GENERATIVE_SCORING)
 
 
 def test_route_error_without_engine_is_one_error_span(server, receiver, spool):
     tp = Traceparent()
-    response = post(server, "/inference/v1/generate", {"model": "nope", "token_ids": [1, 2],
-                                                       "sampling_params": {"max_tokens": 2}}, tp)
+    response = post(
+        server,
+        "/inference/v1/generate",
+        {"model": "nope", "token_ids": [1, 2], "sampling_params": {"max_tokens": 2}},
+        tp,
+    )
     assert response.status_code == 404, response.text
     spans = receiver.wait_for(lambda rx: genai_spans(rx.traces().get(tp.trace_id, [])) or None, 30)
     time.sleep(0.5)
@@ -252,8 +290,9 @@ def test_route_error_without_engine_is_one_error_span(server, receiver, spool):
     assert spans and usage_records(spool, tp.trace_id, timeout=1) == []
 
 
-@pytest.mark.parametrize("body,status", [({"model": MODEL_NAME}, 400),
-                                         ({"model": "nope", "messages": MESSAGES, "max_tokens": 4}, 404)])
+@pytest.mark.parametrize(
+    "body,status", [({"model": MODEL_NAME}, 400), ({"model": "nope", "messages": MESSAGES, "max_tokens": 4}, 404)]
+)
 def test_anthropic_messages_errors_get_an_error_span(server, receiver, body, status):
     tp = Traceparent()
     response = post(server, "/v1/messages", body, tp)
@@ -280,16 +319,20 @@ def test_anthropic_messages_is_one_chat_span(server, receiver, spool):
 # --- pooling endpoints (the cross-encoder) ------------------------------------------------------
 
 
-@pytest.mark.parametrize("path,operation,body,engine_requests", [
-    ("/classify", semconv.OP_CLASSIFY, {"input": ["hello there", "bye"]}, 2),
-    ("/score", semconv.OP_SCORE, {"text_1": "hello there", "text_2": ["bye", "how are you"]}, 2),
-    ("/v1/score", semconv.OP_SCORE, {"queries": "hello there", "documents": ["bye", "how are you", "hi"]}, 3),
-    ("/rerank", semconv.OP_RERANK, {"query": "hello there", "documents": ["bye", "how are you"]}, 2),
-    ("/v1/rerank", semconv.OP_RERANK, {"query": "hello there", "documents": ["bye", "how are you"]}, 2),
-    ("/pooling", semconv.OP_POOLING, {"input": "hello there"}, 1),
-])
-def test_pooling_endpoint_is_one_span_with_its_prompt_tokens(scorer, receiver, spool, path, operation, body,
-                                                              engine_requests):
+@pytest.mark.parametrize(
+    "path,operation,body,engine_requests",
+    [
+        ("/classify", semconv.OP_CLASSIFY, {"input": ["hello there", "bye"]}, 2),
+        ("/score", semconv.OP_SCORE, {"text_1": "hello there", "text_2": ["bye", "how are you"]}, 2),
+        ("/v1/score", semconv.OP_SCORE, {"queries": "hello there", "documents": ["bye", "how are you", "hi"]}, 3),
+        ("/rerank", semconv.OP_RERANK, {"query": "hello there", "documents": ["bye", "how are you"]}, 2),
+        ("/v1/rerank", semconv.OP_RERANK, {"query": "hello there", "documents": ["bye", "how are you"]}, 2),
+        ("/pooling", semconv.OP_POOLING, {"input": "hello there"}, 1),
+    ],
+)
+def test_pooling_endpoint_is_one_span_with_its_prompt_tokens(
+    scorer, receiver, spool, path, operation, body, engine_requests
+):
     tp = Traceparent()
     response = post(scorer, path, {"model": MODEL_NAME, **body}, tp)
     assert response.status_code == 200, response.text
@@ -302,8 +345,9 @@ def test_pooling_endpoint_is_one_span_with_its_prompt_tokens(scorer, receiver, s
     assert semconv.GEN_AI_USAGE_OUTPUT_TOKENS not in attrs
     assert semconv.GEN_AI_RESPONSE_FINISH_REASONS not in attrs
     assert attrs.get(semconv.VLLM_ENGINE_REQUESTS, 1) == engine_requests
-    assert sorted(k.name for k in children(spans, genai)) == \
-        sorted([semconv.SPAN_QUEUE, semconv.SPAN_PREFILL] * engine_requests)
+    assert sorted(k.name for k in children(spans, genai)) == sorted(
+        [semconv.SPAN_QUEUE, semconv.SPAN_PREFILL] * engine_requests
+    )
     assert_billed_once(spool, tp, usage["prompt_tokens"], 0, operation)
 
 
@@ -324,8 +368,12 @@ def test_pooling_endpoint_error_is_one_error_span(scorer, receiver):
 
 def test_prefill_leg_is_traced_but_never_billed(server, receiver, spool):
     tp = Traceparent()
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 1,
-            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+    }
     response = post(server, "/v1/chat/completions", body, tp)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
@@ -338,9 +386,13 @@ def test_prefill_leg_is_traced_but_never_billed(server, receiver, spool):
 
 def test_decode_leg_is_billed_once_with_the_prefill_nodes_cache_hits(server, receiver, spool):
     tp = Traceparent()
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4, "ignore_eos": True,
-            "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False,
-                                   "remote_prefill_cached_tokens": 5}}
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False, "remote_prefill_cached_tokens": 5},
+    }
     response = post(server, "/v1/chat/completions", body, tp)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
@@ -352,8 +404,11 @@ def test_decode_leg_is_billed_once_with_the_prefill_nodes_cache_hits(server, rec
     assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 5  # the P side's hits, not the transfer
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
     # queueing and the wait for the KV cache are one interval in vLLM's events: named for both
-    assert [k.name for k in children(spans, genai)] == [semconv.SPAN_KV_TRANSFER_WAIT, semconv.SPAN_PREFILL,
-                                                       semconv.SPAN_DECODE]
+    assert [k.name for k in children(spans, genai)] == [
+        semconv.SPAN_KV_TRANSFER_WAIT,
+        semconv.SPAN_PREFILL,
+        semconv.SPAN_DECODE,
+    ]
     (record,) = usage_records(spool, tp.trace_id)
     assert record[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 5
     assert record[semconv.VLLM_EXTERNAL_CACHED_TOKENS] == 5
@@ -363,13 +418,22 @@ def test_decode_leg_is_billed_once_with_the_prefill_nodes_cache_hits(server, rec
 # --- metrics: one logical request counted once ----------------------------------------------------
 
 
-@pytest.mark.parametrize("which,path,body", [
-    ("server", "/v1/chat/completions/batch",
-     {"messages": [MESSAGES, [{"role": "user", "content": "bye"}]], "max_tokens": 3, "ignore_eos": True}),
-    ("server", "/v1/completions", {"prompt": "hello there", "max_tokens": 3, "n": 2, "use_beam_search": True,
-                                   "ignore_eos": True}),
-    ("scorer", "/rerank", {"query": "hello there", "documents": ["bye", "how are you", "hi"]}),
-])
+@pytest.mark.parametrize(
+    "which,path,body",
+    [
+        (
+            "server",
+            "/v1/chat/completions/batch",
+            {"messages": [MESSAGES, [{"role": "user", "content": "bye"}]], "max_tokens": 3, "ignore_eos": True},
+        ),
+        (
+            "server",
+            "/v1/completions",
+            {"prompt": "hello there", "max_tokens": 3, "n": 2, "use_beam_search": True, "ignore_eos": True},
+        ),
+        ("scorer", "/rerank", {"query": "hello there", "documents": ["bye", "how are you", "hi"]}),
+    ],
+)
 def test_metrics_count_the_logical_request_once(request, receiver, which, path, body):
     srv = request.getfixturevalue(which)
     tenant = f"metrics-{path.strip('/').replace('/', '-')}"

@@ -37,7 +37,7 @@ STREAM = sse(
 def test_usage_found_whatever_the_chunking(gateway, size):
     scanner = gateway.UsageScanner()
     for i in range(0, len(STREAM), size):
-        scanner.feed(STREAM[i:i + size])
+        scanner.feed(STREAM[i : i + size])
     assert scanner.usage == USAGE and scanner.model == "m"
     assert len(scanner.tail) < len(STREAM)  # only the unfinished line is kept
 
@@ -57,8 +57,9 @@ def test_authenticate(gateway):
 
 
 def test_hash_key_helper_and_example_keys_file():
-    out = subprocess.run([sys.executable, str(GATEWAY_PY), "hash-key", "sk-demo-acme"], capture_output=True,
-                         text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, str(GATEWAY_PY), "hash-key", "sk-demo-acme"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == hashlib.sha256(b"sk-demo-acme").hexdigest()
     example = json.loads((GATEWAY_PY.parent / "keys.example.json").read_text())
     assert {e["sha256"]: e["tenant"] for e in example["keys"]}[out] == "acme"

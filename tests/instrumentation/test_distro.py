@@ -1,4 +1,4 @@
-"""How otel-llm is found and configured at start-up (otel_llm/distro.py, entry points): the vLLM
+"""How otel-llm is found and configured at start-up (otel_llm/sdk/distro.py, entry points): the vLLM
 server's model and port read from its command line, resource defaults that never override the
 user, our entry point names, and the dependency check opentelemetry-instrument runs."""
 
@@ -7,7 +7,7 @@ import importlib.metadata as md
 import pytest
 
 from otel_llm import semconv
-from otel_llm.distro import apply_vllm_resource_defaults, vllm_server_args
+from otel_llm.sdk.distro import apply_vllm_resource_defaults, vllm_server_args
 
 
 @pytest.mark.parametrize(

@@ -9,22 +9,28 @@ from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 
-from otel_llm import histogram_batch, semconv
+from otel_llm import semconv
+from otel_llm.sdk import histogram_batch
 
 ATTRS = {semconv.GEN_AI_OPERATION_NAME: "chat", semconv.SERVER_PORT: 8000}
 
 
 def points(reader):
-    return [(p.count, p.sum, tuple(getattr(p, "bucket_counts", ())), p.min, p.max, dict(p.attributes))
-            for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
-            for m in sm.metrics for p in m.data.data_points]
+    return [
+        (p.count, p.sum, tuple(getattr(p, "bucket_counts", ())), p.min, p.max, dict(p.attributes))
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    ]
 
 
 def run(merged: bool, temporality, views=(), seed=7):
     rng = random.Random(seed)
     reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality})
-    histogram = semconv.create_instrument(MeterProvider(metric_readers=[reader], views=list(views)).get_meter("t"),
-                                          semconv.CLIENT_TIME_PER_OUTPUT_CHUNK)
+    histogram = semconv.create_instrument(
+        MeterProvider(metric_readers=[reader], views=list(views)).get_meter("t"), semconv.CLIENT_TIME_PER_OUTPUT_CHUNK
+    )
     collected = []
     for batch in range(6):
         values = [rng.expovariate(20) for _ in range(rng.choice((1, 2, 50, 300)))]
@@ -53,10 +59,14 @@ def test_merged_points_equal_per_value_points(temporality):
     assert run(True, temporality) == expected
 
 
-@pytest.mark.parametrize("view", [
-    View(instrument_name=semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, attribute_keys={semconv.GEN_AI_OPERATION_NAME}),
-    View(instrument_name=semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, aggregation=ExponentialBucketHistogramAggregation()),
-], ids=["attribute filter", "exponential histogram"])
+@pytest.mark.parametrize(
+    "view",
+    [
+        View(instrument_name=semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, attribute_keys={semconv.GEN_AI_OPERATION_NAME}),
+        View(instrument_name=semconv.CLIENT_TIME_PER_OUTPUT_CHUNK, aggregation=ExponentialBucketHistogramAggregation()),
+    ],
+    ids=["attribute filter", "exponential histogram"],
+)
 def test_views_it_cannot_merge_into_get_every_value_recorded(view):
     assert run(True, AggregationTemporality.CUMULATIVE, [view]) == run(False, AggregationTemporality.CUMULATIVE, [view])
 

@@ -7,17 +7,24 @@ import json
 
 import pytest
 
-from otel_llm import ledger, report, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger, report
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 HOUR = 3600
 
 
 def record(key, api_key, user, end, input_tokens, output, model="m"):
-    rec = {semconv.USAGE_ID: key, semconv.TENANT_ID: "acme", semconv.GEN_AI_REQUEST_MODEL: model,
-           semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-           semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
-           semconv.USAGE_TIME: int(end * 1e9)}
+    rec = {
+        semconv.USAGE_ID: key,
+        semconv.TENANT_ID: "acme",
+        semconv.GEN_AI_REQUEST_MODEL: model,
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
+        semconv.USAGE_TIME: int(end * 1e9),
+    }
     if api_key:
         rec[semconv.API_KEY_ID] = api_key
     if user:
@@ -41,8 +48,10 @@ def spool_dir(write_spool):
 
 
 def tokens(rows):
-    return {k: (r.tokens[semconv.TOKEN_TYPE_INPUT], r.tokens[semconv.TOKEN_TYPE_OUTPUT], r.requests)
-            for k, r in rows.items()}
+    return {
+        k: (r.tokens[semconv.TOKEN_TYPE_INPUT], r.tokens[semconv.TOKEN_TYPE_OUTPUT], r.requests)
+        for k, r in rows.items()
+    }
 
 
 def test_keys_users_and_hours_are_told_apart(spool_dir):
@@ -83,13 +92,17 @@ def test_top_ranks_by_tokens_or_by_cost_and_sums_the_rest(spool_dir, tmp_path):
     assert code == 0, err
     data = json.loads(out)
     assert [(r["user"], r["tokens"]["input"] + r["tokens"]["output"], r["requests"]) for r in data["rows"]] == [
-        ("alice", 440, 2), ("bob", 22, 1), ("(2 others)", 12, 2)]
+        ("alice", 440, 2),
+        ("bob", 22, 1),
+        ("(2 others)", 12, 2),
+    ]
     assert data["total"]["tokens"] == {"input": 426, "cached_input": 0, "output": 48}  # all rows still
     # by cost: output of model m is priced so high that bob's 2 output tokens outweigh alice's big-model ones
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"models": {"m": {"input": 0, "output": 1000}, "big": {"input": 0, "output": 1}}}))
-    code, out, err = run(*window, "--by", "api_key,model", "--top", "1", "--rank", "cost", "--prices", str(prices),
-                         "--format", "csv")
+    code, out, err = run(
+        *window, "--by", "api_key,model", "--top", "1", "--rank", "cost", "--prices", str(prices), "--format", "csv"
+    )
     assert code == 0, err
     lines = out.strip().splitlines()
     assert lines[0].startswith("api_key,model,input,cached_input,output,cost")
@@ -101,12 +114,15 @@ def test_top_ranks_by_tokens_or_by_cost_and_sums_the_rest(spool_dir, tmp_path):
     assert [line.split()[0] for line in out.splitlines()[2:4]] == ["batch", "(2"]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (("--top", "0"), "--top 0: give a number of rows"),
-    (("--top", "3", "--rank", "cost"), "--rank cost needs --prices or --costs"),
-    (("--by", "api_key", "--prometheus", "http://127.0.0.1:9"), "--by api_key needs --ledger"),
-    (("--by", "hour", "--prometheus", "http://127.0.0.1:9"), "--by hour needs --ledger"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (("--top", "0"), "--top 0: give a number of rows"),
+        (("--top", "3", "--rank", "cost"), "--rank cost needs --prices or --costs"),
+        (("--by", "api_key", "--prometheus", "http://127.0.0.1:9"), "--by api_key needs --ledger"),
+        (("--by", "hour", "--prometheus", "http://127.0.0.1:9"), "--by hour needs --ledger"),
+    ],
+)
 def test_bad_top_and_by_are_one_line_errors(spool_dir, argv, message):
     ledger_args = () if "--prometheus" in argv else ("--ledger", str(spool_dir))
     code, out, err = run(*ledger_args, "--range", "1h", *argv)

@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from otel_llm import costs, ledger, reconcile, report, semconv
-from otel_llm.report import ReportError
+from otel_llm import semconv
+from otel_llm.billing import costs, ledger, reconcile, report
+from otel_llm.billing.report import ReportError
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 WINDOW = (T0, T0 + 3600)  # the report window
@@ -27,52 +28,84 @@ def ns(t: float) -> int:
 
 def api(rid, tenant, end, inp, out, cached=0, engine_ids=(), n=None, instance=A):
     """An API server's record (schema 2 when it lists engine ids, else schema 1)."""
-    rec = {semconv.USAGE_ID: f"{instance}/{rid}", semconv.SERVICE_INSTANCE_ID: instance,
-           semconv.GEN_AI_REQUEST_MODEL: "tiny", semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
-           semconv.GEN_AI_USAGE_INPUT_TOKENS: inp, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
-           semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out, semconv.USAGE_TIME: ns(end)}
+    rec = {
+        semconv.USAGE_ID: f"{instance}/{rid}",
+        semconv.SERVICE_INSTANCE_ID: instance,
+        semconv.GEN_AI_REQUEST_MODEL: "tiny",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: inp,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out,
+        semconv.USAGE_TIME: ns(end),
+    }
     if tenant:
         rec[semconv.TENANT_ID] = tenant
     if n:
         rec[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = n
     if engine_ids:
-        rec.update({semconv.USAGE_SCHEMA_VERSION: 2, semconv.USAGE_KIND: semconv.USAGE_KIND_REQUEST,
-                    semconv.USAGE_ENGINE_REQUEST_IDS: list(engine_ids)})
+        rec.update(
+            {
+                semconv.USAGE_SCHEMA_VERSION: 2,
+                semconv.USAGE_KIND: semconv.USAGE_KIND_REQUEST,
+                semconv.USAGE_ENGINE_REQUEST_IDS: list(engine_ids),
+            }
+        )
     return rec
 
 
 def engine(eid, end, compute_s, prefill_s, kv_block_s, billed=True, tenant=None, inp=0, out=0, instance=A):
     """The engine core's record of one engine request."""
-    rec = {semconv.USAGE_ID: f"{instance}/engine0/{eid}", semconv.USAGE_SCHEMA_VERSION: 2,
-           semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE, semconv.SERVICE_NAME: "vllm",
-           semconv.SERVICE_INSTANCE_ID: instance, semconv.VLLM_ENGINE_INSTANCE: f"{instance}/engine0",
-           semconv.VLLM_ENGINE_REQUEST_ID: eid, semconv.USAGE_FRONTEND_BILLED: billed,
-           semconv.GEN_AI_REQUEST_MODEL: "tiny", semconv.GEN_AI_USAGE_INPUT_TOKENS: inp,
-           semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out,
-           semconv.REQUEST_OUTCOME: semconv.OUTCOME_FINISHED, semconv.COST_COMPUTE_NS: ns(compute_s),
-           semconv.COST_PREFILL_COMPUTE_NS: ns(prefill_s), semconv.COST_SCHEDULED_TOKENS: inp + out,
-           semconv.COST_KV_BLOCK_NS: ns(kv_block_s), semconv.COST_KV_HIT_BLOCK_NS: 0,
-           semconv.COST_PREEMPTED_NS: 0, semconv.VLLM_PREEMPTIONS: 0, semconv.USAGE_TIME: ns(end)}
+    rec = {
+        semconv.USAGE_ID: f"{instance}/engine0/{eid}",
+        semconv.USAGE_SCHEMA_VERSION: 2,
+        semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE,
+        semconv.SERVICE_NAME: "vllm",
+        semconv.SERVICE_INSTANCE_ID: instance,
+        semconv.VLLM_ENGINE_INSTANCE: f"{instance}/engine0",
+        semconv.VLLM_ENGINE_REQUEST_ID: eid,
+        semconv.USAGE_FRONTEND_BILLED: billed,
+        semconv.GEN_AI_REQUEST_MODEL: "tiny",
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: inp,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: out,
+        semconv.REQUEST_OUTCOME: semconv.OUTCOME_FINISHED,
+        semconv.COST_COMPUTE_NS: ns(compute_s),
+        semconv.COST_PREFILL_COMPUTE_NS: ns(prefill_s),
+        semconv.COST_SCHEDULED_TOKENS: inp + out,
+        semconv.COST_KV_BLOCK_NS: ns(kv_block_s),
+        semconv.COST_KV_HIT_BLOCK_NS: 0,
+        semconv.COST_PREEMPTED_NS: 0,
+        semconv.VLLM_PREEMPTIONS: 0,
+        semconv.USAGE_TIME: ns(end),
+    }
     if tenant:
         rec[semconv.TENANT_ID] = tenant
     return rec
 
 
 def window(instance, start, end, busy_s, model="tiny", capacity=1000):
-    return {semconv.USAGE_ID: f"{instance}/engine0/window/{ns(end)}", semconv.USAGE_SCHEMA_VERSION: 2,
-            semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE_WINDOW, semconv.SERVICE_NAME: "vllm",
-            semconv.SERVICE_INSTANCE_ID: instance, semconv.VLLM_ENGINE_INSTANCE: f"{instance}/engine0",
-            semconv.GEN_AI_REQUEST_MODEL: model, semconv.ENGINE_WINDOW_START: ns(start),
-            semconv.USAGE_TIME: ns(end), semconv.ENGINE_BUSY_NS: ns(busy_s),
-            semconv.ENGINE_IDLE_NS: ns(end - start) - ns(busy_s), semconv.ENGINE_KV_CAPACITY_BLOCKS: capacity,
-            semconv.ENGINE_KV_BLOCK_SIZE: 16, semconv.ENGINE_KV_BLOCK_NS: 0}
+    return {
+        semconv.USAGE_ID: f"{instance}/engine0/window/{ns(end)}",
+        semconv.USAGE_SCHEMA_VERSION: 2,
+        semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE_WINDOW,
+        semconv.SERVICE_NAME: "vllm",
+        semconv.SERVICE_INSTANCE_ID: instance,
+        semconv.VLLM_ENGINE_INSTANCE: f"{instance}/engine0",
+        semconv.GEN_AI_REQUEST_MODEL: model,
+        semconv.ENGINE_WINDOW_START: ns(start),
+        semconv.USAGE_TIME: ns(end),
+        semconv.ENGINE_BUSY_NS: ns(busy_s),
+        semconv.ENGINE_IDLE_NS: ns(end - start) - ns(busy_s),
+        semconv.ENGINE_KV_CAPACITY_BLOCKS: capacity,
+        semconv.ENGINE_KV_BLOCK_SIZE: 16,
+        semconv.ENGINE_KV_BLOCK_NS: 0,
+    }
 
 
 def windows(instance, busy_first, model="tiny"):
     """Ten-minute windows, an hour of them ending inside the report window (the first at its start);
     the first was busy for busy_first seconds."""
-    return [window(instance, T0 + 600 * (k - 1), T0 + 600 * k, busy_first if k == 0 else 0, model)
-            for k in range(6)]
+    return [window(instance, T0 + 600 * (k - 1), T0 + 600 * k, busy_first if k == 0 else 0, model) for k in range(6)]
 
 
 N2 = ("0_cmpl-b-22222222", "1_cmpl-b-22222222")
@@ -107,9 +140,15 @@ RECORDS = [
 ]
 # read twice (a re-shipped spool): the first API record, an engine record of n = 2, a window
 DUPLICATES = [RECORDS[0], RECORDS[3], RECORDS[-3]]
-KEY = {"acme": f"{A}/cmpl-a-11111111", "beta": f"{A}/cmpl-b-22222222", "gamma": f"{ENGINE_A}/cmpl-g-33333333",
-       "orphan": f"{ENGINE_A}/cmpl-o-44444444", "epsilon": f"{A}/cmpl-e-55555555", "eta": f"{A}/cmpl-h-66666666",
-       "zeta": f"{B}/cmpl-z-99999999"}
+KEY = {
+    "acme": f"{A}/cmpl-a-11111111",
+    "beta": f"{A}/cmpl-b-22222222",
+    "gamma": f"{ENGINE_A}/cmpl-g-33333333",
+    "orphan": f"{ENGINE_A}/cmpl-o-44444444",
+    "epsilon": f"{A}/cmpl-e-55555555",
+    "eta": f"{A}/cmpl-h-66666666",
+    "zeta": f"{B}/cmpl-z-99999999",
+}
 
 
 def write_spool(directory, records):
@@ -130,9 +169,12 @@ def otel_logs_ledger(tmp_path, records):
 
 # --- the join: every bill once ------------------------------------------------------------------
 
+
 def usage(source, by=("tenant",)):
-    return {k: (r.tokens, r.requests, r.compute_ns, r.prefill_compute_ns, r.kv_block_ns, r.orphans)
-            for k, r in source.usage(*WINDOW, list(by)).items()}
+    return {
+        k: (r.tokens, r.requests, r.compute_ns, r.prefill_compute_ns, r.kv_block_ns, r.orphans)
+        for k, r in source.usage(*WINDOW, list(by)).items()
+    }
 
 
 EXPECTED_BILLS = {  # tokens, requests, compute_ns, prefill_compute_ns, kv_block_ns, orphans
@@ -174,13 +216,21 @@ def test_engine_records_leave_the_token_report_as_it_was(tmp_path):
     """API-server records alone, then with their engine records (joined, one of them twice) and the
     engines' windows: the report without --costs prints the same bytes, in every format."""
     api_only = [r for r in RECORDS if r.get(semconv.USAGE_KIND) in (None, semconv.USAGE_KIND_REQUEST)]
-    joined = [r for r in RECORDS if r.get(semconv.USAGE_KIND) == semconv.USAGE_KIND_ENGINE
-              and r[semconv.USAGE_FRONTEND_BILLED] and r[semconv.VLLM_ENGINE_REQUEST_ID] != "cmpl-o-44444444"]
+    joined = [
+        r
+        for r in RECORDS
+        if r.get(semconv.USAGE_KIND) == semconv.USAGE_KIND_ENGINE
+        and r[semconv.USAGE_FRONTEND_BILLED]
+        and r[semconv.VLLM_ENGINE_REQUEST_ID] != "cmpl-o-44444444"
+    ]
     windows_only = [r for r in RECORDS if r.get(semconv.USAGE_KIND) == semconv.USAGE_KIND_ENGINE_WINDOW]
     before = write_spool(tmp_path / "before", api_only)
     after = write_spool(tmp_path / "after", api_only + joined + windows_only + joined[:1])
-    for argv in (["--by", "tenant,model,day", "--format", "json"], ["--by", "instance,operation", "--format", "csv"],
-                 ["--by", "tenant"]):
+    for argv in (
+        ["--by", "tenant,model,day", "--format", "json"],
+        ["--by", "instance,operation", "--format", "csv"],
+        ["--by", "tenant"],
+    ):
         assert run_report(before, *argv) == run_report(after, *argv)
 
 
@@ -197,12 +247,17 @@ def test_the_otel_logs_table_gives_the_same_bills(spool, tmp_path):
 
 # --- costs ----------------------------------------------------------------------------------------
 
+
 def run_report(where, *argv, now=T0 + 7200):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
     out, err = io.StringIO(), io.StringIO()
-    code = report.run(parser.parse_args(["--ledger", where, "--start", str(WINDOW[0]), "--end", str(WINDOW[1]),
-                                         *argv]), now=now, out=out, err=err)
+    code = report.run(
+        parser.parse_args(["--ledger", where, "--start", str(WINDOW[0]), "--end", str(WINDOW[1]), *argv]),
+        now=now,
+        out=out,
+        err=err,
+    )
     return code, out.getvalue(), err.getvalue()
 
 
@@ -214,7 +269,7 @@ def cost_report(where, tmp_path, cost_file, *argv, by="tenant"):
     return json.loads(out), err
 
 
-RATES = "usd_per_hour: 3.6\ninstances:\n  \"host:8001\": {gpu: H100, gpus: 2, usd_per_gpu_hour: 3.5}\n"
+RATES = 'usd_per_hour: 3.6\ninstances:\n  "host:8001": {gpu: H100, gpus: 2, usd_per_gpu_hour: 3.5}\n'
 # the report window holds one hour of windows per instance: instance cost = its hourly rate
 INSTANCE_COST = {ENGINE_A: 3.6, ENGINE_B: 7.0}
 
@@ -226,13 +281,21 @@ def costs_by_tenant(result):
 def test_compute_share_by_hand(spool, tmp_path):
     result, err = cost_report(spool, tmp_path, RATES, by="tenant,engine_instance")
     # host:8000 costs 3.6 per hour = 0.001 per second of its wall time; host:8001 7.0 (2 GPUs x 3.5)
-    assert costs_by_tenant(result) == pytest.approx({
-        ("acme", ENGINE_A): 0.012, ("beta", ENGINE_A): 0.012, ("gamma", ENGINE_A): 0.003, ("-", ENGINE_A): 0.003,
-        ("epsilon", "-"): 0.0, ("eta", "-"): 0.0,
-        ("zeta", ENGINE_B): 7.0 * 36 / 3600,
-        ("idle", ENGINE_A): 3.6 - 0.030,  # includes the late request's 2 s: billed in the next window
-        ("idle", ENGINE_B): 7.0 - 0.07,
-    }, rel=1e-12, abs=0)
+    assert costs_by_tenant(result) == pytest.approx(
+        {
+            ("acme", ENGINE_A): 0.012,
+            ("beta", ENGINE_A): 0.012,
+            ("gamma", ENGINE_A): 0.003,
+            ("-", ENGINE_A): 0.003,
+            ("epsilon", "-"): 0.0,
+            ("eta", "-"): 0.0,
+            ("zeta", ENGINE_B): 7.0 * 36 / 3600,
+            ("idle", ENGINE_A): 3.6 - 0.030,  # includes the late request's 2 s: billed in the next window
+            ("idle", ENGINE_B): 7.0 - 0.07,
+        },
+        rel=1e-12,
+        abs=0,
+    )
     acme = next(r for r in result["rows"] if r["tenant"] == "acme")
     assert acme["compute_seconds"] == 12.0 and acme["kv_block_seconds"] == 6000.0 and acme["requests"] == 1
     # prefill 3 of 12 s: 0.003 for 100 input tokens, 0.009 for 50 output tokens
@@ -249,13 +312,23 @@ def test_compute_share_by_hand(spool, tmp_path):
     assert result["currency"] == "USD"
 
 
-@pytest.mark.parametrize("allocate,expected", [
-    ("compute", {"acme": 0.012, "beta": 0.012, "gamma": 0.003, "-": 0.003}),
-    # kv: block-seconds over 1000 blocks x 3600 s
-    ("kv", {"acme": 0.006, "beta": 0.003, "gamma": 0.0006, "-": 0.0009}),
-    ("{compute: 0.7, kv: 0.3}", {"acme": 0.7 * 0.012 + 0.3 * 0.006, "beta": 0.7 * 0.012 + 0.3 * 0.003,
-                                 "gamma": 0.7 * 0.003 + 0.3 * 0.0006, "-": 0.7 * 0.003 + 0.3 * 0.0009}),
-])
+@pytest.mark.parametrize(
+    "allocate,expected",
+    [
+        ("compute", {"acme": 0.012, "beta": 0.012, "gamma": 0.003, "-": 0.003}),
+        # kv: block-seconds over 1000 blocks x 3600 s
+        ("kv", {"acme": 0.006, "beta": 0.003, "gamma": 0.0006, "-": 0.0009}),
+        (
+            "{compute: 0.7, kv: 0.3}",
+            {
+                "acme": 0.7 * 0.012 + 0.3 * 0.006,
+                "beta": 0.7 * 0.012 + 0.3 * 0.003,
+                "gamma": 0.7 * 0.003 + 0.3 * 0.0006,
+                "-": 0.7 * 0.003 + 0.3 * 0.0009,
+            },
+        ),
+    ],
+)
 def test_allocations_and_idle_add_up_to_the_instance_hours(spool, tmp_path, allocate, expected):
     result, _ = cost_report(spool, tmp_path, f"usd_per_hour: 3.6\nallocate: {allocate}\n", by="engine_instance,tenant")
     got = {r["tenant"]: r["cost"] for r in result["rows"] if r["engine_instance"] == ENGINE_A}
@@ -269,9 +342,19 @@ def test_spread_shares_the_whole_instance_cost(spool, tmp_path):
     result, _ = cost_report(spool, tmp_path, RATES + "idle: spread\n", by="tenant,engine_instance")
     got = costs_by_tenant(result)
     # compute weights 12 : 12 : 3 : 3 share host:8000's 3.6; zeta alone pays host:8001's 7.0
-    assert got == pytest.approx({("acme", ENGINE_A): 1.44, ("beta", ENGINE_A): 1.44, ("gamma", ENGINE_A): 0.36,
-                                 ("-", ENGINE_A): 0.36, ("epsilon", "-"): 0.0, ("eta", "-"): 0.0,
-                                 ("zeta", ENGINE_B): 7.0}, rel=1e-12, abs=0)
+    assert got == pytest.approx(
+        {
+            ("acme", ENGINE_A): 1.44,
+            ("beta", ENGINE_A): 1.44,
+            ("gamma", ENGINE_A): 0.36,
+            ("-", ENGINE_A): 0.36,
+            ("epsilon", "-"): 0.0,
+            ("eta", "-"): 0.0,
+            ("zeta", ENGINE_B): 7.0,
+        },
+        rel=1e-12,
+        abs=0,
+    )
     assert sum(v for (_, i), v in got.items() if i == ENGINE_A) == pytest.approx(3.6, rel=1e-12)
 
 
@@ -300,7 +383,10 @@ def test_csv_and_table_carry_the_json_keys(spool, tmp_path):
     assert list(table[0]) == ["tenant", "input", "cached_input", "output", *report.COST_COLUMNS]
     acme = next(r for r in table if r["tenant"] == "acme")
     assert (acme["compute_seconds"], acme["cost"], acme["cost_per_million_input"]) == (
-        "12.000000000", "0.012000", "30.000000")
+        "12.000000000",
+        "0.012000",
+        "30.000000",
+    )
     assert table[-1]["tenant"] == "TOTAL" and table[-1]["cost"] == "7.200000"
     _, out, _ = run_report(spool, "--costs", str(path), "--by", "tenant")
     assert out.startswith("token usage 2026-12-02T00:00:00Z .. 2026-12-02T01:00:00Z (costs in USD)\n")
@@ -329,24 +415,27 @@ def test_the_smallest_cost_file(tmp_path):
     assert costs.load(path) == costs.Costs("USD", 3.5, {"compute": 1.0, "kv": 0.0}, "row", {}, {})
 
 
-@pytest.mark.parametrize("content,message", [
-    ("- 3.5\n", "expected a mapping"),
-    ("usd_per_hr: 3.5\n", "unknown key.* usd_per_hr"),
-    ("usd_per_hour: -1\n", "usd_per_hour must be a number >= 0, got -1"),
-    ("usd_per_hour: cheap\n", "usd_per_hour must be a number >= 0"),
-    ("idle: row\n", "no rate: set usd_per_hour"),
-    ("usd_per_hour: 1\nallocate: gpu\n", "allocate must be compute, kv or weights"),
-    ("usd_per_hour: 1\nallocate: {compute: 0.5, kv: 0.4}\n", "must add up to 1"),
-    ("usd_per_hour: 1\nallocate: {compute: 0.5, memory: 0.5}\n", "allocate must be compute, kv or weights"),
-    ("usd_per_hour: 1\nidle: never\n", "idle must be row or spread"),
-    ("instances: {a: 3}\n", "instances 'a': expected"),
-    ("instances: {a: {usd_per_hour: 1, gpus: 2, usd_per_gpu_hour: 1}}\n", "not both"),
-    ("instances: {a: {gpus: 0, usd_per_gpu_hour: 1}}\n", "gpus must be a whole number >= 1"),
-    ("instances: {a: {gpus: 8}}\n", "usd_per_gpu_hour must be a number >= 0, got None"),
-    ("models: [tiny]\n", "models must map names to rates"),
-    ("usd_per_hour: 1\ncurrency: 3\n", "currency must be a name"),
-    ("usd_per_hour: [1\n", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("- 3.5\n", "expected a mapping"),
+        ("usd_per_hr: 3.5\n", "unknown key.* usd_per_hr"),
+        ("usd_per_hour: -1\n", "usd_per_hour must be a number >= 0, got -1"),
+        ("usd_per_hour: cheap\n", "usd_per_hour must be a number >= 0"),
+        ("idle: row\n", "no rate: set usd_per_hour"),
+        ("usd_per_hour: 1\nallocate: gpu\n", "allocate must be compute, kv or weights"),
+        ("usd_per_hour: 1\nallocate: {compute: 0.5, kv: 0.4}\n", "must add up to 1"),
+        ("usd_per_hour: 1\nallocate: {compute: 0.5, memory: 0.5}\n", "allocate must be compute, kv or weights"),
+        ("usd_per_hour: 1\nidle: never\n", "idle must be row or spread"),
+        ("instances: {a: 3}\n", "instances 'a': expected"),
+        ("instances: {a: {usd_per_hour: 1, gpus: 2, usd_per_gpu_hour: 1}}\n", "not both"),
+        ("instances: {a: {gpus: 0, usd_per_gpu_hour: 1}}\n", "gpus must be a whole number >= 1"),
+        ("instances: {a: {gpus: 8}}\n", "usd_per_gpu_hour must be a number >= 0, got None"),
+        ("models: [tiny]\n", "models must map names to rates"),
+        ("usd_per_hour: 1\ncurrency: 3\n", "currency must be a name"),
+        ("usd_per_hour: [1\n", "is not valid YAML"),
+    ],
+)
 def test_malformed_cost_files(tmp_path, content, message):
     path = tmp_path / "costs.yaml"
     path.write_text(content)
@@ -359,8 +448,9 @@ def test_cost_errors_on_the_command_line(spool, tmp_path):
     path.write_text('instances: {"host:8000": {usd_per_hour: 1}}\n')
     code, out, err = run_report(spool, "--costs", str(path))
     assert code == 2 and out == ""
-    assert err.splitlines()[-1].startswith("otel-llm report: no rate for engine instance host:8001/engine0 "
-                                           "(service.instance.id host:8001, model tiny)")
+    assert err.splitlines()[-1].startswith(
+        "otel-llm report: no rate for engine instance host:8001/engine0 (service.instance.id host:8001, model tiny)"
+    )
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"currency": "EUR", "models": {"*": {"input": 1, "output": 1}}}))
     path.write_text("usd_per_hour: 1\n")
@@ -374,16 +464,31 @@ def test_cost_errors_on_the_command_line(spool, tmp_path):
 
 # --- reconcile: engine compute vs window busy time --------------------------------------------------
 
+
 def test_reconcile_checks_engine_compute_against_busy_time(tmp_path):
     # host:8000's engine wrote one more window (idle), after its last request: every record is covered
     closing = window(A, T0 + 3000, T0 + 3599.9995, 0)
     spool = write_spool(tmp_path / "spool", RECORDS + DUPLICATES + [closing])
     rows = reconcile.engine_check(ledger.open_ledger(spool), *WINDOW)
     assert rows == [
-        {"engine_instance": ENGINE_A, "engine_records": 5, "compute_s": 20.0, "busy_s": 20.5, "difference_s": -0.5,
-         "state": "ok", "note": ""},
-        {"engine_instance": ENGINE_B, "engine_records": 1, "compute_s": 36.0, "busy_s": 36.2,
-         "difference_s": pytest.approx(-0.2, abs=1e-9), "state": "ok", "note": ""},
+        {
+            "engine_instance": ENGINE_A,
+            "engine_records": 5,
+            "compute_s": 20.0,
+            "busy_s": 20.5,
+            "difference_s": -0.5,
+            "state": "ok",
+            "note": "",
+        },
+        {
+            "engine_instance": ENGINE_B,
+            "engine_records": 1,
+            "compute_s": 36.0,
+            "busy_s": 36.2,
+            "difference_s": pytest.approx(-0.2, abs=1e-9),
+            "state": "ok",
+            "note": "",
+        },
     ]
     text = reconcile.render([], ["instance", "model"], "table", *WINDOW, rows)
     assert "engine records' compute vs engine_window busy time" in text
@@ -392,13 +497,14 @@ def test_reconcile_checks_engine_compute_against_busy_time(tmp_path):
     extra = [window(B, T0 + 3000, T0 + 3001, 0.0)]
     extra[0][semconv.ENGINE_BUSY_NS] = 2 * S
     lost = engine("cmpl-q", T0 + 10, 5, 1, 1, instance="host:9000")
-    rows = reconcile.engine_check(ledger.open_ledger(write_spool(tmp_path / "bad", RECORDS + extra + [lost])),
-                                  *WINDOW)
+    rows = reconcile.engine_check(ledger.open_ledger(write_spool(tmp_path / "bad", RECORDS + extra + [lost])), *WINDOW)
     # without the closing window, host:8000's last request waits for its engine's next window; host:9000
     # has written none yet (a running engine writes one when it is next busy after a window's time)
     assert [(r["engine_instance"], r["state"], r["note"]) for r in rows] == [
-        (ENGINE_A, "MISMATCH", "1 engine records after the last window, not compared"), (ENGINE_B, "MISMATCH", ""),
-        ("host:9000/engine0", "pending", "no engine_window record yet (1 engine records wait for one)")]
+        (ENGINE_A, "MISMATCH", "1 engine records after the last window, not compared"),
+        (ENGINE_B, "MISMATCH", ""),
+        ("host:9000/engine0", "pending", "no engine_window record yet (1 engine records wait for one)"),
+    ]
     assert json.loads(reconcile.render([], ["model"], "json", *WINDOW, rows))["engines"][1]["difference_s"] == -2.2
 
 

@@ -4,17 +4,25 @@ collector's ClickHouse table, counts the bills alone, whether or not a progress 
 
 import json
 
-from otel_llm import ledger, semconv, usage
+from otel_llm import semconv, usage
+from otel_llm.billing import ledger
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 DAY = 86400
 
 
 def record(key, end, output, tenant="acme", kind=None, input_tokens=10, cached=4):
-    rec = {semconv.USAGE_ID: key, semconv.TENANT_ID: tenant, semconv.GEN_AI_REQUEST_MODEL: "m",
-           semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.SERVICE_INSTANCE_ID: "host:8000",
-           semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
-           semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output, semconv.USAGE_TIME: int(end * 1e9)}
+    rec = {
+        semconv.USAGE_ID: key,
+        semconv.TENANT_ID: tenant,
+        semconv.GEN_AI_REQUEST_MODEL: "m",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.SERVICE_INSTANCE_ID: "host:8000",
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
+        semconv.USAGE_TIME: int(end * 1e9),
+    }
     if kind is not None:
         rec[semconv.USAGE_KIND] = kind
     return rec
@@ -46,16 +54,20 @@ def answers(book: ledger.Ledger) -> dict:
     return {
         "usage": {k: (r.tokens, r.requests) for k, r in usage_rows.items()},
         "records": sorted((r["key"], int(r["output"])) for r in book.records(T0, T0 + DAY)),
-        "reconcile": {k: (int(v["output"]), int(v["requests"]))
-                      for k, v in book.reconcile_totals(T0, T0 + DAY, ["tenant"]).items()},
+        "reconcile": {
+            k: (int(v["output"]), int(v["requests"]))
+            for k, v in book.reconcile_totals(T0, T0 + DAY, ["tenant"]).items()
+        },
         "engines": book.engine_check(T0, T0 + DAY),
         "windows": book.windows(T0, T0 + DAY, ["engine_instance"]),
     }
 
 
 EXPECTED = {
-    "usage": {("acme",): ({"input": 10, "cached_input": 4, "output": 100}, 1),
-              ("beta",): ({"input": 10, "cached_input": 4, "output": 5}, 1)},
+    "usage": {
+        ("acme",): ({"input": 10, "cached_input": 4, "output": 100}, 1),
+        ("beta",): ({"input": 10, "cached_input": 4, "output": 5}, 1),
+    },
     "records": [("host:8000/a", 100), ("host:8000/b", 5)],
     "reconcile": {("acme",): (100, 1), ("beta",): (5, 1)},
     "engines": [],

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from otel_llm import ledger, report, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger, report
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 HOUR = 3600
@@ -20,10 +21,17 @@ def record(key, tenant, session, end, input_tokens, cached, output, **details):
     """details: report column (cache_write_input, ..., draft_tokens) -> count."""
     fields = {column: field for field, column in DETAIL.items()}
     fields.update(draft_tokens=semconv.VLLM_SPEC_DRAFT_TOKENS, accepted_tokens=semconv.VLLM_SPEC_ACCEPTED_TOKENS)
-    rec = {semconv.USAGE_ID: key, semconv.TENANT_ID: tenant, semconv.GEN_AI_REQUEST_MODEL: "m",
-           semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-           semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
-           semconv.USAGE_TIME: int(end * 1e9), **{fields[c]: n for c, n in details.items()}}
+    rec = {
+        semconv.USAGE_ID: key,
+        semconv.TENANT_ID: tenant,
+        semconv.GEN_AI_REQUEST_MODEL: "m",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
+        semconv.USAGE_TIME: int(end * 1e9),
+        **{fields[c]: n for c, n in details.items()},
+    }
     if session:
         rec[semconv.GEN_AI_CONVERSATION_ID] = session
     return rec
@@ -85,7 +93,9 @@ def test_the_otel_logs_table_gives_the_same_answer(spool_dir, tmp_path):
     assert sums(table.usage(*WHOLE, ["session"])) == BY_SESSION
     assert sums(table.usage(*WHOLE, ["tenant", "session"])) == BY_TENANT_SESSION
     assert sums(table.usage(T0 + HOUR, T0 + 2 * HOUR, ["session"])) == {
-        ("conv-a",): (tokens(50, 20, 10, reasoning_output=4), 1), ("conv-b",): (tokens(7, 0, 2), 1)}
+        ("conv-a",): (tokens(50, 20, 10, reasoning_output=4), 1),
+        ("conv-b",): (tokens(7, 0, 2), 1),
+    }
 
 
 def run(*argv):
@@ -101,8 +111,16 @@ def window(spool_dir, start, end):
     return ("--ledger", str(spool_dir), "--start", str(start), "--end", str(end))
 
 
-ALL_COLUMNS = ["input", "cached_input", "output", "cache_write_input", "external_cached_input", "reasoning_output",
-               "draft_tokens", "accepted_tokens"]
+ALL_COLUMNS = [
+    "input",
+    "cached_input",
+    "output",
+    "cache_write_input",
+    "external_cached_input",
+    "reasoning_output",
+    "draft_tokens",
+    "accepted_tokens",
+]
 
 
 def test_breakdown_columns_in_json_csv_and_table(spool_dir):
@@ -111,16 +129,19 @@ def test_breakdown_columns_in_json_csv_and_table(spool_dir):
     for k, (counts, _) in BY_TENANT_SESSION.items():
         full[k].update(counts)
     assert {(r["tenant"], r["session"]): (r["tokens"], r["requests"]) for r in data["rows"]} == {
-        k: (full[k], requests) for k, (_, requests) in BY_TENANT_SESSION.items()}
+        k: (full[k], requests) for k, (_, requests) in BY_TENANT_SESSION.items()
+    }
     assert [list(r["tokens"]) for r in data["rows"]] == [ALL_COLUMNS] * len(BY_TENANT_SESSION)
     assert data["total"]["tokens"] == dict(zip(ALL_COLUMNS, [173, 60, 39, 30, 10, 9, 12, 9]))
 
     lines = run(*window(spool_dir, *WHOLE), "--by", "session", "--format", "csv").strip().splitlines()
-    assert lines == ["session," + ",".join(ALL_COLUMNS),
-                     "-,4,0,4,0,0,0,0,0",
-                     "conv-a,150,60,30,30,10,9,0,0",
-                     "conv-b,19,0,5,0,0,0,12,9",
-                     "TOTAL,173,60,39,30,10,9,12,9"]
+    assert lines == [
+        "session," + ",".join(ALL_COLUMNS),
+        "-,4,0,4,0,0,0,0,0",
+        "conv-a,150,60,30,30,10,9,0,0",
+        "conv-b,19,0,5,0,0,0,12,9",
+        "TOTAL,173,60,39,30,10,9,12,9",
+    ]
 
     table = run(*window(spool_dir, *WHOLE), "--by", "session").splitlines()
     assert table[1].split() == ["session", *ALL_COLUMNS]
@@ -132,21 +153,35 @@ def test_a_breakdown_shows_only_when_a_bill_in_the_window_has_it(spool_dir):
     hour1 = window(spool_dir, T0 + HOUR, T0 + 2 * HOUR)
     data = json.loads(run(*hour1, "--by", "session", "--format", "json"))
     assert [(r["session"], r["tokens"]) for r in data["rows"]] == [
-        ("conv-a", tokens(50, 20, 10, reasoning_output=4)), ("conv-b", tokens(7, 0, 2, reasoning_output=0))]
+        ("conv-a", tokens(50, 20, 10, reasoning_output=4)),
+        ("conv-b", tokens(7, 0, 2, reasoning_output=0)),
+    ]
     assert data["total"]["tokens"] == tokens(57, 20, 12, reasoning_output=4)
     assert run(*hour1, "--by", "session", "--format", "csv").strip().splitlines()[0] == (
-        "session,input,cached_input,output,reasoning_output")
+        "session,input,cached_input,output,reasoning_output"
+    )
     assert run(*hour1, "--by", "session").splitlines()[1].split() == [
-        "session", "input", "cached_input", "output", "reasoning_output"]
+        "session",
+        "input",
+        "cached_input",
+        "output",
+        "reasoning_output",
+    ]
 
     # hour 2: none, so the report is what it was before breakdowns existed
     hour2 = window(spool_dir, T0 + 2 * HOUR, T0 + 3 * HOUR)
     data = json.loads(run(*hour2, "--by", "session", "--format", "json"))
     assert [(r["session"], r["tokens"], r["requests"]) for r in data["rows"]] == [
-        ("-", tokens(4, 0, 4), 2), ("conv-b", tokens(2, 0, 2), 1)]
+        ("-", tokens(4, 0, 4), 2),
+        ("conv-b", tokens(2, 0, 2), 1),
+    ]
     assert data["total"]["tokens"] == tokens(6, 0, 6)
     assert run(*hour2, "--by", "session", "--format", "csv").strip().splitlines() == [
-        "session,input,cached_input,output", "-,4,0,4", "conv-b,2,0,2", "TOTAL,6,0,6"]
+        "session,input,cached_input,output",
+        "-,4,0,4",
+        "conv-b,2,0,2",
+        "TOTAL,6,0,6",
+    ]
     assert run(*hour2, "--by", "session").splitlines()[1].split() == ["session", "input", "cached_input", "output"]
 
 
@@ -160,29 +195,45 @@ def test_session_needs_the_ledger():
 
 
 def engine_record(key, engine_id, end, external):
-    return {semconv.USAGE_ID: key, semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE,
-            semconv.VLLM_ENGINE_REQUEST_ID: engine_id, semconv.USAGE_FRONTEND_BILLED: True,
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: 300, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 256,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2, semconv.USAGE_TIME: int(end * 1e9),
-            **({semconv.VLLM_EXTERNAL_CACHED_TOKENS: external} if external else {})}
+    return {
+        semconv.USAGE_ID: key,
+        semconv.USAGE_KIND: semconv.USAGE_KIND_ENGINE,
+        semconv.VLLM_ENGINE_REQUEST_ID: engine_id,
+        semconv.USAGE_FRONTEND_BILLED: True,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 300,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 256,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
+        semconv.USAGE_TIME: int(end * 1e9),
+        **({semconv.VLLM_EXTERNAL_CACHED_TOKENS: external} if external else {}),
+    }
 
 
 def test_the_connectors_part_of_a_hit_comes_from_the_engine_where_the_bill_missed_it(write_spool):
     """A bill's external_cached_input is its API server's figure; where that record missed the engine's
     figures (they came after the final output), the engine records' sum; a P/D decode leg's stays its
     frontend's (the prefill node's hits, not the whole prompt its connector loaded)."""
+
     def bill(key, engine_id, external=0, pd_role=None):
-        rec = record(key, "acme", None, T0 + 5, 300, 256, 2, **({"external_cached_input": external}
-                                                                 if external else {}))
+        rec = record(
+            key, "acme", None, T0 + 5, 300, 256, 2, **({"external_cached_input": external} if external else {})
+        )
         rec[semconv.USAGE_ENGINE_REQUEST_IDS] = [engine_id]
         if pd_role:
             rec[semconv.VLLM_PD_ROLE] = pd_role
         return rec
 
-    spool = write_spool([bill("missed", "e1"), engine_record("eng/e1", "e1", T0 + 6, 256),
-                         bill("told", "e2", 256), engine_record("eng/e2", "e2", T0 + 6, 256),
-                         bill("local", "e3"), engine_record("eng/e3", "e3", T0 + 6, 0),
-                         bill("decode", "e4", 40, semconv.PD_ROLE_DECODE), engine_record("eng/e4", "e4", T0 + 6, 300)])
+    spool = write_spool(
+        [
+            bill("missed", "e1"),
+            engine_record("eng/e1", "e1", T0 + 6, 256),
+            bill("told", "e2", 256),
+            engine_record("eng/e2", "e2", T0 + 6, 256),
+            bill("local", "e3"),
+            engine_record("eng/e3", "e3", T0 + 6, 0),
+            bill("decode", "e4", 40, semconv.PD_ROLE_DECODE),
+            engine_record("eng/e4", "e4", T0 + 6, 300),
+        ]
+    )
     rows = ledger.open_ledger(str(spool)).usage(*WHOLE, ["day"])
     (row,) = rows.values()
     assert row.requests == 4

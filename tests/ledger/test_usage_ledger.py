@@ -12,18 +12,26 @@ import time
 
 import pytest
 
-from otel_llm import billing_export, ledger, reconcile, semconv, usage
-from otel_llm.report import ReportError
+from otel_llm import semconv, usage
+from otel_llm.billing import exports, ledger, reconcile
+from otel_llm.billing.report import ReportError
 
 DAY = 86400
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 
 
 def record(key, tenant="acme", end=T0 + 100.0, input_tokens=10, cached=4, output=5, **extra):
-    return {semconv.USAGE_ID: key, semconv.TENANT_ID: tenant, semconv.GEN_AI_REQUEST_MODEL: "m",
-            semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
-            semconv.USAGE_TIME: int(end * 1e9), **extra}
+    return {
+        semconv.USAGE_ID: key,
+        semconv.TENANT_ID: tenant,
+        semconv.GEN_AI_REQUEST_MODEL: "m",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output,
+        semconv.USAGE_TIME: int(end * 1e9),
+        **extra,
+    }
 
 
 def line(rec) -> bytes:
@@ -35,6 +43,7 @@ def files(directory):
 
 
 # --- spool ------------------------------------------------------------------------------------
+
 
 def test_spool_appends_whole_lines_to_a_file_of_this_process(tmp_path):
     spool = usage.Spool(str(tmp_path), fsync_interval_s=0)
@@ -140,13 +149,20 @@ def test_the_ledger_counts_dropped_records_by_reason(tmp_path, memory_otel):
     blocker.write_text("")
     writer = usage.UsageLedger(meter, directory=str(blocker / "x"), events=False, instance="h:1", service="vllm")
     writer.write(record("a"), T0 * 10**9, None)
-    points = [p for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
-              for m in sm.metrics if m.name == semconv.USAGE_RECORDS_DROPPED for p in m.data.data_points]
+    points = [
+        p
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == semconv.USAGE_RECORDS_DROPPED
+        for p in m.data.data_points
+    ]
     assert [(p.value, dict(p.attributes)) for p in points] == [(1, {semconv.ERROR_TYPE: semconv.DROP_OPEN})]
     assert writer.key("req-1") == "h:1/req-1"
 
 
 # --- reading ------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def spool_dir(tmp_path):
@@ -183,12 +199,15 @@ def test_the_otel_logs_table_gives_the_same_answer(spool_dir, tmp_path):
         assert got == {k: (r.tokens, r.requests) for k, r in spool.usage(T0, T0 + 2 * DAY, by).items()}
 
 
-@pytest.mark.parametrize("where,message", [
-    ("/no/such/dir", "no such directory"),
-    ("postgres://db/x", "use a spool directory"),
-    ("clickhouse:///otel", "expected clickhouse://HOST:PORT/DATABASE"),
-    ("clickhouse://127.0.0.1:9/otel?table=x;drop", "table must be a plain"),
-])
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("/no/such/dir", "no such directory"),
+        ("postgres://db/x", "use a spool directory"),
+        ("clickhouse:///otel", "expected clickhouse://HOST:PORT/DATABASE"),
+        ("clickhouse://127.0.0.1:9/otel?table=x;drop", "table must be a plain"),
+    ],
+)
 def test_bad_ledger_locations_are_clear_errors(where, message):
     with pytest.raises(ReportError, match=message):
         ledger.open_ledger(where)
@@ -211,42 +230,49 @@ def test_an_unreachable_clickhouse_is_one_line():
 
 # --- export and reconcile helpers ----------------------------------------------------------------------
 
+
 def test_stripe_identifiers_stay_within_stripes_limit_and_are_stable():
-    short = billing_export.stripe_identifier("host:8000/chatcmpl-1", "output")
+    short = exports.stripe_identifier("host:8000/chatcmpl-1", "output")
     assert short == "host:8000/chatcmpl-1:output"
     long_key = "a-very-long-host-name-" * 5 + ":8000/chatcmpl-0123456789abcdef-01234567"
-    ident = billing_export.stripe_identifier(long_key, "output")
-    assert len(ident) <= billing_export.STRIPE_IDENTIFIER_MAX
-    assert ident == billing_export.stripe_identifier(long_key, "output")
-    assert ident != billing_export.stripe_identifier(long_key, "input")
+    ident = exports.stripe_identifier(long_key, "output")
+    assert len(ident) <= exports.STRIPE_IDENTIFIER_MAX
+    assert ident == exports.stripe_identifier(long_key, "output")
+    assert ident != exports.stripe_identifier(long_key, "input")
 
 
 def test_tenants_without_a_customer_are_left_out_and_named(spool_dir):
     records = ledger.open_ledger(str(spool_dir)).records(T0, T0 + 2 * DAY)
-    text, missing = billing_export.render(records, "lago", {"acme": "sub_acme"})
+    text, missing = exports.render(records, "lago", {"acme": "sub_acme"})
     events = [json.loads(x)["event"] for x in text.splitlines()]
     assert {e["external_subscription_id"] for e in events} == {"sub_acme"}
     assert {e["transaction_id"] for e in events} == {"a", "b"}
     assert missing == {"beta", "-"}
     assert events[0]["properties"]["uncached_input_tokens"] == 6
-    stripe, _ = billing_export.render(records, "stripe", {"acme": "cus_acme"})
-    meters = {(e["identifier"].rsplit(":", 1)[0], e["event_name"]): int(e["payload"]["value"])
-              for e in map(json.loads, stripe.splitlines())}
+    stripe, _ = exports.render(records, "stripe", {"acme": "cus_acme"})
+    meters = {
+        (e["identifier"].rsplit(":", 1)[0], e["event_name"]): int(e["payload"]["value"])
+        for e in map(json.loads, stripe.splitlines())
+    }
     first = events[0]["properties"]
-    assert meters[("a", "llm_uncached_input_tokens")] == first["uncached_input_tokens"] == \
-        meters[("a", "llm_input_tokens")] - meters.get(("a", "llm_cached_input_tokens"), 0)
+    assert (
+        meters[("a", "llm_uncached_input_tokens")]
+        == first["uncached_input_tokens"]
+        == meters[("a", "llm_input_tokens")] - meters.get(("a", "llm_cached_input_tokens"), 0)
+    )
 
 
 def test_customer_files_are_checked(tmp_path):
     bad = tmp_path / "customers.json"
     bad.write_text('{"customers": {"acme": 3}}')
     with pytest.raises(ReportError, match="expected"):
-        billing_export.load_customers(str(bad))
+        exports.load_customers(str(bad))
 
 
 def test_reconcile_matches_instances_by_name_then_by_unique_port():
-    mapping = reconcile._match_instances({"vm:8000", "vm:8001", "a:9000", "b:9000"},
-                                         {"vm:8000", "127.0.0.1:8001", "10.0.0.1:9000", "10.0.0.2:9000"})
+    mapping = reconcile._match_instances(
+        {"vm:8000", "vm:8001", "a:9000", "b:9000"}, {"vm:8000", "127.0.0.1:8001", "10.0.0.1:9000", "10.0.0.2:9000"}
+    )
     assert mapping == {"vm:8000": "vm:8000", "vm:8001": "127.0.0.1:8001"}
 
 
@@ -254,12 +280,13 @@ def test_the_report_says_how_many_torn_lines_it_skipped(spool_dir):
     import argparse
     import io
 
-    from otel_llm import report
+    from otel_llm.billing import report
 
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
-    args = parser.parse_args(["--ledger", str(spool_dir), "--start", str(T0), "--end", str(T0 + DAY),
-                              "--by", "tenant", "--format", "json"])
+    args = parser.parse_args(
+        ["--ledger", str(spool_dir), "--start", str(T0), "--end", str(T0 + DAY), "--by", "tenant", "--format", "json"]
+    )
     out, err = io.StringIO(), io.StringIO()
     assert report.run(args, now=T0 + 2 * DAY, out=out, err=err) == 0
     assert "warning: 1 unreadable line(s)" in err.getvalue()
@@ -268,8 +295,9 @@ def test_the_report_says_how_many_torn_lines_it_skipped(spool_dir):
 
 def test_rotated_files_are_synced_and_closed_by_the_fsync_thread_not_the_request(tmp_path, monkeypatch):
     real_fsync, synced_in = os.fsync, []
-    monkeypatch.setattr(usage.os, "fsync", lambda fd: (synced_in.append(threading.current_thread().name),
-                                                       real_fsync(fd)))
+    monkeypatch.setattr(
+        usage.os, "fsync", lambda fd: (synced_in.append(threading.current_thread().name), real_fsync(fd))
+    )
     fds_before = len(os.listdir("/proc/self/fd"))
     spool = usage.Spool(str(tmp_path), max_bytes=200, fsync_interval_s=0.02)
     for i in range(12):
@@ -289,11 +317,12 @@ def test_budgets_and_prices_read_the_ledger_too(spool_dir, tmp_path):
     import argparse
     import io
 
-    from otel_llm import report
+    from otel_llm.billing import report
 
     budgets = tmp_path / "budgets.json"
-    budgets.write_text(json.dumps({"budgets": [{"tenant": "acme", "tokens_per_day": 16},
-                                               {"tenant": "beta", "tokens_per_day": 10}]}))
+    budgets.write_text(
+        json.dumps({"budgets": [{"tenant": "acme", "tokens_per_day": 16}, {"tenant": "beta", "tokens_per_day": 10}]})
+    )
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"models": {"*": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}}))
     parser = argparse.ArgumentParser()
@@ -301,14 +330,20 @@ def test_budgets_and_prices_read_the_ledger_too(spool_dir, tmp_path):
 
     def run(*argv):
         out, err = io.StringIO(), io.StringIO()
-        code = report.run(parser.parse_args(["--ledger", str(spool_dir), "--format", "json", *argv]),
-                          now=T0 + 2 * DAY, out=out, err=err)
+        code = report.run(
+            parser.parse_args(["--ledger", str(spool_dir), "--format", "json", *argv]),
+            now=T0 + 2 * DAY,
+            out=out,
+            err=err,
+        )
         return code, json.loads(out.getvalue())
 
     code, view = run("--budgets", str(budgets), "--start", str(T0), "--end", str(T0 + DAY))
     assert code == 1  # one budget is over; each tenant used 10 input + 5 output tokens that day
-    assert [(b["tenant"], b["used"], b["state"]) for b in view["budgets"]] == [("acme", 15, "near"),
-                                                                             ("beta", 15, "over")]
+    assert [(b["tenant"], b["used"], b["state"]) for b in view["budgets"]] == [
+        ("acme", 15, "near"),
+        ("beta", 15, "over"),
+    ]
     code, priced = run("--prices", str(prices), "--start", str(T0), "--end", str(T0 + 2 * DAY), "--by", "tenant")
     assert code == 0
     acme = next(r for r in priced["rows"] if r["tenant"] == "acme")

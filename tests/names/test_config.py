@@ -11,7 +11,9 @@ from otel_llm import config
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", re.M)
 OURS = {v for k, v in vars(config).items() if k.startswith("ENV_") and v.startswith("OTEL_LLM_")} | {
-    config.ENV_CAPTURE_CONTENT, config.ENV_SEMCONV_OPT_IN}
+    config.ENV_CAPTURE_CONTENT,
+    config.ENV_SEMCONV_OPT_IN,
+}
 
 
 def documented_default(field) -> str:
@@ -43,8 +45,11 @@ def test_readme_defaults_are_the_config_defaults():
     rows = {}
     for name, default in ROW.findall(README):
         rows.setdefault(name, default.strip())
-    wrong = {name: (rows.get(name), documented_default(field)) for name, field in env_fields()
-             if rows.get(name) != documented_default(field)}
+    wrong = {
+        name: (rows.get(name), documented_default(field))
+        for name, field in env_fields()
+        if rows.get(name) != documented_default(field)
+    }
     assert wrong == {}
 
 

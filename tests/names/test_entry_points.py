@@ -40,8 +40,9 @@ import otel_llm
 from otel_llm import warn
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = [otel_llm] + [importlib.import_module(info.name)
-                        for info in pkgutil.walk_packages(otel_llm.__path__, "otel_llm.")]
+MODULES = [otel_llm] + [
+    importlib.import_module(info.name) for info in pkgutil.walk_packages(otel_llm.__path__, "otel_llm.")
+]
 
 AT_START = "called once at start by opentelemetry-instrument, which logs a failure and runs on without it"
 # bases whose methods no request reaches
@@ -50,14 +51,15 @@ NOT_ON_A_REQUEST = {
     BaseDistro: AT_START,
     _BaseConfigurator: AT_START,
     wrapt.ObjectProxy: "a transparent proxy (otel_llm/openai/streams.py): its methods raise what the wrapped object "
-                       "raises; our work in them is `end` and `_chunk`, each inside a try",
+    "raises; our work in them is `end` and `_chunk`, each inside a try",
     BaseException: "an exception type",
 }
 # methods a base declares that no request reaches
 METHODS_NOT_ON_A_REQUEST = {
-    "otel_llm.prometheus.VLLMSharedPrometheusReader.__init__":
-        "made at start by the SDK's configurator (" + AT_START + "); a reader guarded into existence half made "
-        "would fail every /metrics scrape instead",
+    "otel_llm.sdk.prometheus.VLLMSharedPrometheusReader.__init__": "made at start by the SDK's configurator ("
+    + AT_START
+    + "); a reader guarded into existence half made "
+    "would fail every /metrics scrape instead"
 }
 # hooks and callbacks that are not marked yet, in files of another change (remove each once marked)
 PENDING: dict[str, str] = {}
@@ -71,8 +73,11 @@ def marked(fn) -> bool:
 
 
 def foreign_bases(cls) -> list[type]:
-    return [b for b in cls.__mro__[1:]
-            if b.__module__.partition(".")[0] != "otel_llm" and b.__module__ not in ("builtins", "abc")]
+    return [
+        b
+        for b in cls.__mro__[1:]
+        if b.__module__.partition(".")[0] != "otel_llm" and b.__module__ not in ("builtins", "abc")
+    ]
 
 
 def entry_classes(modules) -> list[type]:
@@ -80,22 +85,34 @@ def entry_classes(modules) -> list[type]:
     found = []
     for module in modules:
         for value in vars(module).values():
-            if inspect.isclass(value) and value.__module__ == module.__name__ and foreign_bases(value) \
-                    and not any(issubclass(value, base) for base in NOT_ON_A_REQUEST):
+            if (
+                inspect.isclass(value)
+                and value.__module__ == module.__name__
+                and foreign_bases(value)
+                and not any(issubclass(value, base) for base in NOT_ON_A_REQUEST)
+            ):
                 found.append(value)
     return found
 
 
 def unguarded_methods(cls) -> list[str]:
     """The methods of `cls` another library calls (its bases declare them; its properties) that are not marked."""
-    declared = {name for base in foreign_bases(cls) for name, value in vars(base).items()
-                if callable(value) or isinstance(value, (property, staticmethod, classmethod))}
+    declared = {
+        name
+        for base in foreign_bases(cls)
+        for name, value in vars(base).items()
+        if callable(value) or isinstance(value, (property, staticmethod, classmethod))
+    }
     missing = []
     for name, value in vars(cls).items():
         fn = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
         qualified = f"{cls.__module__}.{cls.__qualname__}.{name}"
-        if inspect.isfunction(fn) and (name in declared or isinstance(value, property)) \
-                and not marked(fn) and qualified not in METHODS_NOT_ON_A_REQUEST:
+        if (
+            inspect.isfunction(fn)
+            and (name in declared or isinstance(value, property))
+            and not marked(fn)
+            and qualified not in METHODS_NOT_ON_A_REQUEST
+        ):
             missing.append(qualified)
     return missing
 
@@ -104,8 +121,11 @@ def mark_problem(fn) -> str | None:
     """Why the mark on `fn` does not guard it, or None."""
     if fn.entry == warn.ENTRY_WRAPPER:
         inner = fn.wrapped
-        if inspect.isgeneratorfunction(inner) or inspect.iscoroutinefunction(inner) \
-                or inspect.isasyncgenfunction(inner):
+        if (
+            inspect.isgeneratorfunction(inner)
+            or inspect.iscoroutinefunction(inner)
+            or inspect.isasyncgenfunction(inner)
+        ):
             return "a wrapper cannot guard a generator or a coroutine (it returns before their code runs)"
         return None
     target = inspect.unwrap(fn)
@@ -118,9 +138,13 @@ def mark_problem(fn) -> str | None:
         return "its first statement is not a try"
     if len(body) > 1 and not inspect.isgeneratorfunction(target):
         return "code after its try is not guarded"
-    calls = [node for handler in guard.handlers if isinstance(handler.type, ast.Name)
-             and handler.type.id == "Exception" for node in ast.walk(handler)
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "failed"]
+    calls = [
+        node
+        for handler in guard.handlers
+        if isinstance(handler.type, ast.Name) and handler.type.id == "Exception"
+        for node in ast.walk(handler)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "failed"
+    ]
     if not calls:
         return "its try has no `except Exception:` handler that calls failed()"
     if any(isinstance(c.args[0], ast.Constant) and c.args[0].value != fn.what for c in calls if c.args):
@@ -150,8 +174,9 @@ def registrations(module, source: str) -> list[tuple[str, str, ast.expr, ast.AST
                     if keyword.arg and (keyword.arg.endswith("_hook") or keyword.arg == "callbacks"):
                         found.append(("request", f"{keyword.arg}= of {name}", keyword.value, function, cls))
                 if name in REQUEST_PATH_CALLS and len(child.args) > REQUEST_PATH_CALLS[name]:
-                    found.append(("request", f"callbacks of {name}", child.args[REQUEST_PATH_CALLS[name]],
-                                  function, cls))
+                    found.append(
+                        ("request", f"callbacks of {name}", child.args[REQUEST_PATH_CALLS[name]], function, cls)
+                    )
                 if name in ONCE_PER_PROCESS:
                     found.append(("once", name, child, function, cls))
             visit(child, function, cls)
@@ -227,8 +252,12 @@ def unguarded_callbacks(module, source: str, checked_classes) -> list[str]:
             objects, unknown = resolve(expr, module, function, cls)
             problems += [f"{where}: {name}" for name in unknown]
             for obj in objects:
-                if not inspect.isclass(obj) and not inspect.isfunction(obj) and not inspect.ismethod(obj) \
-                        and type(obj).__module__.partition(".")[0] == "otel_llm":
+                if (
+                    not inspect.isclass(obj)
+                    and not inspect.isfunction(obj)
+                    and not inspect.ismethod(obj)
+                    and type(obj).__module__.partition(".")[0] == "otel_llm"
+                ):
                     obj = type(obj)  # an instance of ours (a logging filter): its class's methods are checked
                 if inspect.isclass(obj):
                     if obj not in checked_classes:
@@ -250,9 +279,13 @@ CLASSES = entry_classes(MODULES)
 def test_the_classes_other_libraries_call_are_found():
     names = {f"{c.__module__}.{c.__qualname__}" for c in CLASSES}
     # (a sanity check of the search, not the list it checks: that is every class found)
-    assert {"otel_llm.vllm.offload.DeferredSpan", "otel_llm.vllm.offload.DeferredTracer",
-            "otel_llm.vllm.offload.DeferredTracerProvider", "otel_llm.vllm.http._AccessLogQueryFilter",
-            "otel_llm.vllm.stat_logger.KeepRequestStats"} <= names, names
+    assert {
+        "otel_llm.vllm.export.channel.DeferredSpan",
+        "otel_llm.vllm.export.channel.DeferredTracer",
+        "otel_llm.vllm.export.channel.DeferredTracerProvider",
+        "otel_llm.vllm.http._AccessLogQueryFilter",
+        "otel_llm.vllm.stat_logger.KeepRequestStats",
+    } <= names, names
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: f"{c.__module__}.{c.__qualname__}")
@@ -268,8 +301,7 @@ def test_every_hook_and_callback_is_guarded():
 
 
 def test_once_per_process_registrations_are_the_known_kinds():
-    kinds = {what for module in MODULES for kind, what, *_ in registrations(module, _source(module))
-             if kind == "once"}
+    kinds = {what for module in MODULES for kind, what, *_ in registrations(module, _source(module)) if kind == "once"}
     assert kinds <= ONCE_PER_PROCESS
     assert "register_at_fork" in kinds  # the search sees them
 
@@ -285,7 +317,8 @@ def test_every_mark_guards_its_function(name, fn):
 
 def _injector():
     spec = importlib.util.spec_from_file_location(
-        "fault_injector", ROOT / "tests" / "e2e" / "reliability" / "fault_injector.py")
+        "fault_injector", ROOT / "tests" / "e2e" / "reliability" / "fault_injector.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -337,7 +370,8 @@ def test_a_wrapped_entry_answers_its_fallback_and_counts_once_warned():
     assert calls == [1, 2]
     assert warn.failures()["test_entry_points.flaky"] == before + 2
     assert [r.getMessage() for r in records] == [
-        "otel-llm: test_entry_points.flaky failed; the request is served, its telemetry may be incomplete"]
+        "otel-llm: test_entry_points.flaky failed; the request is served, its telemetry may be incomplete"
+    ]
     assert records[0].exc_info[0] is ValueError
     assert flaky.__name__ == "flaky" and flaky.what == "test_entry_points.flaky" and marked(flaky)
 
@@ -381,7 +415,7 @@ def test_an_unguarded_method_fails_the_check():
 
 
 def test_an_unguarded_hook_fails_the_check():
-    source = textwrap.dedent('''
+    source = textwrap.dedent("""
         def _hook(span, scope):
             pass
 
@@ -392,7 +426,7 @@ def test_an_unguarded_hook_fails_the_check():
             hook = _hook if redact else None
             instrumentor.instrument_app(app, server_request_hook=hook, client_request_hook=lambda s, c: None)
             semconv.create_instrument(meter, "x", [_observe])
-    ''')
+    """)
     module = types.ModuleType("otel_llm_fake")
     exec(compile(source, "otel_llm_fake.py", "exec"), module.__dict__)  # noqa: S102
     assert unguarded_callbacks(module, source, []) == [

@@ -12,9 +12,25 @@ from pathlib import Path
 import otel_llm
 
 PACKAGE = Path(otel_llm.__file__).parent
-OPERATOR_TOOLS = {"otel_llm." + m for m in (
-    "cli", "doctor", "report", "budgets", "budget_tracker", "budget_server", "prices", "price_rules", "promql",
-    "rules", "dashboards", "ledger", "reconcile", "billing_export")}
+OPERATOR_TOOLS = {
+    "otel_llm." + m
+    for m in (
+        "cli",
+        "cli.doctor",
+        "billing.report",
+        "ops.budgets",
+        "ops.budget_tracker",
+        "ops.budget_server",
+        "billing.prices",
+        "ops.price_rules",
+        "billing.promql",
+        "ops.rules",
+        "ops.dashboards",
+        "billing.ledger",
+        "billing.reconcile",
+        "billing.exports",
+    )
+}
 
 
 def module_name(path: Path) -> str:
@@ -67,7 +83,7 @@ def test_names_import_nothing_of_ours():
 
 
 def test_the_instrumentation_imports_no_operator_tool():
-    roots = {m for m in GRAPH if m.startswith(("otel_llm.vllm", "otel_llm.openai"))} | {"otel_llm.distro"}
+    roots = {m for m in GRAPH if m.startswith(("otel_llm.vllm", "otel_llm.openai"))} | {"otel_llm.sdk.distro"}
     assert closure(roots) & OPERATOR_TOOLS == set()
 
 
@@ -86,5 +102,7 @@ def test_the_package_never_imports_scaffolding():
 def test_the_reading_finds_relative_and_nested_imports():
     """A made-up module of the vLLM layer importing an operator tool and vLLM (the checks above would
     report both)."""
-    found = imports_of(PACKAGE / "vllm" / "x.py", "from ..report import Prometheus\ndef f():\n    import vllm.v1\n")
-    assert {"otel_llm.report", "otel_llm.report.Prometheus", "vllm.v1"} <= found
+    found = imports_of(
+        PACKAGE / "vllm" / "x.py", "from ..billing.report import Prometheus\ndef f():\n    import vllm.v1\n"
+    )
+    assert {"otel_llm.billing.report", "otel_llm.billing.report.Prometheus", "vllm.v1"} <= found

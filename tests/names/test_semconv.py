@@ -17,9 +17,12 @@ from otel_llm import semconv
 PACKAGE = Path(semconv.__file__).parent
 # modules that put names on telemetry (spans, metric points, usage records, resources)
 EMITTERS = {
-    semconv.VLLM: ["vllm", "content.py"], semconv.CLIENT: ["openai", "content.py"], semconv.USAGE: ["usage.py", "vllm"],
-    semconv.RESOURCE: ["distro.py"], semconv.METRIC: ["vllm", "openai", "usage.py", "content.py"],
-    semconv.BUDGETS: ["budgets.py", "budget_tracker.py"],
+    semconv.VLLM: ["vllm", "content.py"],
+    semconv.CLIENT: ["openai", "content.py"],
+    semconv.USAGE: ["usage.py", "vllm"],
+    semconv.RESOURCE: ["sdk/distro.py"],
+    semconv.METRIC: ["vllm", "openai", "usage.py", "content.py"],
+    semconv.BUDGETS: ["ops/budgets.py", "ops/budget_tracker.py"],
 }
 OURS = ("vllm.", "tenant.", "otel_llm.")
 
@@ -48,11 +51,19 @@ def test_convention_names_are_the_semantic_conventions_packages():
 
 def test_our_own_names_are_visibly_ours():
     """Under gen_ai.* / openai.* only what the conventions define (or the opt-in post-v1.41 names)."""
-    attributes = [a.name for a in semconv.ATTRIBUTES.values() if not a.convention
-                  and a.name not in semconv.GENAI_LATEST_NAMES and not a.name.startswith(OURS)
-                  and a.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.METRIC}]
-    metrics = [m.name for m in semconv.METRICS.values() if not m.convention
-               and m.name not in semconv.GENAI_LATEST_METRICS and not m.name.startswith(OURS)]
+    attributes = [
+        a.name
+        for a in semconv.ATTRIBUTES.values()
+        if not a.convention
+        and a.name not in semconv.GENAI_LATEST_NAMES
+        and not a.name.startswith(OURS)
+        and a.emitted_by & {semconv.VLLM, semconv.CLIENT, semconv.METRIC}
+    ]
+    metrics = [
+        m.name
+        for m in semconv.METRICS.values()
+        if not m.convention and m.name not in semconv.GENAI_LATEST_METRICS and not m.name.startswith(OURS)
+    ]
     assert (attributes, metrics) == ([], [])
     # and a name the conventions define is marked as such (so its check above runs)
     unmarked = [a.name for a in semconv.ATTRIBUTES.values() if not a.convention and a.name in CONVENTION_ATTRIBUTES]
@@ -71,7 +82,7 @@ def _references(paths: list[str]) -> set[str]:
     names = set()
     for path in paths:
         target = PACKAGE / path
-        for file in ([target] if target.is_file() else target.rglob("*.py")):
+        for file in [target] if target.is_file() else target.rglob("*.py"):
             for node in ast.walk(ast.parse(file.read_text())):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "semconv":
                     names.add(node.attr)
@@ -85,13 +96,16 @@ def _constant_name(value: str) -> list[str]:
 @pytest.mark.parametrize("layer", sorted(EMITTERS))
 def test_every_name_a_layer_is_said_to_emit_is_used_by_its_code(layer):
     used = _references(EMITTERS[layer])
-    unused = [a.name for a in semconv.ATTRIBUTES.values()
-              if layer in a.emitted_by and not set(_constant_name(a.name)) & used]
+    unused = [
+        a.name for a in semconv.ATTRIBUTES.values() if layer in a.emitted_by and not set(_constant_name(a.name)) & used
+    ]
     assert unused == []
 
 
 def test_every_metric_is_created_by_some_layer():
-    used = _references(["vllm", "openai", "usage.py", "content.py", "budget_tracker.py"]) | _references_in_examples()
+    used = (
+        _references(["vllm", "openai", "usage.py", "content.py", "ops/budget_tracker.py"]) | _references_in_examples()
+    )
     unused = [m.name for m in semconv.METRICS.values() if not set(_constant_name(m.name)) & used]
     assert unused == []
 
@@ -108,8 +122,16 @@ def _references_in_examples() -> set[str]:
 def test_no_name_without_a_spec_entry():
     """Every dotted name constant in semconv.py is an attribute or metric of the spec (a name used
     as a value or a unit is not dotted; event names are listed in EVENTS)."""
-    loose = [k for k, v in vars(semconv).items() if k.isupper() and isinstance(v, str) and "." in v
-             and v not in semconv.ATTRIBUTES and v not in semconv.METRICS and v not in semconv.EVENTS]
+    loose = [
+        k
+        for k, v in vars(semconv).items()
+        if k.isupper()
+        and isinstance(v, str)
+        and "." in v
+        and v not in semconv.ATTRIBUTES
+        and v not in semconv.METRICS
+        and v not in semconv.EVENTS
+    ]
     assert loose == []
 
 
@@ -127,9 +149,20 @@ def test_spec_violations_reports_what_the_spec_lacks():
 
     from devkit.otlp_receiver import LogRecord, MetricPoint, Span
 
-    span = Span("t", "s", "", "chat m", "INTERNAL", 0, 1, {semconv.GEN_AI_OPERATION_NAME: "chat", "made.up": 1,
-                                                         semconv.GEN_AI_USAGE_INPUT_TOKENS: "7"}, "UNSET", "", {},
-                "otel_llm.vllm")
+    span = Span(
+        "t",
+        "s",
+        "",
+        "chat m",
+        "INTERNAL",
+        0,
+        1,
+        {semconv.GEN_AI_OPERATION_NAME: "chat", "made.up": 1, semconv.GEN_AI_USAGE_INPUT_TOKENS: "7"},
+        "UNSET",
+        "",
+        {},
+        "otel_llm.vllm",
+    )
     http = Span("t", "h", "", "POST", "SERVER", 0, 1, {"http.route": "/x"}, "UNSET", "", {}, "opentelemetry.fastapi")
     point = MetricPoint(semconv.SERVER_REQUESTS, semconv.UNIT_REQUEST, "sum", {"reason": "x"})
     unknown = MetricPoint("otel_llm.made.up", "1", "sum", {})

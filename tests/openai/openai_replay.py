@@ -29,8 +29,13 @@ def load(name: str) -> list[dict]:
         response = interaction["response"]
         body = response["body"]["string"]
         headers = {k.lower(): v[0] for k, v in response["headers"].items() if k.lower() in _PASSED_HEADERS}
-        result.append({"status": response["status"]["code"], "headers": headers,
-                       "body": body if isinstance(body, bytes) else body.encode()})
+        result.append(
+            {
+                "status": response["status"]["code"],
+                "headers": headers,
+                "body": body if isinstance(body, bytes) else body.encode(),
+            }
+        )
     return result
 
 

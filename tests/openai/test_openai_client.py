@@ -39,9 +39,14 @@ def otel(request, monkeypatch):
 # a test whose metric or usage names differ by mode runs in both
 BOTH_MODES = pytest.mark.parametrize("otel", [False, True], ids=["v1_41", "latest"], indirect=True)
 LATEST_TOKEN_METRICS = (
-    semconv.CLIENT_USAGE_INPUT_TOKENS, semconv.CLIENT_USAGE_OUTPUT_TOKENS, semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
-    semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS,
-    semconv.CLIENT_OPERATION_INPUT_TOKENS, semconv.CLIENT_OPERATION_OUTPUT_TOKENS)
+    semconv.CLIENT_USAGE_INPUT_TOKENS,
+    semconv.CLIENT_USAGE_OUTPUT_TOKENS,
+    semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS,
+    semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS,
+    semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS,
+    semconv.CLIENT_OPERATION_INPUT_TOKENS,
+    semconv.CLIENT_OPERATION_OUTPUT_TOKENS,
+)
 
 
 def duration_points(otel, operation=semconv.OP_CHAT):
@@ -62,42 +67,53 @@ def chunk_points(otel):
     return tuple(otel.points(name) for name in used)
 
 
-def assert_token_metrics(otel, attrs, input_tokens, output_tokens, cache_read=0, cache_write=0, reasoning=0,
-                         calls=1):
+def assert_token_metrics(otel, attrs, input_tokens, output_tokens, cache_read=0, cache_write=0, reasoning=0, calls=1):
     """Exactly the token metrics of `calls` calls with these metric attributes, in the mode's names.
     input/output None: the calls received no such count (v1.41: nothing recorded; latest: 0, modality
     unknown, on the counter, and 0 on the per-operation histogram)."""
     if not otel.latest:
         assert [otel.points(name) for name in LATEST_TOKEN_METRICS] == [[]] * len(LATEST_TOKEN_METRICS)
         points = otel.points(semconv.CLIENT_TOKEN_USAGE)
-        assert {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: (dict(p.attributes), p.sum, p.count, tuple(p.explicit_bounds))
-                for p in points} == {
+        assert {
+            p.attributes[semconv.GEN_AI_TOKEN_TYPE]: (dict(p.attributes), p.sum, p.count, tuple(p.explicit_bounds))
+            for p in points
+        } == {
             kind: ({**attrs, semconv.GEN_AI_TOKEN_TYPE: kind}, value, calls, semconv.TOKEN_BUCKETS)
             for kind, value in ((semconv.TOKEN_TYPE_INPUT, input_tokens), (semconv.TOKEN_TYPE_OUTPUT, output_tokens))
-            if value is not None}
+            if value is not None
+        }
         return
     assert otel.points(semconv.CLIENT_TOKEN_USAGE) == []
     text = {**attrs, semconv.GEN_AI_TOKEN_MODALITY: semconv.TOKEN_MODALITY_TEXT}
     for counter, histogram, value in (
-            (semconv.CLIENT_USAGE_INPUT_TOKENS, semconv.CLIENT_OPERATION_INPUT_TOKENS, input_tokens),
-            (semconv.CLIENT_USAGE_OUTPUT_TOKENS, semconv.CLIENT_OPERATION_OUTPUT_TOKENS, output_tokens)):
+        (semconv.CLIENT_USAGE_INPUT_TOKENS, semconv.CLIENT_OPERATION_INPUT_TOKENS, input_tokens),
+        (semconv.CLIENT_USAGE_OUTPUT_TOKENS, semconv.CLIENT_OPERATION_OUTPUT_TOKENS, output_tokens),
+    ):
         modality = semconv.TOKEN_MODALITY_UNKNOWN if value is None else semconv.TOKEN_MODALITY_TEXT
         assert [(dict(p.attributes), p.value) for p in otel.points(counter)] == [
-            ({**attrs, semconv.GEN_AI_TOKEN_MODALITY: modality}, value or 0)], counter
+            ({**attrs, semconv.GEN_AI_TOKEN_MODALITY: modality}, value or 0)
+        ], counter
         assert [(dict(p.attributes), p.sum, p.count, tuple(p.explicit_bounds)) for p in otel.points(histogram)] == [
-            (attrs, value or 0, calls, semconv.TOKEN_BUCKETS)], histogram
-    for counter, value in ((semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, cache_read),
-                           (semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, cache_write),
-                           (semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS, reasoning)):
-        assert [(dict(p.attributes), p.value) for p in otel.points(counter)] == ([(text, value)] if value else []), \
+            (attrs, value or 0, calls, semconv.TOKEN_BUCKETS)
+        ], histogram
+    for counter, value in (
+        (semconv.CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, cache_read),
+        (semconv.CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS, cache_write),
+        (semconv.CLIENT_USAGE_REASONING_OUTPUT_TOKENS, reasoning),
+    ):
+        assert [(dict(p.attributes), p.value) for p in otel.points(counter)] == ([(text, value)] if value else []), (
             counter
+        )
 
 
 def zero_breakdown(otel):
     """The span attributes of a response reporting 0 cached and 0 reasoning tokens: stated in v1.41
     mode, left out in latest mode (breakdowns only when non-zero)."""
-    return {} if otel.latest else {semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0,
-                                   semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0}
+    return (
+        {}
+        if otel.latest
+        else {semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 0, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +167,21 @@ def assert_no_secret(otel):
 
 # --- non-streamed calls ------------------------------------------------------------------------
 
+
 @BOTH_MODES
 def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
     server.play("test_chat_completion_extra_params.yaml")
     headers = {"x-caller": "kept"}
     result = client.chat.completions.create(
-        model="gpt-4o-mini", messages=HELLO, max_tokens=50, seed=42, temperature=0.5,
-        response_format={"type": "text"}, service_tier="default", extra_headers=headers)
+        model="gpt-4o-mini",
+        messages=HELLO,
+        max_tokens=50,
+        seed=42,
+        temperature=0.5,
+        response_format={"type": "text"},
+        service_tier="default",
+        extra_headers=headers,
+    )
     recorded = response_json("test_chat_completion_extra_params.yaml")
     assert result.id == recorded["id"]
     span = otel.only_span()
@@ -193,8 +217,7 @@ def test_chat_span_attributes_metrics_and_propagation(otel, server, client):
     assert duration.count == 1
     assert tuple(duration.explicit_bounds) == semconv.DURATION_BUCKETS
     assert abs(duration.sum - (span.end_time - span.start_time) / 1e9) < 0.01
-    assert_token_metrics(otel, metric_attrs, recorded["usage"]["prompt_tokens"],
-                         recorded["usage"]["completion_tokens"])
+    assert_token_metrics(otel, metric_attrs, recorded["usage"]["prompt_tokens"], recorded["usage"]["completion_tokens"])
     assert chunk_points(otel) == ([], [])  # streams only
     assert_no_secret(otel)
 
@@ -249,22 +272,37 @@ def test_cached_tokens_from_prompt_caching(otel, server, client):
     first = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
     second = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
     spans = otel.finished()
-    assert (first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens) == \
-        (0, 1024)
+    assert (first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens) == (
+        0,
+        1024,
+    )
     # the first call's 0 is stated in v1.41 mode only
     assert [s.attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) for s in spans] == [
-        None if otel.latest else 0, 1024]
+        None if otel.latest else 0,
+        1024,
+    ]
     assert spans[1].attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == second.usage.prompt_tokens
     assert first.model == second.model
     attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: first.model}
-    assert_token_metrics(otel, attrs, first.usage.prompt_tokens + second.usage.prompt_tokens,
-                         first.usage.completion_tokens + second.usage.completion_tokens, cache_read=1024, calls=2)
+    assert_token_metrics(
+        otel,
+        attrs,
+        first.usage.prompt_tokens + second.usage.prompt_tokens,
+        first.usage.completion_tokens + second.usage.completion_tokens,
+        cache_read=1024,
+        calls=2,
+    )
 
 
 def chat_reply(usage: dict) -> dict:
-    body = {"id": "chatcmpl-cw", "object": "chat.completion", "created": 1, "model": "some-provider-model",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-            "usage": usage}
+    body = {
+        "id": "chatcmpl-cw",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "some-provider-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": usage,
+    }
     return {"status": 200, "headers": {"content-type": "application/json"}, "body": json.dumps(body).encode()}
 
 
@@ -273,8 +311,12 @@ def chat_reply(usage: dict) -> dict:
 def test_cache_write_tokens_of_an_openai_compatible_provider(otel, server, client, field):
     """v1.41 mode names them gen_ai.usage.cache_creation.input_tokens, latest mode
     gen_ai.usage.cache_write.input_tokens (and counts them); a count that is not an int is ignored."""
-    usage = {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33,
-             "prompt_tokens_details": {"cached_tokens": 0, field: 20}}
+    usage = {
+        "prompt_tokens": 30,
+        "completion_tokens": 3,
+        "total_tokens": 33,
+        "prompt_tokens_details": {"cached_tokens": 0, field: 20},
+    }
     server.queue.append(chat_reply(usage))
     server.queue.append(chat_reply({**usage, "prompt_tokens_details": {field: "many"}}))
     server.queue.append(chat_reply({**usage, "prompt_tokens_details": {field: 0}}))
@@ -284,8 +326,11 @@ def test_cache_write_tokens_of_an_openai_compatible_provider(otel, server, clien
     name, other = semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
     if otel.latest:
         name, other = other, name
-    assert [(s.attributes.get(name), s.attributes.get(other)) for s in spans] == [(20, None), (None, None),
-                                                                                  (None, None)]
+    assert [(s.attributes.get(name), s.attributes.get(other)) for s in spans] == [
+        (20, None),
+        (None, None),
+        (None, None),
+    ]
     attrs = {**base_attributes(server, "m"), semconv.GEN_AI_RESPONSE_MODEL: "some-provider-model"}
     assert_token_metrics(otel, attrs, 90, 9, cache_write=20, calls=3)
 
@@ -327,8 +372,10 @@ def test_legacy_completions_stream(otel, server, client):
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     assert span.attributes[semconv.OTEL_LLM_USAGE_MISSING] is True
     assert span.status.status_code == StatusCode.UNSET
-    attrs = {**base_attributes(server, "davinci-002", semconv.OP_TEXT_COMPLETION),
-             semconv.GEN_AI_RESPONSE_MODEL: chunks[0].model}
+    attrs = {
+        **base_attributes(server, "davinci-002", semconv.OP_TEXT_COMPLETION),
+        semconv.GEN_AI_RESPONSE_MODEL: chunks[0].model,
+    }
     assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
     assert_token_metrics(otel, attrs, None, None)  # the stream carried no usage
 
@@ -336,8 +383,12 @@ def test_legacy_completions_stream(otel, server, client):
 @BOTH_MODES
 def test_embeddings(otel, server, client):
     server.play("test_embeddings_with_dimensions.yaml")
-    result = client.embeddings.create(model="text-embedding-3-small", dimensions=512, encoding_format="float",
-                                      input="This is a test for embeddings with dimensions")
+    result = client.embeddings.create(
+        model="text-embedding-3-small",
+        dimensions=512,
+        encoding_format="float",
+        input="This is a test for embeddings with dimensions",
+    )
     span = otel.only_span()
     assert span.name == "embeddings text-embedding-3-small"
     assert dict(span.attributes) == {
@@ -347,16 +398,20 @@ def test_embeddings(otel, server, client):
         semconv.GEN_AI_USAGE_INPUT_TOKENS: 8,
         semconv.GEN_AI_EMBEDDINGS_DIMENSION_COUNT: 512,
     }
-    attrs = {**base_attributes(server, "text-embedding-3-small", semconv.OP_EMBEDDINGS),
-             semconv.GEN_AI_RESPONSE_MODEL: result.model}
+    attrs = {
+        **base_attributes(server, "text-embedding-3-small", semconv.OP_EMBEDDINGS),
+        semconv.GEN_AI_RESPONSE_MODEL: result.model,
+    }
     # not inference: gen_ai.client.operation.duration in either mode
     assert [dict(p.attributes) for p in duration_points(otel, semconv.OP_EMBEDDINGS)] == [attrs]
     if otel.latest:  # the inference.usage.* metrics are for inference: the tokens are on the span only
-        assert [otel.points(name) for name in (semconv.CLIENT_TOKEN_USAGE, *LATEST_TOKEN_METRICS)] == \
-            [[]] * (1 + len(LATEST_TOKEN_METRICS))
+        assert [otel.points(name) for name in (semconv.CLIENT_TOKEN_USAGE, *LATEST_TOKEN_METRICS)] == [[]] * (
+            1 + len(LATEST_TOKEN_METRICS)
+        )
     else:
-        assert [(p.attributes[semconv.GEN_AI_TOKEN_TYPE], p.sum) for p in otel.points(semconv.CLIENT_TOKEN_USAGE)] \
-            == [("input", 8)]
+        assert [(p.attributes[semconv.GEN_AI_TOKEN_TYPE], p.sum) for p in otel.points(semconv.CLIENT_TOKEN_USAGE)] == [
+            ("input", 8)
+        ]
 
 
 def test_async_embeddings_error(otel, server):
@@ -374,8 +429,9 @@ def test_async_embeddings_error(otel, server):
 @BOTH_MODES
 def test_responses_api(otel, server, client):
     server.play("test_responses_create_basic[content_mode0].yaml")
-    result = client.responses.create(model="gpt-4o-mini", input="Say this is a test",
-                                     instructions="You are a helpful assistant.")
+    result = client.responses.create(
+        model="gpt-4o-mini", input="Say this is a test", instructions="You are a helpful assistant."
+    )
     span = otel.only_span()
     assert span.name == "chat gpt-4o-mini"
     assert span.attributes[semconv.OPENAI_API_TYPE] == semconv.OPENAI_API_TYPE_RESPONSES
@@ -384,8 +440,11 @@ def test_responses_api(otel, server, client):
     assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.input_tokens == 22
     assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.output_tokens == 6
     assert result.usage.input_tokens_details.cached_tokens == result.usage.output_tokens_details.reasoning_tokens == 0
-    breakdown = {k: v for k, v in span.attributes.items() if k in (
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)}
+    breakdown = {
+        k: v
+        for k, v in span.attributes.items()
+        if k in (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)
+    }
     assert breakdown == zero_breakdown(otel)
     attrs = {**base_attributes(server, "gpt-4o-mini"), semconv.GEN_AI_RESPONSE_MODEL: result.model}
     assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]  # the Responses API is inference
@@ -399,8 +458,11 @@ def test_responses_reasoning_tokens_and_max_output_tokens(otel, server, client):
     result = client.responses.create(model="gpt-5.4", input="transpose", max_output_tokens=300)
     span = otel.only_span()
     assert span.attributes[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 300
-    assert span.attributes[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == \
-        result.usage.output_tokens_details.reasoning_tokens == 9
+    assert (
+        span.attributes[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS]
+        == result.usage.output_tokens_details.reasoning_tokens
+        == 9
+    )
     # cached: 0, stated in v1.41 mode only
     assert span.attributes.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS) == (None if otel.latest else 0)
     attrs = {**base_attributes(server, "gpt-5.4"), semconv.GEN_AI_RESPONSE_MODEL: result.model}
@@ -415,8 +477,13 @@ def test_responses_error(otel, server, client):
     assert otel.only_span().attributes[semconv.ERROR_TYPE] == "400"
 
 
-@pytest.mark.parametrize("name", ["test_responses_create_streaming[content_mode0].yaml",
-                                  "test_responses_create_streaming_iteration[content_mode0].yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_responses_create_streaming[content_mode0].yaml",
+        "test_responses_create_streaming_iteration[content_mode0].yaml",
+    ],
+)
 def test_responses_stream(otel, server, client, name):
     server.play(name)
     events = list(client.responses.create(model="gpt-4o-mini", input="Say this is a test", stream=True))
@@ -450,13 +517,15 @@ def test_with_streaming_response(otel, server, client):
 
 # --- streams ------------------------------------------------------------------------------------
 
+
 @BOTH_MODES
 def test_stream_exhausted(otel, server, client):
     name = "test_chat_completion_streaming.yaml"
     server.play(name)
     recorded = response_json(name)
-    stream = client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="gpt-4", messages=HELLO, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert len(chunks) == len(recorded)
     span = otel.only_span()
@@ -488,8 +557,9 @@ def test_async_stream_exhausted(otel, server):
 
     async def call():
         async with aclient(server) as c:
-            stream = await c.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                                     stream_options={"include_usage": True})
+            stream = await c.chat.completions.create(
+                model="gpt-4", messages=HELLO, stream=True, stream_options={"include_usage": True}
+            )
             return [chunk async for chunk in stream]
 
     chunks = asyncio.run(call())
@@ -501,8 +571,11 @@ def test_async_stream_exhausted(otel, server):
 
 def test_stream_of_two_choices(otel, server, client):
     server.play("test_chat_completion_multiple_choices_streaming.yaml")
-    chunks = list(client.chat.completions.create(model="gpt-4o-mini", messages=HELLO, n=2, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-4o-mini", messages=HELLO, n=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
     span = otel.only_span()
     reasons = {c.index: c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason}
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == (reasons[0], reasons[1])
@@ -543,8 +616,10 @@ def test_stream_break_then_close(otel, server, client):
     assert duration.count == 1 and duration.attributes[semconv.ERROR_TYPE] == semconv.ERROR_STREAM_ABANDONED
     # abandoned before its usage: v1.41 records no tokens, latest 0 of modality unknown, with the error.type
     assert_token_metrics(otel, dict(duration.attributes), None, None)
-    assert duration.attributes[semconv.GEN_AI_RESPONSE_MODEL] == response_json(
-        "test_chat_completion_streaming.yaml")[0]["model"]
+    assert (
+        duration.attributes[semconv.GEN_AI_RESPONSE_MODEL]
+        == response_json("test_chat_completion_streaming.yaml")[0]["model"]
+    )
 
 
 def test_stream_context_manager_exit_early(otel, server, client):
@@ -557,8 +632,9 @@ def test_stream_context_manager_exit_early(otel, server, client):
 
 def test_stream_read_to_the_last_finish_reason_is_not_abandoned(otel, server, client):
     server.play("test_chat_completion_streaming.yaml")
-    with client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                        stream_options={"include_usage": True}) as stream:
+    with client.chat.completions.create(
+        model="gpt-4", messages=HELLO, stream=True, stream_options={"include_usage": True}
+    ) as stream:
         for chunk in stream:
             if chunk.choices and chunk.choices[0].finish_reason:
                 break  # the usage trailer is never read
@@ -584,8 +660,9 @@ def test_stream_garbage_collected(otel, server, client):
 
 def test_stream_helper_exhausted_and_exited_early(otel, server, client):
     server.play("test_chat_completion_streaming.yaml", times=2)
-    with client.chat.completions.stream(model="gpt-4", messages=HELLO,
-                                        stream_options={"include_usage": True}) as stream:
+    with client.chat.completions.stream(
+        model="gpt-4", messages=HELLO, stream_options={"include_usage": True}
+    ) as stream:
         final = stream.get_final_completion()
     span = otel.only_span()
     assert span.status.status_code == StatusCode.UNSET
@@ -655,8 +732,11 @@ def test_async_stream_cancelled(otel, server):
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes[semconv.ERROR_TYPE] == "CancelledError"
     assert span.attributes[semconv.OTEL_LLM_STREAM_CHUNKS] == len(got)
-    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: got[0].model,
-             semconv.ERROR_TYPE: "CancelledError"}
+    attrs = {
+        **base_attributes(server, "gpt-4"),
+        semconv.GEN_AI_RESPONSE_MODEL: got[0].model,
+        semconv.ERROR_TYPE: "CancelledError",
+    }
     assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
     assert_token_metrics(otel, attrs, None, None)
 
@@ -665,21 +745,45 @@ def test_async_stream_cancelled(otel, server):
 def test_a_stream_that_fails_after_its_usage_records_the_usage(otel, server, client):
     """The usage chunk arrived, then the stream failed: the tokens it reported are recorded (both modes),
     on points that carry the error.type."""
-    usage = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
-             "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens_details": {"reasoning_tokens": 1}}
-    chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [
-                  {"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
-              {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [
-                  {"index": 0, "delta": {}, "finish_reason": "stop"}]},
-              {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4-0613", "choices": [],
-               "usage": usage},
-              {"error": {"message": "upstream went away"}}]
+    usage = {
+        "prompt_tokens": 12,
+        "completion_tokens": 2,
+        "total_tokens": 14,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 1},
+    }
+    chunks = [
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "gpt-4-0613",
+            "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}],
+        },
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "gpt-4-0613",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        },
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "gpt-4-0613",
+            "choices": [],
+            "usage": usage,
+        },
+        {"error": {"message": "upstream went away"}},
+    ]
     body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
     server.queue.append({"status": 200, "headers": {"content-type": "text/event-stream"}, "body": body})
     got = []
     with pytest.raises(openai.APIError):
-        for chunk in client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                                    stream_options={"include_usage": True}):
+        for chunk in client.chat.completions.create(
+            model="gpt-4", messages=HELLO, stream=True, stream_options={"include_usage": True}
+        ):
             got.append(chunk)
     assert got[-1].usage.prompt_tokens == 12
     span = otel.only_span()
@@ -687,16 +791,23 @@ def test_a_stream_that_fails_after_its_usage_records_the_usage(otel, server, cli
     assert span.attributes[semconv.ERROR_TYPE] == "APIError"
     assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert {k: v for k, v in span.attributes.items() if k.startswith("gen_ai.usage.")} == {
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 1}
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 12,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 1,
+    }
     assert semconv.OTEL_LLM_USAGE_MISSING not in span.attributes
-    attrs = {**base_attributes(server, "gpt-4"), semconv.GEN_AI_RESPONSE_MODEL: "gpt-4-0613",
-             semconv.ERROR_TYPE: "APIError"}
+    attrs = {
+        **base_attributes(server, "gpt-4"),
+        semconv.GEN_AI_RESPONSE_MODEL: "gpt-4-0613",
+        semconv.ERROR_TYPE: "APIError",
+    }
     assert [dict(p.attributes) for p in duration_points(otel)] == [attrs]
     assert_token_metrics(otel, attrs, 12, 2, cache_read=4, reasoning=1)
 
 
 # --- include_usage, propagation, content, safety ------------------------------------------------
+
 
 def test_include_usage_option_adds_usage_and_hides_its_chunk(server, client):
     otel = Otel(include_usage=True)
@@ -704,18 +815,21 @@ def test_include_usage_option_adds_usage_and_hides_its_chunk(server, client):
         name = "test_chat_completion_streaming.yaml"
         server.play(name, times=2)
         options = {"continuous_usage_stats": False}
-        chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                                     stream_options=options))
+        chunks = list(
+            client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True, stream_options=options)
+        )
         assert options == {"continuous_usage_stats": False}
-        assert server.received[-1].json()["stream_options"] == {"continuous_usage_stats": False,
-                                                                 "include_usage": True}
+        assert server.received[-1].json()["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
         recorded = response_json(name)
         assert len(chunks) == len(recorded) - 1 and all(c.choices for c in chunks)
         span = otel.only_span()
         assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == recorded[-1]["usage"]["completion_tokens"]
         # an explicit choice of the caller is kept
-        list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True,
-                                            stream_options={"include_usage": False}))
+        list(
+            client.chat.completions.create(
+                model="gpt-4", messages=HELLO, stream=True, stream_options={"include_usage": False}
+            )
+        )
         assert server.received[-1].json()["stream_options"] == {"include_usage": False}
     finally:
         otel.close()
@@ -765,9 +879,11 @@ def test_with_httpx_instrumentation_context_goes_out_once(otel, server, sync):
             with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as c:
                 c.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
         else:
+
             async def call():
                 async with aclient(server) as c:
                     await c.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+
             asyncio.run(call())
     finally:
         HTTPX2ClientInstrumentor().uninstrument()
@@ -797,25 +913,36 @@ def test_content_capture_opt_in_env(monkeypatch, server, client):
         name = "test_chat_completion_tool_calls_with_content.yaml"
         server.play(name)
         request = json.loads(_request_body(name))
-        result = client.chat.completions.create(model="gpt-4o-mini", messages=request["messages"],
-                                                tools=request["tools"])
+        result = client.chat.completions.create(
+            model="gpt-4o-mini", messages=request["messages"], tools=request["tools"]
+        )
         span = otel.only_span()
         assert json.loads(span.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
             {"role": "system", "parts": [{"type": "text", "content": "You're a helpful assistant."}]},
-            {"role": "user", "parts": [{"type": "text",
-                                        "content": "What's the weather in Seattle and San Francisco today?"}]}]
+            {
+                "role": "user",
+                "parts": [{"type": "text", "content": "What's the weather in Seattle and San Francisco today?"}],
+            },
+        ]
         calls = result.choices[0].message.tool_calls
         assert json.loads(span.attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
-            {"role": "assistant", "finish_reason": "tool_calls",
-             "parts": [{"type": "tool_call", "id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-                       for c in calls]}]
+            {
+                "role": "assistant",
+                "finish_reason": "tool_calls",
+                "parts": [
+                    {"type": "tool_call", "id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                    for c in calls
+                ],
+            }
+        ]
         otel.spans.clear()
         server.queue.clear()  # the cassette's second exchange is not used here
         server.play("test_chat_completion_streaming.yaml")
         chunks = list(client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert json.loads(otel.only_span().attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
-            {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": "stop"}]
+            {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": "stop"}
+        ]
         assert_no_secret(otel)
     finally:
         otel.close()
@@ -899,21 +1026,42 @@ def test_captured_content_is_redacted_and_counted(monkeypatch, server, client):
     otel = Otel()
     try:
         server.play("test_chat_completion_with_content.yaml")
-        said = ("I am jane.doe@example.com, card 4111 1111 1111 1111, phone +1 415 555 2671; "
-                "not a card: 4111 1111 1111 1112")
-        client.chat.completions.create(model="gpt-4o-mini", messages=[
-            {"role": "user", "content": said},
-            {"role": "tool", "tool_call_id": "call_1", "content": "reach me at ops@example.org"}])
+        said = (
+            "I am jane.doe@example.com, card 4111 1111 1111 1111, phone +1 415 555 2671; "
+            "not a card: 4111 1111 1111 1112"
+        )
+        client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[
+                {"role": "user", "content": said},
+                {"role": "tool", "tool_call_id": "call_1", "content": "reach me at ops@example.org"},
+            ],
+        )
         span = otel.only_span()
         assert json.loads(span.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
-            {"role": "user", "parts": [{"type": "text", "content": (
-                "I am <EMAIL>, card <PAYMENT_CARD>, phone <PHONE>; not a card: 4111 1111 1111 1112")}]},
-            {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1",
-                                        "response": "reach me at <EMAIL>"}]}]
+            {
+                "role": "user",
+                "parts": [
+                    {
+                        "type": "text",
+                        "content": (
+                            "I am <EMAIL>, card <PAYMENT_CARD>, phone <PHONE>; not a card: 4111 1111 1111 1112"
+                        ),
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "parts": [{"type": "tool_call_response", "id": "call_1", "response": "reach me at <EMAIL>"}],
+            },
+        ]
         assert "example.com" not in json.dumps(dict(span.attributes))
         counted = {p.attributes[semconv.REDACTION_RULE]: p.value for p in otel.points(semconv.REDACTIONS)}
-        assert counted == {semconv.REDACTION_RULE_EMAIL: 2, semconv.REDACTION_RULE_PAYMENT_CARD: 1,
-                           semconv.REDACTION_RULE_PHONE: 1}
+        assert counted == {
+            semconv.REDACTION_RULE_EMAIL: 2,
+            semconv.REDACTION_RULE_PAYMENT_CARD: 1,
+            semconv.REDACTION_RULE_PHONE: 1,
+        }
     finally:
         otel.close()
 
@@ -926,8 +1074,15 @@ LEAKED_KEY = "sk-proj-" + "Q7r2Lx9Vt4Mz8Kp3Hw6Nc1Bd"
 def assert_key_nowhere(otel, key=LEAKED_KEY):
     """Not in any span's name, attributes, status or events, nor in any metric point."""
     for span in otel.finished():
-        exported = json.dumps([span.name, dict(span.attributes), span.status.description,
-                               [(e.name, dict(e.attributes)) for e in span.events]], default=str)
+        exported = json.dumps(
+            [
+                span.name,
+                dict(span.attributes),
+                span.status.description,
+                [(e.name, dict(e.attributes)) for e in span.events],
+            ],
+            default=str,
+        )
         assert key not in exported and key[-8:] not in exported, exported
     assert key[-8:] not in otel.reader.get_metrics_data().to_json()
 
@@ -970,9 +1125,11 @@ def test_a_key_passed_as_the_model_is_redacted_on_the_span_and_metrics_when_the_
 
 
 def test_a_stream_error_event_echoing_the_key_is_redacted(otel, server, client):
-    events = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4","choices":'
-              b'[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
-              b'data: {"error": {"message": "upstream rejected key ' + LEAKED_KEY.encode() + b'"}}\n\n')
+    events = (
+        b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4","choices":'
+        b'[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+        b'data: {"error": {"message": "upstream rejected key ' + LEAKED_KEY.encode() + b'"}}\n\n'
+    )
     server.queue.append({"status": 200, "headers": {"content-type": "text/event-stream"}, "body": events})
     with pytest.raises(openai.APIError):
         for _ in client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True):

@@ -33,8 +33,11 @@ DIFFERENT = {
 }
 # Attributes only we set (a known zero is worth stating for billing; the rest are ours or semconv's)
 ONLY_OURS = {
-    semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
-    semconv.OPENAI_API_TYPE, semconv.OTEL_LLM_STREAM_CHUNKS, semconv.OTEL_LLM_USAGE_MISSING,
+    semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+    semconv.OPENAI_API_TYPE,
+    semconv.OTEL_LLM_STREAM_CHUNKS,
+    semconv.OTEL_LLM_USAGE_MISSING,
 }
 
 
@@ -73,8 +76,9 @@ def test_same_spans_as_the_official_instrumentation(official, ours):
     assert set(official) == set(ours)
     for scenario, theirs in official.items():
         mine = ours[scenario]
-        assert [(s["name"], s["kind"], s["status"]) for s in mine] == \
-            [(s["name"], s["kind"], s["status"]) for s in theirs], scenario
+        assert [(s["name"], s["kind"], s["status"]) for s in mine] == [
+            (s["name"], s["kind"], s["status"]) for s in theirs
+        ], scenario
         for their_span, my_span in zip(theirs, mine):
             a, b = their_span["attributes"], my_span["attributes"]
             for key in set(a) - DIFFERENT:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm import dashboards, price_rules, promql, rules, semconv
+from otel_llm import semconv
+from otel_llm.billing import promql
+from otel_llm.ops import dashboards, price_rules, rules
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
@@ -20,8 +22,9 @@ def test_committed_dashboards_equal_the_generator():
 
 def test_dashboards_command(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "otel_llm.cli", "dashboards", *args], capture_output=True,
-                              text=True, cwd=tmp_path)  # no repository paths: runs anywhere
+        return subprocess.run(
+            [sys.executable, "-m", "otel_llm.cli", "dashboards", *args], capture_output=True, text=True, cwd=tmp_path
+        )  # no repository paths: runs anywhere
 
     assert run("--out", "d").returncode == 0
     assert {p.name: p.read_text() for p in (tmp_path / "d").iterdir()} == dashboards.render()
@@ -40,46 +43,85 @@ def test_every_query_reads_what_is_emitted():
 
 def test_an_unknown_metric_is_reported():
     boards = dashboards.dashboards()
-    boards["latency.json"]["panels"][1]["targets"][0]["expr"] = \
+    boards["latency.json"]["panels"][1]["targets"][0]["expr"] = (
         'sum(rate(vllm:no_such_metric_total{model_name=~"$model"}[5m])) / sum(rate(otel_llm_made_up_total[5m]))'
+    )
     title = boards["latency.json"]["panels"][1]["title"]
     assert dashboards.problems(boards) == [
         f"latency.json: panel {title!r} queries otel_llm_made_up_total, which nothing emits",
-        f"latency.json: panel {title!r} queries vllm:no_such_metric_total, which nothing emits"]
+        f"latency.json: panel {title!r} queries vllm:no_such_metric_total, which nothing emits",
+    ]
 
 
 def test_a_misspelt_recording_rule_is_reported():
-    boards = {"x.json": dashboards.dashboard("x", "x", [dashboards.panel("p", [dashboards.target(
-        f"{rules.TOKENS_BY_TENANT}x > 0 and {rules.TOKENS_BY_TENANT} > 0")])])}
-    assert dashboards.problems(boards) == [
-        f"x.json: panel 'p' queries {rules.TOKENS_BY_TENANT}x, which nothing emits"]
+    boards = {
+        "x.json": dashboards.dashboard(
+            "x",
+            "x",
+            [
+                dashboards.panel(
+                    "p", [dashboards.target(f"{rules.TOKENS_BY_TENANT}x > 0 and {rules.TOKENS_BY_TENANT} > 0")]
+                )
+            ],
+        )
+    }
+    assert dashboards.problems(boards) == [f"x.json: panel 'p' queries {rules.TOKENS_BY_TENANT}x, which nothing emits"]
 
 
 def test_an_unknown_span_attribute_is_reported():
     usage_only = semconv.USAGE_ID  # a usage record field, never on a span
     assert semconv.VLLM not in semconv.ATTRIBUTES[usage_only].emitted_by
-    boards = {"t.json": dashboards.dashboard("t", "t", [dashboards.panel("slow", [{
-        "datasource": dashboards.TEMPO, "queryType": "traceql", "refId": "A",
-        "query": f'{{ span.{semconv.VLLM_TTFT_SECONDS} > 2 && span.made.up = "x" && span.{usage_only} != nil }}'}],
-        datasource=dashboards.TEMPO)])}
-    assert dashboards.problems(boards) == ["t.json: panel 'slow' reads span.made.up, which no span carries",
-                                           f"t.json: panel 'slow' reads span.{usage_only}, which no span carries"]
+    boards = {
+        "t.json": dashboards.dashboard(
+            "t",
+            "t",
+            [
+                dashboards.panel(
+                    "slow",
+                    [
+                        {
+                            "datasource": dashboards.TEMPO,
+                            "queryType": "traceql",
+                            "refId": "A",
+                            "query": f'{{ span.{semconv.VLLM_TTFT_SECONDS} > 2 && span.made.up = "x" '
+                            f"&& span.{usage_only} != nil }}",
+                        }
+                    ],
+                    datasource=dashboards.TEMPO,
+                )
+            ],
+        )
+    }
+    assert dashboards.problems(boards) == [
+        "t.json: panel 'slow' reads span.made.up, which no span carries",
+        f"t.json: panel 'slow' reads span.{usage_only}, which no span carries",
+    ]
 
 
-@pytest.mark.parametrize("expr, names", [
-    ('sum by (le) (rate(a_bucket{x=~"$model", y="b c"}[$__rate_interval]))', {"a_bucket"}),
-    ("x:y:rate5m{quantile=\"0.95\"} > 3 and on (m) sum by (m) (rate(b_total[5m] offset 1d)) > 1",
-     {"x:y:rate5m", "b_total"}),
-    ("(sum(rate(c[1m])) or vector(0)) / (sum(rate(d[1m])) > 0) * $price_input / 1e6", {"c", "d"}),
-])
+@pytest.mark.parametrize(
+    "expr, names",
+    [
+        ('sum by (le) (rate(a_bucket{x=~"$model", y="b c"}[$__rate_interval]))', {"a_bucket"}),
+        (
+            'x:y:rate5m{quantile="0.95"} > 3 and on (m) sum by (m) (rate(b_total[5m] offset 1d)) > 1',
+            {"x:y:rate5m", "b_total"},
+        ),
+        ("(sum(rate(c[1m])) or vector(0)) / (sum(rate(d[1m])) > 0) * $price_input / 1e6", {"c", "d"}),
+    ],
+)
 def test_metric_names(expr, names):
     assert promql.metric_names(expr) == names
 
 
 def test_known_metrics():
     known = promql.known_metrics()
-    assert {f"{rules.TTFT}_bucket", f"{rules.TTFT}_count", rules.TOKENS, semconv.VLLM_METRIC_WAITING,
-            f"{semconv.VLLM_METRIC_QUEUE_TIME}_sum"} <= known
+    assert {
+        f"{rules.TTFT}_bucket",
+        f"{rules.TTFT}_count",
+        rules.TOKENS,
+        semconv.VLLM_METRIC_WAITING,
+        f"{semconv.VLLM_METRIC_QUEUE_TIME}_sum",
+    } <= known
     assert rules.TTFT not in known and semconv.VLLM_METRIC_QUEUE_TIME not in known  # histograms: by series
 
 
@@ -107,8 +149,13 @@ def test_panels_and_variables(name):
 
 def test_trace_links():
     # every latency query on a raw histogram (recording rules carry no exemplars)
-    latency = [t for b in dashboards.dashboards().values() for p in b["panels"] for t in p["targets"]
-               if p["fieldConfig"]["defaults"]["unit"] == "s" and "_bucket" in t["expr"]]
+    latency = [
+        t
+        for b in dashboards.dashboards().values()
+        for p in b["panels"]
+        for t in p["targets"]
+        if p["fieldConfig"]["defaults"]["unit"] == "s" and "_bucket" in t["expr"]
+    ]
     assert len(latency) > 20 and all(t["exemplar"] for t in latency)
     tempo = [t["query"] for p in dashboards.traces()["panels"] for t in p["targets"] if "query" in t]
     assert any("span.vllm.latency.time_to_first_token > 2" in q for q in tempo)
@@ -117,11 +164,20 @@ def test_trace_links():
 
 def test_dashboards_cover_the_brief():
     exprs = {n: " ".join(e for _, e in dashboards.promql_targets(b)) for n, b in dashboards.dashboards().items()}
-    for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running",
-                   "vllm:num_preemptions_total", "histogram_quantile(0.99", "otel_llm_request_outcome"):
+    for metric in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:num_preemptions_total",
+        "histogram_quantile(0.99",
+        "otel_llm_request_outcome",
+    ):
         assert metric in exprs["overview.json"], metric
-    for metric in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-                   "vllm:request_decode_time_seconds"):
+    for metric in (
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+    ):
         assert metric in exprs["latency.json"], metric
     assert "$price_cached_input" in exprs["cost.json"] and "tenant_id" in exprs["cost.json"]
 
@@ -141,8 +197,11 @@ def test_cost_dashboard_panels():
         assert p.get("timeFrom") == time_from and p.get("hideTimeOverride", False) == (time_from is not None)
         [t] = p["targets"]
         assert t["instant"] and not t["range"] and t["expr"] == dashboards.cost_of("")
-    for title, label in (("Cost in range by model", rules.MODEL), ("Cost in range by tenant", rules.TENANT),
-                         ("Cost in range by cost center", cost_center)):
+    for title, label in (
+        ("Cost in range by model", rules.MODEL),
+        ("Cost in range by tenant", rules.TENANT),
+        ("Cost in range by cost center", cost_center),
+    ):
         assert panels[title]["type"] == "bargauge"
         assert panels[title]["targets"][0]["expr"] == f"sort_desc({dashboards.cost_of(label)})"
     top = panels["Top consumers in range (tenant / scene)"]

@@ -16,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from devkit.devserver import PrometheusServer
-from otel_llm import report, semconv
+from otel_llm import semconv
+from otel_llm.billing import report
 
 NOW = 1_764_700_000.0  # 2025-12-02T18:26:40Z
 
@@ -35,14 +36,17 @@ def test_durations(text, seconds):
     assert report.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("start,end,range_,message", [
-    (None, None, "0h", "bad duration '0h'"),
-    (None, None, "yesterday", "bad duration 'yesterday'"),
-    ("2025-12-02", None, "24h", "give --range or --start, not both"),
-    ("2025-12-02", "2025-12-01", None, "the range is empty"),
-    ("last tuesday", None, None, "bad time 'last tuesday'"),
-    (None, "2030-01-01", None, "is in the future"),
-])
+@pytest.mark.parametrize(
+    "start,end,range_,message",
+    [
+        (None, None, "0h", "bad duration '0h'"),
+        (None, None, "yesterday", "bad duration 'yesterday'"),
+        ("2025-12-02", None, "24h", "give --range or --start, not both"),
+        ("2025-12-02", "2025-12-01", None, "the range is empty"),
+        ("last tuesday", None, None, "bad time 'last tuesday'"),
+        (None, "2030-01-01", None, "is in the future"),
+    ],
+)
 def test_bad_ranges_are_clear_errors(start, end, range_, message):
     with pytest.raises(report.ReportError, match=message):
         report.time_range(start, end, range_, NOW)
@@ -53,14 +57,17 @@ def test_range_defaults_to_the_last_day_and_dates_are_utc_midnight():
     assert report.time_range("2025-12-01", "2025-12-02T00:00:00Z", None, NOW) == (1764547200.0, 1764633600.0)
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "No such file"),
-    ("{not json", "is not valid JSON"),
-    ('{"models": {}}', "expected"),
-    ('{"models": {"m": {"input": 1, "output": -2}}}', "output must be a number >= 0"),
-    ('{"models": {"m": {"input": "cheap", "output": 1}}}', "input must be a number >= 0"),
-    ('{"models": {"m": 3}}', "needs input, cached_input and output"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "No such file"),
+        ("{not json", "is not valid JSON"),
+        ('{"models": {}}', "expected"),
+        ('{"models": {"m": {"input": 1, "output": -2}}}', "output must be a number >= 0"),
+        ('{"models": {"m": {"input": "cheap", "output": 1}}}', "input must be a number >= 0"),
+        ('{"models": {"m": 3}}', "needs input, cached_input and output"),
+    ],
+)
 def test_malformed_price_files(tmp_path, content, message):
     path = tmp_path / "prices.json"
     if content is not None:
@@ -79,13 +86,16 @@ def test_a_yaml_file_without_pyyaml_says_so(tmp_path, monkeypatch):
 
 def test_prices_yaml_and_cached_defaults_to_input(tmp_path):
     path = tmp_path / "prices.yaml"
-    path.write_text("currency: EUR\nmodels:\n  m: {input: 2, output: 8}\n"
-                    "  '*': {input: 1, cached_input: 0.1, output: 2}\n")
+    path.write_text(
+        "currency: EUR\nmodels:\n  m: {input: 2, output: 8}\n  '*': {input: 1, cached_input: 0.1, output: 2}\n"
+    )
     prices, currency = report.load_prices(path)
     assert currency == "EUR"
     assert prices["m"] == report.Price(input=2.0, cached_input=2.0, output=8.0)
-    rows = {("m",): report.Row(("m",), {"input": 1_000_000, "cached_input": 400_000, "output": 10}),
-            ("x",): report.Row(("x",), {"input": 0, "cached_input": 0, "output": 1_000_000})}
+    rows = {
+        ("m",): report.Row(("m",), {"input": 1_000_000, "cached_input": 400_000, "output": 10}),
+        ("x",): report.Row(("x",), {"input": 0, "cached_input": 0, "output": 1_000_000}),
+    }
     assert report.price_rows(rows, ["model"], prices) == []
     assert rows[("m",)].cost == pytest.approx(0.6 * 2 + 0.4 * 2 + 10 * 8 / 1e6)
     assert rows[("x",)].cost == pytest.approx(2.0)  # the "*" default
@@ -93,8 +103,9 @@ def test_prices_yaml_and_cached_defaults_to_input(tmp_path):
 
 
 def cli(*argv):
-    return subprocess.run([sys.executable, "-m", "otel_llm.cli", "report", *argv], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "otel_llm.cli", "report", *argv], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_unreachable_server():
@@ -105,9 +116,11 @@ def test_cli_unreachable_server():
 
 
 def test_cli_bad_arguments_exit_2_with_one_line():
-    for argv, message in ((["--by", "tenant,colour"], "--by 'tenant,colour': choose from"),
-                          (["--range=-1d"], "bad duration"),
-                          (["--prices", "/nonexistent/prices.json"], "price file /nonexistent/prices.json")):
+    for argv, message in (
+        (["--by", "tenant,colour"], "--by 'tenant,colour': choose from"),
+        (["--range=-1d"], "bad duration"),
+        (["--prices", "/nonexistent/prices.json"], "price file /nonexistent/prices.json"),
+    ):
         result = cli("--prometheus", "http://127.0.0.1:9", *argv)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
@@ -135,12 +148,19 @@ class FakeAPI:
         self.server.shutdown()
 
 
-@pytest.mark.parametrize("status,body,content_type,message", [
-    (400, json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error"}), "application/json",
-     "answered 400: parse error"),
-    (200, "<html>Grafana</html>", "text/html", "did not answer with Prometheus JSON"),
-    (200, json.dumps({"status": "error", "error": "query timed out"}), "application/json", "query timed out"),
-])
+@pytest.mark.parametrize(
+    "status,body,content_type,message",
+    [
+        (
+            400,
+            json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error"}),
+            "application/json",
+            "answered 400: parse error",
+        ),
+        (200, "<html>Grafana</html>", "text/html", "did not answer with Prometheus JSON"),
+        (200, json.dumps({"status": "error", "error": "query timed out"}), "application/json", "query timed out"),
+    ],
+)
 def test_cli_server_errors(status, body, content_type, message):
     api = FakeAPI(status, body, content_type)
     try:
@@ -214,15 +234,26 @@ def histories():
     series("steady", counter(every(T0 - 2 * DAY, END), rng, 1000))
     series("steady", counter(every(T0 - 2 * DAY, END), rng), token_type=semconv.TOKEN_TYPE_OUTPUT)
     # restarts inside a chunk, one of them to exactly 0
-    series("reset-inside", counter(every(T0 - DAY, END), rng, 50, {T0 + 13 * HOUR + 17 * MIN: 3,
-                                                                 T0 + DAY + 20 * HOUR + 1 * MIN: 0}))
+    series(
+        "reset-inside",
+        counter(every(T0 - DAY, END), rng, 50, {T0 + 13 * HOUR + 17 * MIN: 3, T0 + DAY + 20 * HOUR + 1 * MIN: 0}),
+    )
     # restarts on chunk edges: day chunks are cut 1 ms before midnight, others at START_A + k days
     edge = set(every(T0 - DAY, END)) | {T0 + DAY - 1, T0 + 2 * DAY - 1}
-    series("reset-edge", counter(sorted(edge), rng, 9, {
-        T0 + DAY: 1,  # the first sample of a day, after one at 23:59:59.999
-        START_A + DAY + MIN: 2,  # the first sample after a chunk edge with a sample on it
-        START_A + 2 * DAY: 4,  # a sample on a chunk edge
-        T0 + 2 * DAY: 5}))
+    series(
+        "reset-edge",
+        counter(
+            sorted(edge),
+            rng,
+            9,
+            {
+                T0 + DAY: 1,  # the first sample of a day, after one at 23:59:59.999
+                START_A + DAY + MIN: 2,  # the first sample after a chunk edge with a sample on it
+                START_A + 2 * DAY: 4,  # a sample on a chunk edge
+                T0 + 2 * DAY: 5,
+            },
+        ),
+    )
     # restarted and grew past its old value inside a chunk (seen: the drop is between two samples);
     # a restart that grew past the old value between two scrapes can't be seen by any method that
     # reads the counter: like the raw samples, the result counts the difference
@@ -233,16 +264,26 @@ def histories():
     series("grows-back", grows)
     unseen = counter(times, rng, 1000)  # "restarted" between these two scrapes, counted 1500 since
     unseen[at] = (times[at], unseen[at - 1][1] + 1500)
-    series("unseen-restart", unseen[:at + 1] + counter(times[at + 1:], rng, unseen[at][1]))
+    series("unseen-restart", unseen[: at + 1] + counter(times[at + 1 :], rng, unseen[at][1]))
     # several restarts in a row, and one in the same chunk later
-    series("double-reset", counter(every(T0, END), rng, 700, {T0 + 9 * HOUR: 7, T0 + 9 * HOUR + MIN: 3,
-                                                             T0 + 9 * HOUR + 2 * MIN: 3, T0 + 15 * HOUR: 1}))
+    series(
+        "double-reset",
+        counter(
+            every(T0, END),
+            rng,
+            700,
+            {T0 + 9 * HOUR: 7, T0 + 9 * HOUR + MIN: 3, T0 + 9 * HOUR + 2 * MIN: 3, T0 + 15 * HOUR: 1},
+        ),
+    )
     # drops between samples 1 ms apart: windows can't be halved between them, the raw samples settle it
     close = {T0 + 12 * HOUR + 1: 3, T0 + 12 * HOUR + 2: 2, T0 + DAY + 2 * HOUR + 1: 8}
     series("ms-apart", counter(sorted(set(every(T0, END)) | set(close)), rng, 900, close))
     # label values that need quoting and regex escaping, one long enough for a POST
-    series('q"uo\\te|ü.*', counter(every(T0, END), rng, 5, {T0 + 11 * HOUR: 1, T0 + 11 * HOUR + 5 * MIN: 0}),
-           **{report.DIMENSIONS["scene"]: "s" * 7000})
+    series(
+        'q"uo\\te|ü.*',
+        counter(every(T0, END), rng, 5, {T0 + 11 * HOUR: 1, T0 + 11 * HOUR + 5 * MIN: 0}),
+        **{report.DIMENSIONS["scene"]: "s" * 7000},
+    )
     series("born", counter(every(T0 + DAY + 6 * HOUR + 13 * MIN, END), rng, 17))
     series("born-on-start", counter(every(START_A, END), rng, 3))
     # a scrape gap before the window: the value before it is the base, no new series
@@ -251,11 +292,20 @@ def histories():
     gap = counter(every(T0 - 10 * DAY, T0 - 3 * DAY), rng, 10_000)
     series("gap-reset", gap + counter(every(T0 + 9 * HOUR, END), rng, 20))
     # ... and again later in the same chunk, after a gap over the chunk's first half
-    series("gap-resets", counter(every(T0 - DAY, T0 + 7 * HOUR) + every(T0 + 20 * HOUR, END), rng, 10_000,
-                                 {T0 + 20 * HOUR: 5, T0 + DAY + 5 * HOUR: 1}))
+    series(
+        "gap-resets",
+        counter(
+            every(T0 - DAY, T0 + 7 * HOUR) + every(T0 + 20 * HOUR, END),
+            rng,
+            10_000,
+            {T0 + 20 * HOUR: 5, T0 + DAY + 5 * HOUR: 1},
+        ),
+    )
     # silent for longer than BASE_LOOKBACK: counts from zero, as a new series
-    series("ancient", counter(every(T0 - 40 * DAY, T0 - 40 * DAY + HOUR), rng, 400)
-           + counter(every(T0 + 10 * HOUR, END), rng, 900))
+    series(
+        "ancient",
+        counter(every(T0 - 40 * DAY, T0 - 40 * DAY + HOUR), rng, 400) + counter(every(T0 + 10 * HOUR, END), rng, 900),
+    )
     series(semconv.LABEL_OTHER, counter(every(T0 + DAY, T0 + DAY + 6 * HOUR), rng, 1))
     h.append(({TENANT: "no-model", TYPE: semconv.TOKEN_TYPE_OUTPUT}, counter(every(T0, END), rng)))
     # random scrape intervals with millisecond jitter, gaps and restarts
@@ -278,8 +328,19 @@ def prometheus_over(tmp_path, series_samples):
         text = ",".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(labels.items()))
         lines += [f"{METRIC}{{{text}}} {v} {t / 1000:.3f}" for t, v in samples]
     (tmp_path / "samples.om").write_text("\n".join(lines) + "\n# EOF\n")
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=2400h",
-                    str(tmp_path / "samples.om"), str(tmp_path / "data")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "promtool",
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=2400h",
+            str(tmp_path / "samples.om"),
+            str(tmp_path / "data"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     server = PrometheusServer([], tmp_path)
     server.command.append("--storage.tsdb.retention.time=100y")  # old samples stay
     server.start()
@@ -300,11 +361,14 @@ def prom(history, tmp_path_factory):
         yield api
 
 
-@pytest.mark.parametrize("start,end", [
-    (START_A, END_A),  # days, not starting or ending at midnight
-    (T0 + DAY, T0 + 3 * DAY),  # midnight to midnight: a sample at 00:00:00 is the next day's
-    (T0 + 5 * HOUR + 500, T0 + DAY + HOUR + 1),  # odd milliseconds
-])
+@pytest.mark.parametrize(
+    "start,end",
+    [
+        (START_A, END_A),  # days, not starting or ending at midnight
+        (T0 + DAY, T0 + 3 * DAY),  # midnight to midnight: a sample at 00:00:00 is the next day's
+        (T0 + 5 * HOUR + 500, T0 + DAY + HOUR + 1),  # odd milliseconds
+    ],
+)
 @pytest.mark.parametrize("by", [[TENANT, TYPE], [TENANT, TYPE, "day"], [INSTANCE, MODEL, "day"], ["day"]])
 @pytest.mark.parametrize("chunk", [86400, 3 * 3600])
 def test_exact_increase_equals_the_raw_samples(prom, history, start, end, by, chunk):
@@ -330,8 +394,9 @@ def test_exact_increase_sees_each_case(prom, history):
     assert got[("ancient",)] == value_at("ancient", END_A)
     # grew back past its old value: what came before the restart plus all after it
     restart = T0 + DAY + 3 * HOUR
-    assert got[("grows-back",)] == (value_at("grows-back", restart - MIN) - value_at("grows-back", START_A)
-                                    + value_at("grows-back", END_A))
+    assert got[("grows-back",)] == (
+        value_at("grows-back", restart - MIN) - value_at("grows-back", START_A) + value_at("grows-back", END_A)
+    )
     assert value_at("grows-back", END_A) > value_at("grows-back", restart - MIN)
     # a restart between two scrapes that grew past the old value is a rise like any other
     assert got[("unseen-restart",)] == value_at("unseen-restart", END_A) - value_at("unseen-restart", START_A)
@@ -341,11 +406,13 @@ def test_collect_and_the_report_command_equal_the_raw_samples(prom, history):
     rows = report.collect(prom, START_A / 1000, END_A / 1000, ["tenant", "model", "day"])
     expected = raw_reference(history, START_A, END_A, [TENANT, MODEL, "day", TYPE])
     assert {(*k, t): v for k, row in rows.items() for t, v in row.tokens.items() if v} == expected
-    code, out, err = run_report(prom, "--start", str(START_A / 1000), "--end", str(END_A / 1000), "--by",
-                                "tenant,model,day", "--format", "json")
+    code, out, err = run_report(
+        prom, "--start", str(START_A / 1000), "--end", str(END_A / 1000), "--by", "tenant,model,day", "--format", "json"
+    )
     assert code == 0, err
-    got = {(r["tenant"], r["model"], r["day"], t): n for r in json.loads(out)["rows"] for t, n in r["tokens"].items()
-           if n}
+    got = {
+        (r["tenant"], r["model"], r["day"], t): n for r in json.loads(out)["rows"] for t, n in r["tokens"].items() if n
+    }
     assert got == expected
 
 
@@ -353,8 +420,7 @@ def run_report(prom, *argv):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
     out, err = io.StringIO(), io.StringIO()
-    code = report.run(parser.parse_args(["--prometheus", prom.url, *argv]), now=END / 1000 + 60, out=out,
-                      err=err)
+    code = report.run(parser.parse_args(["--prometheus", prom.url, *argv]), now=END / 1000 + 60, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -362,12 +428,15 @@ def iso(ms):
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@pytest.mark.parametrize("start,end,expected", [
-    (T0 + 2 * DAY, T0 + 2 * DAY + 12 * HOUR, []),
-    (START_A, END_A, ["tenant"]),  # the "other" tenant: the label cap was hit
-    (T0 - 41 * DAY, T0 - 39 * DAY, ["from"]),  # before the first sample (the "ancient" series')
-    (T0 - 50 * DAY, T0 - 45 * DAY, ["no data"]),
-])
+@pytest.mark.parametrize(
+    "start,end,expected",
+    [
+        (T0 + 2 * DAY, T0 + 2 * DAY + 12 * HOUR, []),
+        (START_A, END_A, ["tenant"]),  # the "other" tenant: the label cap was hit
+        (T0 - 41 * DAY, T0 - 39 * DAY, ["from"]),  # before the first sample (the "ancient" series')
+        (T0 - 50 * DAY, T0 - 45 * DAY, ["no data"]),
+    ],
+)
 def test_warnings(prom, start, end, expected):
     found = report.prometheus_warnings(prom, start / 1000, end / 1000)
     assert len(found) == len(expected), found
@@ -377,23 +446,29 @@ def test_warnings(prom, start, end, expected):
             assert f'{TENANT}="{semconv.LABEL_OTHER}"' in line and "OTEL_LLM_METRIC_LABEL_LIMIT" in line
         elif what == "from":
             first = T0 - 40 * DAY
-            assert line == (f"Prometheus holds data for {METRIC} only from {iso(first)}: the report covers "
-                            f"{iso(first)}..{iso(end)}; use --ledger for bills")
+            assert line == (
+                f"Prometheus holds data for {METRIC} only from {iso(first)}: the report covers "
+                f"{iso(first)}..{iso(end)}; use --ledger for bills"
+            )
         else:
             assert line.startswith(f"Prometheus holds no data for {METRIC} ")
 
 
 def test_the_report_and_the_budget_view_warn_on_stderr_and_still_print(prom, tmp_path):
-    code, out, err = run_report(prom, "--start", str(T0 / 1000 - 41 * 86400), "--end", str(START_A / 1000),
-                                "--by", "tenant")
+    code, out, err = run_report(
+        prom, "--start", str(T0 / 1000 - 41 * 86400), "--end", str(START_A / 1000), "--by", "tenant"
+    )
     assert code == 0 and "TOTAL" in out
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
-    assert warnings == [f"warning: Prometheus holds data for {METRIC} only from {iso(T0 - 40 * DAY)}: the report "
-                        f"covers {iso(T0 - 40 * DAY)}..{iso(START_A)}; use --ledger for bills"]
+    assert warnings == [
+        f"warning: Prometheus holds data for {METRIC} only from {iso(T0 - 40 * DAY)}: the report "
+        f"covers {iso(T0 - 40 * DAY)}..{iso(START_A)}; use --ledger for bills"
+    ]
     budgets = tmp_path / "budgets.json"
     budgets.write_text(json.dumps({"budgets": [{"tenant": "steady", "tokens_per_day": 10**12}]}))
-    code, out, err = run_report(prom, "--budgets", str(budgets), "--start", str(START_A / 1000), "--end",
-                                str(END_A / 1000), "--format", "json")
+    code, out, err = run_report(
+        prom, "--budgets", str(budgets), "--start", str(START_A / 1000), "--end", str(END_A / 1000), "--format", "json"
+    )
     assert code == 0 and json.loads(out)["budgets"][0]["state"] == "ok"
     assert err.count("warning: ") == 1 and f'warning: {TENANT}="{semconv.LABEL_OTHER}"' in err
     code, out, err = run_report(prom, "--start", str(T0 / 1000 + 2 * 86400), "--range", "12h")
@@ -426,10 +501,17 @@ def scraped(every_ms, resets):
     return h
 
 
-@pytest.mark.parametrize("resets", [{}, {
-    1: [T0 + 2 * HOUR],  # stays below its old value in the chunk: settles at once
-    2: [T0 + 3 * HOUR + 20 * MIN, T0 + 4 * HOUR],  # grows back past it, then restarts again
-    4: [T0 + 9 * HOUR]}])
+@pytest.mark.parametrize(
+    "resets",
+    [
+        {},
+        {
+            1: [T0 + 2 * HOUR],  # stays below its old value in the chunk: settles at once
+            2: [T0 + 3 * HOUR + 20 * MIN, T0 + 4 * HOUR],  # grows back past it, then restarts again
+            4: [T0 + 9 * HOUR],
+        },
+    ],
+)
 def test_cost_grows_with_series_not_samples(tmp_path, resets):
     """The same counters over the same 12 h, scraped every second and every 15 s: 15 times the
     samples, the same answer, and (with no restarts) the same values transferred."""

@@ -22,23 +22,31 @@ def sha(key: str) -> str:
 @pytest.fixture
 def keys_file(tmp_path):
     path = tmp_path / "keys.json"
-    path.write_text(json.dumps({"keys": [
-        {"sha256": sha(KEY_A), "tenant": "acme", "scene": "support", "id": "acme-prod"},
-        {"sha256": sha(KEY_B), "tenant": "acme", "cost_center": "cc-1"},  # no id: a prefix of its hash
-    ]}))
+    path.write_text(
+        json.dumps(
+            {
+                "keys": [
+                    {"sha256": sha(KEY_A), "tenant": "acme", "scene": "support", "id": "acme-prod"},
+                    {"sha256": sha(KEY_B), "tenant": "acme", "cost_center": "cc-1"},  # no id: a prefix of its hash
+                ]
+            }
+        )
+    )
     return path
 
 
 def test_a_mapped_key_names_its_tenant_and_its_id_an_unmapped_one_neither(keys_file):
     attribution = Attribution(Settings(api_keys_file=str(keys_file)))
     assert attribution.caller({"authorization": f"Bearer {KEY_A}"}) == Caller("acme", "support", None, "acme-prod")
-    assert attribution.caller({"authorization": f"bearer {KEY_B}"}) == Caller("acme", None, "cc-1",
-                                                                              sha(KEY_B)[:KEY_ID_LENGTH])
+    assert attribution.caller({"authorization": f"bearer {KEY_B}"}) == Caller(
+        "acme", None, "cc-1", sha(KEY_B)[:KEY_ID_LENGTH]
+    )
     # the three-field call (the engine's baggage, other callers) is unchanged
     assert attribution({"authorization": f"Bearer {KEY_A}"}) == ("acme", "support", None)
     # an unknown key: tenant from the headers, no key id (no id is made up from a key the map lacks)
-    assert attribution.caller({"authorization": f"Bearer {KEY_C}", "x-tenant-id": "beta"}) == \
-        Caller("beta", None, None, None)
+    assert attribution.caller({"authorization": f"Bearer {KEY_C}", "x-tenant-id": "beta"}) == Caller(
+        "beta", None, None, None
+    )
     # the key map vouches for tenants and scenes, not ids
     assert attribution.vouched() == [frozenset({"acme"}), frozenset({"support"}), frozenset({"cc-1"})]
 
@@ -54,30 +62,43 @@ def test_an_id_that_is_the_key_itself_makes_the_map_unusable(tmp_path):
         load_api_keys(str(path))
 
 
-@pytest.mark.parametrize("fields,expected", [
-    ({"user": "u-1"}, "u-1"),
-    ({"safety_identifier": "hash-9", "user": "u-1"}, "hash-9"),  # the newer field wins
-    ({"user": "  u-2 "}, "u-2"),
-    ({"user": "x" * 129}, None),  # over OTEL_LLM_ATTRIBUTION_MAX_LENGTH: refused whole, never cut
-    ({"user": "a\x1bb"}, None),
-    ({"user": 42}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        ({"user": "u-1"}, "u-1"),
+        ({"safety_identifier": "hash-9", "user": "u-1"}, "hash-9"),  # the newer field wins
+        ({"user": "  u-2 "}, "u-2"),
+        ({"user": "x" * 129}, None),  # over OTEL_LLM_ATTRIBUTION_MAX_LENGTH: refused whole, never cut
+        ({"user": "a\x1bb"}, None),
+        ({"user": 42}, None),
+        ({}, None),
+    ],
+)
 def test_the_end_user_is_checked_like_a_tenant_value(fields, expected):
     assert Attribution(Settings()).end_user(fields.get) == expected
 
 
 def test_key_id_and_user_are_on_the_span_and_never_metric_labels(memory_otel, keys_file):
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("t"), memory_otel.meter_provider.get_meter("t"),
-                    Settings(api_keys_file=str(keys_file)))
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("t"),
+        memory_otel.meter_provider.get_meter("t"),
+        Settings(api_keys_file=str(keys_file)),
+    )
     caller = tel.attribution.caller({"authorization": f"Bearer {KEY_A}"})
-    info = RequestInfo(operation=semconv.OP_CHAT, model="m", tenant=caller.tenant, api_key_id=caller.api_key_id,
-                       user="end-user-7")
+    info = RequestInfo(
+        operation=semconv.OP_CHAT, model="m", tenant=caller.tenant, api_key_id=caller.api_key_id, user="end-user-7"
+    )
     start_request(tel, info).end()
-    span, = memory_otel.spans.get_finished_spans()
+    (span,) = memory_otel.spans.get_finished_spans()
     assert (span.attributes[semconv.API_KEY_ID], span.attributes[semconv.USER_ID]) == ("acme-prod", "end-user-7")
     data = memory_otel.reader.get_metrics_data()
-    labels = {key for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-              for point in m.data.data_points for key in point.attributes}
+    labels = {
+        key
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for point in m.data.data_points
+        for key in point.attributes
+    }
     assert semconv.TENANT_ID in labels  # the points are there, with the tenant
     assert not labels & {semconv.API_KEY_ID, semconv.USER_ID}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otel_llm import patching
-from otel_llm.cli import doctor
+from otel_llm.cli.doctor import doctor
 from otel_llm.vllm import contract, hooks, wrappers
 
 COMPAT_SOURCES = sorted((Path(__file__).resolve().parents[2] / ".cache" / "vllm-src").glob("*/vllm/_version.py"))
@@ -44,17 +44,25 @@ def write(root: Path, module: str, text: str) -> None:
 
 
 FIELDS = (contract.Fields(("vllm.state",), "State", ("prompt_len", "stats", "tokens"), ("newer",)),)
-HOOK = patching.Hook("handler", ("vllm.new.serving", "vllm.old.serving"), "Serving.create",
-                     wrappers.native_tracing_off, "x")
+HOOK = patching.Hook(
+    "handler", ("vllm.new.serving", "vllm.old.serving"), "Serving.create", wrappers.native_tracing_off, "x"
+)
 
 
 def test_fields_are_found_in_annotations_self_assignments_methods_and_relative_bases(tmp_path):
-    write(tmp_path, "vllm.base", """
+    write(
+        tmp_path,
+        "vllm.base",
+        """
         class Base:
             def __init__(self):
                 self.stats = None
-    """)
-    write(tmp_path, "vllm.state", """
+    """,
+    )
+    write(
+        tmp_path,
+        "vllm.state",
+        """
         from .base import Base
 
         class State(Base):
@@ -62,28 +70,37 @@ def test_fields_are_found_in_annotations_self_assignments_methods_and_relative_b
 
             def tokens(self):
                 return 0
-    """)
+    """,
+    )
     (finding,) = contract.check(tmp_path, hooks=(), fields=FIELDS)
     assert finding.ok and "optional, absent: newer" in finding.detail
 
 
 def test_a_missing_field_fails_naming_it(tmp_path):
-    write(tmp_path, "vllm.state", """
+    write(
+        tmp_path,
+        "vllm.state",
+        """
         class State:
             def __init__(self):
                 self.prompt_len = 0
                 self.tokens = []
-    """)
+    """,
+    )
     (finding,) = contract.check(tmp_path, hooks=(), fields=FIELDS)
     assert not finding.ok and finding.detail.endswith("lacks stats (optional, absent: newer)")
 
 
 def test_hook_found_in_the_first_candidate_module_that_exists(tmp_path):
-    write(tmp_path, "vllm.old.serving", """
+    write(
+        tmp_path,
+        "vllm.old.serving",
+        """
         class Serving:
             async def create(self, request):
                 pass
-    """)
+    """,
+    )
     (finding,) = contract.check(tmp_path, hooks=(HOOK,), fields=())
     assert finding.ok and finding.detail == "vllm.old.serving.Serving.create"
     write(tmp_path, "vllm.new.serving", "class Serving:\n    pass\n")
@@ -93,19 +110,28 @@ def test_hook_found_in_the_first_candidate_module_that_exists(tmp_path):
 
 def test_an_alias_shim_is_followed_to_the_module_vllm_imports(tmp_path, monkeypatch):
     # the package move seen in vLLM's repository: the old path stays as a sys.modules alias
-    write(tmp_path, "vllm.frontend.entrypoints.serving", """
+    write(
+        tmp_path,
+        "vllm.frontend.entrypoints.serving",
+        """
         class Serving:
             async def create(self, request):
                 pass
-    """)
-    write(tmp_path, "vllm.entrypoints.serving", """
+    """,
+    )
+    write(
+        tmp_path,
+        "vllm.entrypoints.serving",
+        """
         import importlib
         import sys
 
         sys.modules[__name__] = importlib.import_module("vllm.frontend.entrypoints.serving")
-    """)
-    old_only = patching.Hook("handler", ("vllm.entrypoints.serving",), "Serving.create",
-                             wrappers.native_tracing_off, "x")
+    """,
+    )
+    old_only = patching.Hook(
+        "handler", ("vllm.entrypoints.serving",), "Serving.create", wrappers.native_tracing_off, "x"
+    )
     (finding,) = contract.check(tmp_path, hooks=(old_only,), fields=())
     assert not finding.ok and "is an alias of vllm.frontend.entrypoints.serving" in finding.detail
     # at instrument time the post-import hook goes to the module vLLM imports
@@ -141,16 +167,23 @@ def test_what_the_readers_read_is_declared():
     import inspect
 
     declared = {spec.cls: set(spec.required) | set(spec.optional) for spec in contract.FIELDS}
-    objects = {"state": declared["RequestState"], "stats": declared["RequestStateStats"],
-               "detokenizer": declared["IncrementalDetokenizer"] | declared["BaseIncrementalDetokenizer"],
-               "parent": declared["ParentRequest"]}
+    objects = {
+        "state": declared["RequestState"],
+        "stats": declared["RequestStateStats"],
+        "detokenizer": declared["IncrementalDetokenizer"] | declared["BaseIncrementalDetokenizer"],
+        "parent": declared["ParentRequest"],
+    }
     tree = ast.parse(textwrap.dedent(inspect.getsource(contract.read_engine_request)))
     read = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in objects:
             read.add((node.value.id, node.attr))
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" \
-                and isinstance(node.args[0], ast.Name) and node.args[0].id in objects:
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "getattr"
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in objects
+        ):
             read.add((node.args[0].id, node.args[1].value))
     assert len(read) > 15
     assert [(obj, attr) for obj, attr in sorted(read) if attr not in objects[obj]] == []
@@ -166,13 +199,27 @@ def test_the_reader_on_vllms_own_objects():
     from vllm.v1.engine.output_processor import OutputProcessor
 
     def engine_request(request_id, **params):
-        return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 2, 3, 4, 5], mm_features=None,
-                                 arrival_time=time.time(), lora_request=None, cache_salt=None, data_parallel_rank=None,
-                                 external_req_id="client-id", **params)
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=[1, 2, 3, 4, 5],
+            mm_features=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+            external_req_id="client-id",
+            **params,
+        )
 
-    decode_leg = engine_request("r-generate", pooling_params=None, sampling_params=SamplingParams(
-        max_tokens=3, detokenize=False,
-        extra_args={"kv_transfer_params": {"do_remote_prefill": True, "remote_prefill_cached_tokens": 4}}))
+    decode_leg = engine_request(
+        "r-generate",
+        pooling_params=None,
+        sampling_params=SamplingParams(
+            max_tokens=3,
+            detokenize=False,
+            extra_args={"kv_transfer_params": {"do_remote_prefill": True, "remote_prefill_cached_tokens": 4}},
+        ),
+    )
     pooling = engine_request("r-pool", sampling_params=None, pooling_params=PoolingParams(task="embed"))
     processor = OutputProcessor(tokenizer=None, log_stats=True)
     processor.add_request(decode_leg, prompt=None)
@@ -180,8 +227,12 @@ def test_the_reader_on_vllms_own_objects():
     states = contract.read_request_states(processor)
 
     generated = contract.read_engine_request(states["r-generate"])
-    assert (generated.request_id, generated.external_id, generated.prompt_id, generated.index) == \
-        ("r-generate", "client-id", "r-generate", 0)
+    assert (generated.request_id, generated.external_id, generated.prompt_id, generated.index) == (
+        "r-generate",
+        "client-id",
+        "r-generate",
+        0,
+    )
     assert (generated.prompt_tokens, generated.cached_tokens, generated.remote_cached_tokens) == (5, 0, 4)
     assert generated.output_tokens == 0 and generated.lora_name is None
     assert generated.timing == contract.EngineTiming(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
@@ -204,10 +255,19 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-    request = EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2, 3], mm_features=None,
-                                sampling_params=SamplingParams(max_tokens=3, detokenize=False), pooling_params=None,
-                                arrival_time=time.time(), lora_request=None, cache_salt=None,
-                                data_parallel_rank=None, external_req_id="client-id", session_id="conv-7")
+    request = EngineCoreRequest(
+        request_id="r",
+        prompt_token_ids=[1, 2, 3],
+        mm_features=None,
+        sampling_params=SamplingParams(max_tokens=3, detokenize=False),
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id="client-id",
+        session_id="conv-7",
+    )
     assert contract.read_session_id(request) == "conv-7"
     processor = OutputProcessor(tokenizer=None, log_stats=True)
     processor.add_request(request, prompt=None)
@@ -219,17 +279,30 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
     state.spec_decode_metrics = metrics
     drafts, accepted, steps = contract.read_engine_request(state).spec_decode
     figures = metrics.to_dict()  # what vLLM puts in the response's metrics.speculative_decoding
-    assert (drafts, accepted, steps) == (figures["num_draft_tokens"], figures["num_accepted_draft_tokens"],
-                                         figures["num_spec_steps"]) == (11, 6, 4)
+    assert (
+        (drafts, accepted, steps)
+        == (figures["num_draft_tokens"], figures["num_accepted_draft_tokens"], figures["num_spec_steps"])
+        == (11, 6, 4)
+    )
     assert accepted / drafts == figures["draft_acceptance_rate"]
     assert 1 + accepted / steps == figures["mean_acceptance_length"]
 
     metadata = type("Metadata", (), {})()
-    metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9,
-                                          completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=5))
+    metadata.final_usage_info = UsageInfo(
+        prompt_tokens=3, completion_tokens=9, completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=5)
+    )
     assert contract.read_reasoning_tokens(None, metadata) == 5  # a stream: no response object
-    response = type("Response", (), {"usage": UsageInfo(
-        prompt_tokens=3, completion_tokens=9, completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=7))})
+    response = type(
+        "Response",
+        (),
+        {
+            "usage": UsageInfo(
+                prompt_tokens=3,
+                completion_tokens=9,
+                completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=7),
+            )
+        },
+    )
     assert contract.read_reasoning_tokens(response, metadata) == 7
     metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9)  # no reasoning parser
     assert contract.read_reasoning_tokens(None, metadata) is None

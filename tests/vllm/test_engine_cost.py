@@ -35,9 +35,17 @@ class Writer:
 
 
 def request(rid: str, prompt: int):
-    return SimpleNamespace(request_id=rid, num_prompt_tokens=prompt, num_computed_tokens=0, num_output_tokens=0,
-                           arrival_time=1.0, lora_request=None, trace_headers=None, reason="length",
-                           get_finished_reason=lambda: "length")
+    return SimpleNamespace(
+        request_id=rid,
+        num_prompt_tokens=prompt,
+        num_computed_tokens=0,
+        num_output_tokens=0,
+        arrival_time=1.0,
+        lora_request=None,
+        trace_headers=None,
+        reason="length",
+        get_finished_reason=lambda: "length",
+    )
 
 
 def make_book(capacity=100):
@@ -46,13 +54,21 @@ def make_book(capacity=100):
     scheduler = SimpleNamespace(
         requests=requests,
         kv_cache_manager=SimpleNamespace(
-            coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks=blocks,
-                                                                               block_size=BLOCK)]),
-            block_pool=SimpleNamespace(num_gpu_blocks=capacity + 1)),
-        vllm_config=SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny", model="tiny")))
+            coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks=blocks, block_size=BLOCK)]),
+            block_pool=SimpleNamespace(num_gpu_blocks=capacity + 1),
+        ),
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny", model="tiny")),
+    )
     clock, writer = Clock(), Writer()
-    book = CostBook(scheduler, writer, instance="host:1", service="vllm", engine_instance="host:1/engine0",
-                    window_ns=10**12, clock=clock)
+    book = CostBook(
+        scheduler,
+        writer,
+        instance="host:1",
+        service="vllm",
+        engine_instance="host:1/engine0",
+        window_ns=10**12,
+        clock=clock,
+    )
     return book, clock, writer, blocks, requests
 
 
@@ -63,10 +79,14 @@ def schedule(book, requests, blocks, tokens: dict[str, int], new=(), resumed=())
         r = requests[rid]
         r.num_computed_tokens += n
         blocks[rid] = [None] * -(-r.num_computed_tokens // BLOCK)
-    so = SimpleNamespace(num_scheduled_tokens=dict(tokens), total_num_scheduled_tokens=sum(tokens.values()),
-                         scheduled_new_reqs=[SimpleNamespace(req_id=rid, num_computed_tokens=0) for rid in new],
-                         scheduled_cached_reqs=SimpleNamespace(req_ids=list(computed), resumed_req_ids=set(resumed),
-                                                               num_computed_tokens=list(computed.values())))
+    so = SimpleNamespace(
+        num_scheduled_tokens=dict(tokens),
+        total_num_scheduled_tokens=sum(tokens.values()),
+        scheduled_new_reqs=[SimpleNamespace(req_id=rid, num_computed_tokens=0) for rid in new],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(computed), resumed_req_ids=set(resumed), num_computed_tokens=list(computed.values())
+        ),
+    )
     book.scheduled(so)
     return so
 

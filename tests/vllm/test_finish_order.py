@@ -13,7 +13,8 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.metrics.stats import IterationStats
 
-from otel_llm import ledger, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger
 from otel_llm.config import Settings
 from otel_llm.vllm import contract, hooks
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, start_request
@@ -25,8 +26,11 @@ COST = "1000,400,0,0,0,7"  # an engine_cost summary: compute ns, prefill ns, KV,
 
 @pytest.fixture
 def env(memory_otel, tmp_path):
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test"),
-                    Settings(usage_dir=str(tmp_path)))
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("test"),
+        memory_otel.meter_provider.get_meter("test"),
+        Settings(usage_dir=str(tmp_path)),
+    )
     patcher = hooks.patcher(tel, tuple(h for h in hooks.HOOKS if h.name in _OUTPUT_HOOKS))
     patcher.install()
     assert patcher.missing == []
@@ -41,11 +45,23 @@ def start(tel, choices=1):
     token = CURRENT.set(record)
     try:
         for index in range(choices):
-            processor.add_request(EngineCoreRequest(
-                request_id=f"r{index}", prompt_token_ids=[1, 2, 3], mm_features=None,
-                sampling_params=SamplingParams(max_tokens=4, detokenize=False), pooling_params=None,
-                arrival_time=time.time(), lora_request=None, cache_salt=None, data_parallel_rank=None,
-                external_req_id="client-id", session_id="conv-1"), prompt=None, request_index=index)
+            processor.add_request(
+                EngineCoreRequest(
+                    request_id=f"r{index}",
+                    prompt_token_ids=[1, 2, 3],
+                    mm_features=None,
+                    sampling_params=SamplingParams(max_tokens=4, detokenize=False),
+                    pooling_params=None,
+                    arrival_time=time.time(),
+                    lora_request=None,
+                    cache_salt=None,
+                    data_parallel_rank=None,
+                    external_req_id="client-id",
+                    session_id="conv-1",
+                ),
+                prompt=None,
+                request_index=index,
+            )
     finally:
         CURRENT.reset(token)
     assert len(record.engine_states) == choices
@@ -61,8 +77,12 @@ def fire(processor, event: str, request_id: str = "r0", state=None):
     elif event == "finish_abort":  # vLLM's change that records stats of aborted requests
         processor._update_stats_from_finished(state, FinishReason.ABORT, IterationStats())
     elif event == "final_output":
-        output = EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason=FinishReason.STOP,
-                                  trace_headers={contract.ENGINE_COST_HEADER: COST})
+        output = EngineCoreOutput(
+            request_id=request_id,
+            new_token_ids=[],
+            finish_reason=FinishReason.STOP,
+            trace_headers={contract.ENGINE_COST_HEADER: COST},
+        )
         processor.do_tracing(output, state, IterationStats())
     elif event == "abort":
         processor.abort_requests([request_id], internal=True)
@@ -94,8 +114,16 @@ def test_a_finished_request_ends_once_with_the_engines_figures_in_either_order(e
 ABORT_EVENTS = ["abort", "finish_abort", "final_output"]
 
 
-@pytest.mark.parametrize("order", [o for n in (1, 2, 3) for o in itertools.permutations(ABORT_EVENTS, n)
-                                   if "final_output" not in o[:1] and o != ("final_output",)], ids=str)
+@pytest.mark.parametrize(
+    "order",
+    [
+        o
+        for n in (1, 2, 3)
+        for o in itertools.permutations(ABORT_EVENTS, n)
+        if "final_output" not in o[:1] and o != ("final_output",)
+    ],
+    ids=str,
+)
 def test_an_aborted_request_ends_once_as_aborted_whatever_comes_first(env, order):
     tel, spans, spool = env
     processor, record = start(tel)
@@ -111,8 +139,11 @@ def test_an_aborted_request_ends_once_as_aborted_whatever_comes_first(env, order
     assert tel.engine_requests_in_flight() == 0
 
 
-@pytest.mark.parametrize("order", list(itertools.permutations(
-    [("finish", "r0"), ("final_output", "r0"), ("finish", "r1"), ("final_output", "r1")])), ids=str)
+@pytest.mark.parametrize(
+    "order",
+    list(itertools.permutations([("finish", "r0"), ("final_output", "r0"), ("finish", "r1"), ("final_output", "r1")])),
+    ids=str,
+)
 def test_two_choices_end_once_after_both_finished_and_both_final_outputs(env, order):
     tel, spans, spool = env
     processor, record = start(tel, choices=2)

@@ -21,8 +21,9 @@ def test_every_hook_is_found_in_the_installed_vllm():
 
 def test_missing_hook_warns_once_naming_it(caplog):
     missing = patching.Hook("gone", ("vllm.no_such_module_xyz",), "f", wrappers.native_tracing_off, "something")
-    optional = patching.Hook("maybe", ("vllm.no_such_module_abc",), "f", wrappers.native_tracing_off, "extra",
-                          required=False)
+    optional = patching.Hook(
+        "maybe", ("vllm.no_such_module_abc",), "f", wrappers.native_tracing_off, "extra", required=False
+    )
     patcher = hooks.patcher(None, (missing, optional))
     with caplog.at_level(logging.INFO, logger="otel_llm"):
         patcher.install()

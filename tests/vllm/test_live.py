@@ -13,9 +13,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from devkit.otlp_receiver import Receiver
-from otel_llm import __version__, ledger, semconv
+from otel_llm import __version__, semconv
+from otel_llm.billing import ledger
 from otel_llm.config import Settings
-from otel_llm.vllm import offload
+from otel_llm.vllm.export import channel as offload
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request
 from otel_llm.vllm.telemetry import Telemetry
 
@@ -27,8 +28,15 @@ class EngineState(SimpleNamespace):
     """A stand-in for vLLM's RequestState whose output grows (`generated`)."""
 
     def __init__(self, request_id="r1", prompt_len=10, cached=4):
-        super().__init__(request_id=request_id, external_req_id="chatcmpl-" + request_id, prompt_len=prompt_len,
-                         num_cached_tokens=cached, stats=None, parent_req=None, request_index=0)
+        super().__init__(
+            request_id=request_id,
+            external_req_id="chatcmpl-" + request_id,
+            prompt_len=prompt_len,
+            num_cached_tokens=cached,
+            stats=None,
+            parent_req=None,
+            request_index=0,
+        )
         self.generated = 0
         self.detokenizer = SimpleNamespace(num_output_tokens=lambda: self.generated)
 
@@ -39,17 +47,26 @@ def settings(spool, interval=1.0) -> Settings:
 
 @pytest.fixture
 def env(memory_otel, tmp_path):
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test"),
-                    settings(tmp_path), {semconv.SERVICE_INSTANCE_ID: "host:8000"})
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("test"),
+        memory_otel.meter_provider.get_meter("test"),
+        settings(tmp_path),
+        {semconv.SERVICE_INSTANCE_ID: "host:8000"},
+    )
     return SimpleNamespace(tel=tel, reader=memory_otel.reader, spool=str(tmp_path))
 
 
 def token_series(reader) -> dict[tuple, int]:
     """(response model, token type) -> the counter's value, as a reader collects it now."""
     data = reader.get_metrics_data()
-    return {(p.attributes.get(semconv.GEN_AI_RESPONSE_MODEL), p.attributes[semconv.GEN_AI_TOKEN_TYPE]): p.value
-            for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == semconv.SERVER_TOKEN_USAGE for p in m.data.data_points}
+    return {
+        (p.attributes.get(semconv.GEN_AI_RESPONSE_MODEL), p.attributes[semconv.GEN_AI_TOKEN_TYPE]): p.value
+        for rm in (data.resource_metrics if data else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == semconv.SERVER_TOKEN_USAGE
+        for p in m.data.data_points
+    }
 
 
 def assert_grew(before: dict, after: dict) -> None:
@@ -66,8 +83,9 @@ def progress_records(spool) -> list[dict]:
 
 
 def test_a_long_stream_counts_while_it_runs_and_its_bill_is_its_usage(env):
-    info = RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True, tenant="acme", scene="search",
-                       cost_center="cc-1")
+    info = RequestInfo(
+        operation=semconv.OP_CHAT, model="m", stream=True, tenant="acme", scene="search", cost_center="cc-1"
+    )
     record = start_request(env.tel, info)
     state = EngineState()
     record.attach_engine_request(state)
@@ -82,15 +100,23 @@ def test_a_long_stream_counts_while_it_runs_and_its_bill_is_its_usage(env):
     assert seen == {("m", INPUT): 10, ("m", CACHED): 4, ("m", OUTPUT): 7}
     (progress,) = progress_records(env.spool)
     assert progress == {
-        semconv.USAGE_KIND: semconv.USAGE_KIND_PROGRESS, semconv.USAGE_ID: "host:8000/r1",
-        semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA, semconv.SERVICE_NAME: semconv.SERVICE_NAME_DEFAULT,
-        semconv.SERVICE_INSTANCE_ID: "host:8000", semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
-        semconv.GEN_AI_REQUEST_MODEL: "m", semconv.TENANT_ID: "acme", semconv.TENANT_SCENE: "search",
-        semconv.TENANT_COST_CENTER: "cc-1", semconv.GEN_AI_USAGE_INPUT_TOKENS: 10,
-        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
+        semconv.USAGE_KIND: semconv.USAGE_KIND_PROGRESS,
+        semconv.USAGE_ID: "host:8000/r1",
+        semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
+        semconv.SERVICE_NAME: semconv.SERVICE_NAME_DEFAULT,
+        semconv.SERVICE_INSTANCE_ID: "host:8000",
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_REQUEST_MODEL: "m",
+        semconv.TENANT_ID: "acme",
+        semconv.TENANT_SCENE: "search",
+        semconv.TENANT_COST_CENTER: "cc-1",
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: 10,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
         semconv.USAGE_TIME: t0 + 3 * S // 2,
         semconv.USAGE_TRACE_ID: format(record.span.get_span_context().trace_id, "032x"),
-        semconv.USAGE_SPAN_ID: format(record.span.get_span_context().span_id, "016x")}
+        semconv.USAGE_SPAN_ID: format(record.span.get_span_context().span_id, "016x"),
+    }
 
     assert env.tel.live.sweep(t0 + 5 * S // 2) == 0  # nothing generated since: no record, no increment
     assert len(progress_records(env.spool)) == 1
@@ -108,8 +134,11 @@ def test_a_long_stream_counts_while_it_runs_and_its_bill_is_its_usage(env):
     assert final == {("m", INPUT): 10, ("m", CACHED): 4, ("m", OUTPUT): 25}
     (bill,) = ledger.read_spool(env.spool)  # the bills: progress records are not among them
     assert bill[semconv.USAGE_ID] == progress[semconv.USAGE_ID]
-    assert (bill[semconv.GEN_AI_USAGE_INPUT_TOKENS], bill[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS],
-            bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) == (10, 4, 25)
+    assert (
+        bill[semconv.GEN_AI_USAGE_INPUT_TOKENS],
+        bill[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS],
+        bill[semconv.GEN_AI_USAGE_OUTPUT_TOKENS],
+    ) == (10, 4, 25)
     assert kinds(env.spool) == [semconv.USAGE_KIND_PROGRESS, semconv.USAGE_KIND_PROGRESS, None]
 
     state.generated = 30  # (vLLM's state outliving the request): no progress after the bill
@@ -143,8 +172,9 @@ def test_short_requests_cost_no_sweep_and_several_choices_share_one_prompt(env):
     short.attach_engine_request(EngineState("short"))
     t0 = short.start_ns
     parent = SimpleNamespace(request_id="parent")
-    long = start_request(env.tel, RequestInfo(operation=semconv.OP_CHAT, model="m", choice_count=2),
-                         start_ns=t0 - 10 * S)
+    long = start_request(
+        env.tel, RequestInfo(operation=semconv.OP_CHAT, model="m", choice_count=2), start_ns=t0 - 10 * S
+    )
     choices = [EngineState(f"c{i}", prompt_len=6, cached=0) for i in range(2)]
     for i, choice in enumerate(choices):
         choice.parent_req, choice.request_index, choice.generated = parent, i, 4 + i
@@ -182,8 +212,11 @@ def test_a_request_ended_on_another_thread_gets_no_progress_after_its_bill(env):
 
 
 def test_zero_turns_it_off(memory_otel, tmp_path):
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test"),
-                    settings(tmp_path, interval=0))
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("test"),
+        memory_otel.meter_provider.get_meter("test"),
+        settings(tmp_path, interval=0),
+    )
     record = start_request(tel, RequestInfo(operation=semconv.OP_CHAT, model="m"), start_ns=time.time_ns() - 60 * S)
     state = EngineState()
     record.attach_engine_request(state)
@@ -194,8 +227,11 @@ def test_zero_turns_it_off(memory_otel, tmp_path):
 
 
 def test_one_timer_on_the_event_loop_sweeps_while_requests_are_in_flight(memory_otel, tmp_path):
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test"),
-                    settings(tmp_path, interval=0.05))
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("test"),
+        memory_otel.meter_provider.get_meter("test"),
+        settings(tmp_path, interval=0.05),
+    )
 
     async def serve():
         records = []
@@ -228,17 +264,32 @@ def test_progress_reaches_the_export_process_and_the_total_is_the_usage(monkeypa
     """With the export process (the default under opentelemetry-instrument): a sweep sends one
     message of increments, the request's Measurement the rest."""
     with Receiver(grpc=False) as receiver:
-        for name, value in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp",
-                            "OTEL_LOGS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                            "OTEL_METRIC_EXPORT_INTERVAL": "200", "OTEL_LLM_SHUTDOWN_TIMEOUT": "5"}.items():
+        for name, value in {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": "200",
+            "OTEL_LLM_SHUTDOWN_TIMEOUT": "5",
+        }.items():
             monkeypatch.setenv(name, value)
-        link = offload.ExportChannel({"traces": True, "metrics": True, "usage_events": False,
-                                      "resource": dict(RESOURCE.attributes), "schema_url": None,
-                                      "version": __version__}, on_drop=lambda reason: None, shutdown_timeout_s=5)
+        link = offload.ExportChannel(
+            {
+                "traces": True,
+                "metrics": True,
+                "usage_events": False,
+                "resource": dict(RESOURCE.attributes),
+                "schema_url": None,
+                "version": __version__,
+            },
+            on_drop=lambda reason: None,
+            shutdown_timeout_s=5,
+        )
         tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
-        tel = Telemetry(tracer, MeterProvider().get_meter("test"), settings(tmp_path), channel=link,
-                        offload_metrics=True)
+        tel = Telemetry(
+            tracer, MeterProvider().get_meter("test"), settings(tmp_path), channel=link, offload_metrics=True
+        )
         assert tel.metrics is None
         record = start_request(tel, RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True, tenant="acme"))
         state = EngineState()
@@ -246,8 +297,11 @@ def test_progress_reaches_the_export_process_and_the_total_is_the_usage(monkeypa
         state.generated = 7
 
         def tokens(rx):
-            return {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.value for p in rx.latest_metrics()
-                    if p.name == semconv.SERVER_TOKEN_USAGE and p.attributes.get(semconv.TENANT_ID) == "acme"}
+            return {
+                p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.value
+                for p in rx.latest_metrics()
+                if p.name == semconv.SERVER_TOKEN_USAGE and p.attributes.get(semconv.TENANT_ID) == "acme"
+            }
 
         assert tel.live.sweep(record.start_ns + 2 * S) == 1
         assert receiver.wait_for(lambda rx: tokens(rx).get(OUTPUT) == 7, 30)
@@ -268,8 +322,12 @@ def test_the_interval_setting():
 def test_a_new_event_loop_gets_its_own_timer(memory_otel, tmp_path):
     """A loop closed while a request was in flight (its timer pending) does not keep the next
     loop's requests from being swept."""
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test"),
-                    settings(tmp_path, interval=0.05), {semconv.SERVICE_INSTANCE_ID: "host:8000"})
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("test"),
+        memory_otel.meter_provider.get_meter("test"),
+        settings(tmp_path, interval=0.05),
+        {semconv.SERVICE_INSTANCE_ID: "host:8000"},
+    )
 
     async def attach(name):
         record = start_request(tel, RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True))
@@ -302,4 +360,6 @@ def test_a_label_of_a_str_subclass_still_travels_to_the_export_process():
     with pytest.raises(ValueError):
         marshal.dumps(message)
     assert marshal.loads(marshal.dumps(offload._plain(message))) == (
-        offload.PROGRESS, [((semconv.OP_CHAT, "m", "m", "acme", None, None), (10, 4, 7))])
+        offload.PROGRESS,
+        [((semconv.OP_CHAT, "m", "m", "acme", None, None), (10, 4, 7))],
+    )

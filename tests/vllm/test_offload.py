@@ -1,4 +1,4 @@
-"""The export process (otel_llm/vllm/offload.py, export_process.py) with a real child process
+"""The export process (otel_llm/vllm/export/channel.py, export_process.py) with a real child process
 and a real OTLP receiver: what it exports equals what the SDK exports in process, it honours
 the sampler, it drops (and counts) instead of blocking, and it is restarted, forked and closed
 as a server needs."""
@@ -26,13 +26,19 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.status import Status, StatusCode
 
 from devkit.otlp_receiver import Receiver
-from otel_llm import __version__, semconv, shutdown
-from otel_llm.vllm import offload
+from otel_llm import __version__, semconv
+from otel_llm.sdk import shutdown
+from otel_llm.vllm.export import channel as offload
 
 T0 = 1_700_000_000_000_000_000
 RESOURCE = Resource({"service.name": "vllm", "service.instance.id": "node-1:8000", "process.pid": 4242})
-REMOTE_PARENT = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
-                            trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "x1")]))
+REMOTE_PARENT = SpanContext(
+    0x0AF7651916CD43DD8448EB211C80319C,
+    0xB7AD6B7169203331,
+    is_remote=True,
+    trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    trace_state=TraceState([("vendor", "x1")]),
+)
 
 
 class Sequence(IdGenerator):
@@ -61,10 +67,18 @@ class Reason(str, enum.Enum):  # a str subclass: marshal refuses it, the SDK exp
 def request_tree(tracer) -> trace.Span:
     """What RequestTelemetry does to one request's spans, with edge cases the SDK handles."""
     parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
-    root = tracer.start_span("chat tiny", context=parent, kind=SpanKind.INTERNAL, start_time=T0,
-                             attributes={semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_REQUEST_MODEL: "tiny",
-                                         semconv.GEN_AI_REQUEST_TEMPERATURE: 0.5},
-                             links=[Link(SpanContext(0x1234, 0x5678, is_remote=True))])
+    root = tracer.start_span(
+        "chat tiny",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        start_time=T0,
+        attributes={
+            semconv.GEN_AI_OPERATION_NAME: "chat",
+            semconv.GEN_AI_REQUEST_MODEL: "tiny",
+            semconv.GEN_AI_REQUEST_TEMPERATURE: 0.5,
+        },
+        links=[Link(SpanContext(0x1234, 0x5678, is_remote=True))],
+    )
     context = trace.set_span_in_context(root)
     for i, name in enumerate(semconv.PHASE_SPANS):
         attributes = {semconv.VLLM_REQUEST_ID: "cmpl-1"} if i else None
@@ -72,14 +86,17 @@ def request_tree(tracer) -> trace.Span:
             root.add_child(name, T0 + 10 * i, T0 + 10 * i + 5, attributes)
         else:
             tracer.start_span(name, context=context, start_time=T0 + 10 * i, attributes=attributes).end(T0 + 10 * i + 5)
-    root.set_attributes({
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 4,
-        semconv.GEN_AI_RESPONSE_FINISH_REASONS: [Reason.LENGTH, "stop"],
-        semconv.GEN_AI_REQUEST_MODEL: "tiny-again",  # overwritten: moves to the end, as in the SDK
-        semconv.GEN_AI_RESPONSE_ID: "x" * 100,  # cut by OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
-        semconv.VLLM_ABORTED: True,
-        "otel_llm.test.bad": Choice.A,  # a type the SDK does not take
-    })
+    root.set_attributes(
+        {
+            semconv.GEN_AI_USAGE_INPUT_TOKENS: 12,
+            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 4,
+            semconv.GEN_AI_RESPONSE_FINISH_REASONS: [Reason.LENGTH, "stop"],
+            semconv.GEN_AI_REQUEST_MODEL: "tiny-again",  # overwritten: moves to the end, as in the SDK
+            semconv.GEN_AI_RESPONSE_ID: "x" * 100,  # cut by OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+            semconv.VLLM_ABORTED: True,
+            "otel_llm.test.bad": Choice.A,  # a type the SDK does not take
+        }
+    )
     root.set_attribute(semconv.TENANT_ID, None)  # (the SDK exports an empty value)
     root.set_status(Status(StatusCode.ERROR, "engine failed"))
     root.end(end_time=T0 + 100)
@@ -90,20 +107,33 @@ def request_tree(tracer) -> trace.Span:
 def export_env(monkeypatch):
     def configure(endpoint: str):
         for name, value in {
-            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_LOGS_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_METRIC_EXPORT_INTERVAL": "200",
-            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40", "OTEL_LLM_SHUTDOWN_TIMEOUT": "5",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_LOGS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_METRIC_EXPORT_INTERVAL": "200",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40",
+            "OTEL_LLM_SHUTDOWN_TIMEOUT": "5",
         }.items():
             monkeypatch.setenv(name, value)
+
     return configure
 
 
 def channel(metrics=False, events=False, drops=None) -> offload.ExportChannel:
-    config = {"traces": True, "metrics": metrics, "usage_events": events, "resource": dict(RESOURCE.attributes),
-              "schema_url": None, "version": __version__}
-    return offload.ExportChannel(config, on_drop=(drops.append if drops is not None else lambda reason: None),
-                                 shutdown_timeout_s=5)
+    config = {
+        "traces": True,
+        "metrics": metrics,
+        "usage_events": events,
+        "resource": dict(RESOURCE.attributes),
+        "schema_url": None,
+        "version": __version__,
+    }
+    return offload.ExportChannel(
+        config, on_drop=(drops.append if drops is not None else lambda reason: None), shutdown_timeout_s=5
+    )
 
 
 def deferred_request(tracer: offload.DeferredTracer) -> offload.Outbox:
@@ -150,8 +180,13 @@ def http_request(http_tracer, tracer, hand_over=None) -> tuple:
     that fails: the server span (another scope, status rules, an exception event) and the GenAI
     span made under it."""
     parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
-    server = http_tracer.start_span("POST /v1/chat/completions", context=parent, kind=SpanKind.SERVER, start_time=T0,
-                                    attributes={"http.request.method": "POST", "url.path": "/v1/chat/completions"})
+    server = http_tracer.start_span(
+        "POST /v1/chat/completions",
+        context=parent,
+        kind=SpanKind.SERVER,
+        start_time=T0,
+        attributes={"http.request.method": "POST", "url.path": "/v1/chat/completions"},
+    )
     assert server.kind is SpanKind.SERVER  # read by the middleware; the redaction hook reads attributes:
     assert server.attributes.get("url.path") == ("/v1/chat/completions" if server.is_recording() else None)
     with trace.use_span(server, end_on_exit=False):
@@ -200,8 +235,9 @@ def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(exp
         link = channel()
         tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
         http_tracers = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link))
-        server, genai = http_request(http_tracers.get_tracer(*FASTAPI_SCOPE), tracer,
-                                     lambda span: offload.hand_over(span, link))
+        server, genai = http_request(
+            http_tracers.get_tracer(*FASTAPI_SCOPE), tracer, lambda span: offload.hand_over(span, link)
+        )
         assert genai.holder is server
         assert link.sent == 1  # the GenAI span went along with the HTTP span
         link.close()
@@ -223,7 +259,8 @@ def test_a_websocket_span_takes_nothing_along(export_env):
         link = channel()
         tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
         http_tracer = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)).get_tracer(
-            *FASTAPI_SCOPE)
+            *FASTAPI_SCOPE
+        )
         socket_span = http_tracer.start_span("/v1/realtime websocket", kind=SpanKind.SERVER)
         offload.hold_nothing(socket_span)  # (http.py's server request hook, for a websocket scope)
         with trace.use_span(socket_span, end_on_exit=False):
@@ -300,8 +337,11 @@ def test_the_users_sampler_decides():
     kept = parent_based.start_span("chat", context=sampled_parent)
     assert kept.is_recording() and kept.get_span_context().trace_id == REMOTE_PARENT.trace_id
     assert kept.get_span_context().trace_state == REMOTE_PARENT.trace_state
-    unsampled_parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
-        REMOTE_PARENT.trace_id, REMOTE_PARENT.span_id, is_remote=True, trace_flags=TraceFlags(0))))
+    unsampled_parent = trace.set_span_in_context(
+        NonRecordingSpan(
+            SpanContext(REMOTE_PARENT.trace_id, REMOTE_PARENT.span_id, is_remote=True, trace_flags=TraceFlags(0))
+        )
+    )
     assert not parent_based.start_span("chat", context=unsampled_parent).is_recording()
     assert not parent_based.start_span("chat").is_recording()  # a root: ALWAYS_OFF
 
@@ -313,23 +353,33 @@ def test_metrics_and_usage_events_are_recorded_with_exemplars(export_env):
         span = tracer.start_span("chat tiny")
         key = ("chat", "tiny", "tiny", "acme", None, None)
         span.outbox.measurement = (key, None, 0.25, 0.01, 1.5, (12, 4, 3))
-        offload.UsageEvents().emit(timestamp=T0, context=trace.set_span_in_context(span),
-                                   attributes={semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"})
+        offload.UsageEvents().emit(
+            timestamp=T0,
+            context=trace.set_span_in_context(span),
+            attributes={semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"},
+        )
         span.end()
         link = channel(metrics=True, events=True)
         assert link.send(span.outbox.message())
         link.close()
         ctx = span.get_span_context()
-        duration = receiver.wait_for(lambda r: [p for p in r.latest_metrics()
-                                                if p.name == semconv.SERVER_REQUEST_DURATION])
+        duration = receiver.wait_for(
+            lambda r: [p for p in r.latest_metrics() if p.name == semconv.SERVER_REQUEST_DURATION]
+        )
         assert duration[0].count == 1 and duration[0].total == 1.5
         assert duration[0].attributes[semconv.TENANT_ID] == "acme"
         assert duration[0].exemplars[0]["trace_id"] == format(ctx.trace_id, "032x")
         assert duration[0].resource["process.pid"] == 4242
-        tokens = {p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.value for p in receiver.latest_metrics()
-                  if p.name == semconv.SERVER_TOKEN_USAGE}
-        assert tokens == {semconv.TOKEN_TYPE_INPUT: 12, semconv.TOKEN_TYPE_CACHED_INPUT: 4,
-                          semconv.TOKEN_TYPE_OUTPUT: 3}
+        tokens = {
+            p.attributes[semconv.GEN_AI_TOKEN_TYPE]: p.value
+            for p in receiver.latest_metrics()
+            if p.name == semconv.SERVER_TOKEN_USAGE
+        }
+        assert tokens == {
+            semconv.TOKEN_TYPE_INPUT: 12,
+            semconv.TOKEN_TYPE_CACHED_INPUT: 4,
+            semconv.TOKEN_TYPE_OUTPUT: 3,
+        }
         [event] = receiver.logs
         assert event.event_name == semconv.USAGE_EVENT and event.time_ns == T0
         assert event.attributes == {semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"}
@@ -404,7 +454,7 @@ import os, sys
 from types import SimpleNamespace
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from otel_llm.vllm import offload
+from otel_llm.vllm.export import channel as offload
 
 def one(name):
     span = offload.DeferredTracer(SimpleNamespace(sampler=ALWAYS_ON, id_generator=RandomIdGenerator())).start_span(name)
@@ -463,7 +513,6 @@ def test_the_export_process_is_not_instrumented_itself():
     auto = os.path.join("site-packages", "opentelemetry", "instrumentation", "auto_instrumentation")
     env = offload.child_environment({"PYTHONPATH": f"/x/{auto}:/app", "OTEL_SERVICE_NAME": "vllm"})
     assert env == {"PYTHONPATH": "/app", "OTEL_SERVICE_NAME": "vllm"}
-
 
 
 def test_the_export_process_joins_and_leaves_the_bounded_shutdown(monkeypatch):
@@ -528,12 +577,19 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
     async def fails():
         raise ValueError("the engine is gone")
 
-    http_module.instrument_app(app, Settings(), offload.DeferredTracerProvider(
-        tracer, lambda span: offload.hand_over(span, link)), offload_metrics=replayed,
-        meter_provider=MeterProvider() if replayed else None)
+    http_module.instrument_app(
+        app,
+        Settings(),
+        offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)),
+        offload_metrics=replayed,
+        meter_provider=MeterProvider() if replayed else None,
+    )
     with TestClient(app, raise_server_exceptions=False) as client:
-        responses = [client.post("/v1/chat/completions?api_key=secret", json={}),
-                     client.post("/v1/completions", json={}), client.get("/v1/nothing")]
+        responses = [
+            client.post("/v1/chat/completions?api_key=secret", json={}),
+            client.post("/v1/completions", json={}),
+            client.get("/v1/nothing"),
+        ]
     link.close()
     return [(r.status_code, r.content) for r in responses]
 
@@ -587,10 +643,12 @@ def _http_app():
     @app.post("/v1/chat/completions")
     async def chat(body: dict):
         if body.get("stream"):
+
             async def sse():
                 for i in range(16):
-                    yield f"data: {{\"i\": {i}}}\n\n"
+                    yield f'data: {{"i": {i}}}\n\n'
                 yield "data: [DONE]\n\n"
+
             return StreamingResponse(sse(), media_type="text/event-stream")
         return {"id": "chatcmpl-1", "choices": [{"message": {"content": "hi"}}]}
 
@@ -613,11 +671,16 @@ def _http_requests(app) -> list[int]:
             client.post("/v1/chat/completions?api_key=sk-secret&flag", json={"stream": False}),
             client.post("/v1/chat/completions", json={"stream": True}),
             client.post("/v1/completions", json={}),
-            client.get("/v1/models/nope"), client.get("/v1/models/other"), client.get("/v1/models/other"),
+            client.get("/v1/models/nope"),
+            client.get("/v1/models/other"),
+            client.get("/v1/models/other"),
             client.get("/health"),  # excluded: no span, no metrics
             client.get("/nowhere"),
-            client.post("/v1/chat/completions", json={"stream": False},
-                        headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
+            client.post(
+                "/v1/chat/completions",
+                json={"stream": False},
+                headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            ),
         ]
     return [r.status_code for r in responses]
 
@@ -627,10 +690,14 @@ def _metric_points(receiver) -> dict:
 
 
 # the HTTP conventions' modes (OTEL_SEMCONV_STABILITY_OPT_IN): the old names (default), both
-HTTP_SEMCONV_MODES = {"": {"http.server.duration", "http.server.active_requests", "http.server.response.size",
-                           "http.server.request.size"}}
+HTTP_SEMCONV_MODES = {
+    "": {"http.server.duration", "http.server.active_requests", "http.server.response.size", "http.server.request.size"}
+}
 HTTP_SEMCONV_MODES["http/dup"] = HTTP_SEMCONV_MODES[""] | {
-    "http.server.request.duration", "http.server.response.body.size", "http.server.request.body.size"}
+    "http.server.request.duration",
+    "http.server.response.body.size",
+    "http.server.request.body.size",
+}
 
 
 @pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "sampled out"])
@@ -676,9 +743,14 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         meters = meter_provider()
         app = _http_app()
-        FastAPIInstrumentor.instrument_app(app, excluded_urls=Settings().http_excluded_urls,
-                                           exclude_spans=["receive", "send"], tracer_provider=provider,
-                                           meter_provider=meters, server_request_hook=http.redact_query_hook)
+        FastAPIInstrumentor.instrument_app(
+            app,
+            excluded_urls=Settings().http_excluded_urls,
+            exclude_spans=["receive", "send"],
+            tracer_provider=provider,
+            meter_provider=meters,
+            server_request_hook=http.redact_query_hook,
+        )
         expected_status = _http_requests(app)
         provider.shutdown()
         meters.shutdown()
@@ -690,8 +762,13 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence(), sampler=sampler))
         meters = meter_provider()  # (the API server's: the active requests)
         app = _http_app()
-        http.instrument_app(app, Settings(), offload.DeferredTracerProvider(
-            tracer, lambda span: offload.hand_over(span, link)), offload_metrics=True, meter_provider=meters)
+        http.instrument_app(
+            app,
+            Settings(),
+            offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)),
+            offload_metrics=True,
+            meter_provider=meters,
+        )
         assert _http_requests(app) == expected_status == [200, 200, 500, 404, 400, 400, 200, 404, 200]
         assert isinstance(app.middleware_stack.app, http.HeldUntilRecorded)
         assert app.middleware_stack.app.app.replayed  # (made in the export process: http.HttpReplay)
@@ -717,18 +794,37 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         assert {name for name, _ in got} == HTTP_SEMCONV_MODES[mode]
         for key, point in expected.items():
             if key[0] == "http.server.active_requests":  # observed, not measured: no exemplar (the SDK's
-                point = replace(point, exemplars=[])     # is the span context current at the last +1, a
-            assert got[key] == point, key                # client's span from its traceparent)
+                point = replace(point, exemplars=[])  # is the span context current at the last +1, a
+            assert got[key] == point, key  # client's span from its traceparent)
         assert any(p.exemplars for p in got.values())  # (sampled out: the request with a sampled parent)
 
 
-def _scope(method="POST", path="/v1/chat/completions", host=b"vllm:8000", agent=b"openai/1.0",
-           client=("10.0.0.7", 5123), server=("10.0.0.1", 8000), scheme="http", version="1.1", query=b"",
-           extra=()) -> dict:
+def _scope(
+    method="POST",
+    path="/v1/chat/completions",
+    host=b"vllm:8000",
+    agent=b"openai/1.0",
+    client=("10.0.0.7", 5123),
+    server=("10.0.0.1", 8000),
+    scheme="http",
+    version="1.1",
+    query=b"",
+    extra=(),
+) -> dict:
     headers = [(b"host", host), (b"user-agent", agent), (b"content-type", b"application/json"), *extra]
-    return {"type": "http", "http_version": version, "method": method, "scheme": scheme, "path": path,
-            "raw_path": path.encode(), "query_string": query, "root_path": "", "headers": headers, "client": client,
-            "server": server}
+    return {
+        "type": "http",
+        "http_version": version,
+        "method": method,
+        "scheme": scheme,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": client,
+        "server": server,
+    }
 
 
 def _lean():
@@ -739,9 +835,13 @@ def _lean():
     from otel_llm.vllm import http
 
     app = FastAPI()
-    http.instrument_app(app, Settings(), offload.DeferredTracerProvider(
-        offload.DeferredTracer(TracerProvider()), lambda span: None), offload_metrics=True,
-        meter_provider=MeterProvider())
+    http.instrument_app(
+        app,
+        Settings(),
+        offload.DeferredTracerProvider(offload.DeferredTracer(TracerProvider()), lambda span: None),
+        offload_metrics=True,
+        meter_provider=MeterProvider(),
+    )
     lean = app.build_middleware_stack().app.app
     assert isinstance(lean, http.LeanMiddleware) and lean.replayed
     return lean
@@ -757,13 +857,22 @@ def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeyp
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
     monkeypatch.setattr(_semconv._OpenTelemetrySemanticConventionStability, "_initialized", False)
     lean = _lean()
-    scopes = [_scope(), _scope(path="/v1/completions", query=b"a=1"), _scope(agent=b"curl/8", client=("10.0.0.9", 1)),
-              _scope(method="GET", path="/v1/models"), _scope(host=b"other:8000"), _scope(scheme="https"),
-              _scope(version="2"), _scope(server=("10.0.0.2", 8001)), _scope(method="BREW"),
-              _scope(extra=((b"Host", b"shouting:8000"),))]
+    scopes = [
+        _scope(),
+        _scope(path="/v1/completions", query=b"a=1"),
+        _scope(agent=b"curl/8", client=("10.0.0.9", 1)),
+        _scope(method="GET", path="/v1/models"),
+        _scope(host=b"other:8000"),
+        _scope(scheme="https"),
+        _scope(version="2"),
+        _scope(server=("10.0.0.2", 8001)),
+        _scope(method="BREW"),
+        _scope(extra=((b"Host", b"shouting:8000"),)),
+    ]
     for scope in scopes * 2:
         expected = asgi._parse_active_request_count_attrs(
-            asgi.collect_request_attributes(scope, lean._sem_conv_opt_in_mode), lean._sem_conv_opt_in_mode)
+            asgi.collect_request_attributes(scope, lean._sem_conv_opt_in_mode), lean._sem_conv_opt_in_mode
+        )
         assert lean._active_attributes(scope) == expected
     assert len(lean.active_cache) == 8  # (the first three share one key)
 
@@ -772,13 +881,23 @@ def test_credentials_stay_in_the_api_server():
     """The replay record (what crosses to the export process) has the request's headers but its
     credentials, unless the user captures request headers (then the maintained middleware sanitizes
     them in the export process as configured)."""
-    credentials = ((b"authorization", b"Bearer sk-live-1"), (b"cookie", b"session=2"), (b"x-api-key", b"sk-3"),
-                   (b"proxy-authorization", b"Basic 4"), (b"api-key", b"sk-5"))
+    credentials = (
+        (b"authorization", b"Bearer sk-live-1"),
+        (b"cookie", b"session=2"),
+        (b"x-api-key", b"sk-3"),
+        (b"proxy-authorization", b"Basic 4"),
+        (b"api-key", b"sk-5"),
+    )
     scope = _scope(extra=credentials)
     span = offload.DeferredTracer(TracerProvider()).start_span("POST")
     lean = _lean()
-    record = lean._replay_record(span, ("POST /v1/chat/completions", {"http.route": "/v1/chat/completions"}), scope,
-                                 [({"type": "http.response.start", "status": 200, "headers": []}, None)], 0.25)
+    record = lean._replay_record(
+        span,
+        ("POST /v1/chat/completions", {"http.route": "/v1/chat/completions"}),
+        scope,
+        [({"type": "http.response.start", "status": 200, "headers": []}, None)],
+        0.25,
+    )
     assert [name for name, _ in record[8]["headers"]] == [b"host", b"user-agent", b"content-type"]
     assert b"sk-" not in repr(record).encode() and "sk-" not in repr(record)
     assert record[10] == (200, [], False) and record[11] == 0.25  # (no status set on the span after the start)
@@ -791,10 +910,11 @@ def test_a_failing_replay_sends_the_span_as_the_api_server_made_it():
     """The export process: when the maintained middleware cannot be replayed on a record, the
     request's spans go as they came (the HTTP span without its HTTP attributes), the failure counted."""
     from otel_llm import warn
-    from otel_llm.vllm.export_process import Exporter
+    from otel_llm.vllm.export.process import Exporter
 
-    exporter = Exporter({"resource": {}, "version": __version__, "traces": False, "metrics": False,
-                         "usage_events": False})
+    exporter = Exporter(
+        {"resource": {}, "version": __version__, "traces": False, "metrics": False, "usage_events": False}
+    )
     span = ("GET", 1, 2, 1, "", 0, False, 0, 1, 10, 20, {"a": 1}, None, [], [])
     before = warn.failures().get("replaying an HTTP request's middleware", 0)
     bad = (("fastapi", "1", None), False, 1, 2, 1, True, "GET", {}, {"type": "http"}, None, ("not", "a start"), 0.1)
@@ -809,9 +929,20 @@ def test_the_header_getter_answers_as_the_asgi_getter():
 
     from otel_llm.vllm.http import _header_getter
 
-    scopes = [{"headers": [(b"traceparent", b"00-1-2-01"), (b"Baggage", b"a=1"), (b"baggage", b"b=\xff"),
-                           (b"x-\xc3\xa9", b"\xc3\xa9t\xc3\xa9"), (b"tracestate", b"")]},
-              {"headers": [(b"TRACEPARENT", b"00-3-4-01")]}, {"headers": []}, {}]
+    scopes = [
+        {
+            "headers": [
+                (b"traceparent", b"00-1-2-01"),
+                (b"Baggage", b"a=1"),
+                (b"baggage", b"b=\xff"),
+                (b"x-\xc3\xa9", b"\xc3\xa9t\xc3\xa9"),
+                (b"tracestate", b""),
+            ]
+        },
+        {"headers": [(b"TRACEPARENT", b"00-3-4-01")]},
+        {"headers": []},
+        {},
+    ]
     for scope in scopes:
         for key in ("traceparent", "TraceParent", "baggage", "tracestate", "x-\u00e9", "missing"):
             assert _header_getter.get(scope, key) == asgi_getter.get(scope, key), (scope, key)

@@ -23,17 +23,26 @@ def stats(queued_ago=0.30, queue=0.05, prefill=0.10, decode=0.10, tokens=5, pree
     now = time.monotonic()
     q0 = now - queued_ago
     return SimpleNamespace(
-        queued_ts=q0, scheduled_ts=q0 + queue, first_token_ts=q0 + queue + prefill,
-        last_token_ts=q0 + queue + prefill + decode, first_token_latency=queue + prefill + 0.01,
-        num_generation_tokens=tokens, num_preemptions=preemptions,
+        queued_ts=q0,
+        scheduled_ts=q0 + queue,
+        first_token_ts=q0 + queue + prefill,
+        last_token_ts=q0 + queue + prefill + decode,
+        first_token_latency=queue + prefill + 0.01,
+        num_generation_tokens=tokens,
+        num_preemptions=preemptions,
     )
 
 
 def state(request_id="r1", prompt_len=10, output_tokens=5, cached=0, st=None, parent=None, index=0):
     return SimpleNamespace(
-        request_id=request_id, external_req_id="chatcmpl-" + request_id, prompt_len=prompt_len,
-        num_cached_tokens=cached, detokenizer=SimpleNamespace(num_output_tokens=lambda: output_tokens),
-        stats=st, parent_req=parent, request_index=index,
+        request_id=request_id,
+        external_req_id="chatcmpl-" + request_id,
+        prompt_len=prompt_len,
+        num_cached_tokens=cached,
+        detokenizer=SimpleNamespace(num_output_tokens=lambda: output_tokens),
+        stats=st,
+        parent_req=parent,
+        request_index=index,
     )
 
 
@@ -43,8 +52,14 @@ def spans_by_name(exporter):
 
 def metric_points(reader, name):
     data = reader.get_metrics_data()
-    return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == name
-            for p in m.data.data_points]
+    return [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
 
 
 def test_phases_are_children_in_order_with_engine_durations(env):
@@ -89,8 +104,11 @@ def test_parallel_sampling_counts_the_prompt_once(env):
     record = start_request(env.tel, RequestInfo(operation="chat", model="m", choice_count=2))
     parent = SimpleNamespace(request_id="parent")
     for i in range(2):
-        record.attach_engine_request(state(f"c{i}", prompt_len=7, output_tokens=3 + i, cached=4, parent=parent,
-                                           st=stats(queued_ago=0.0), index=i))
+        record.attach_engine_request(
+            state(
+                f"c{i}", prompt_len=7, output_tokens=3 + i, cached=4, parent=parent, st=stats(queued_ago=0.0), index=i
+            )
+        )
     for st in record.engine_states:
         record.on_engine_finished(st, "length")
     record.end()
@@ -116,8 +134,11 @@ def test_abort_marks_span_and_meters_generated_tokens(env):
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == (semconv.FINISH_REASON_ABORT,)
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
     assert spans[0].status.status_code.name == "ERROR"
-    outputs = [p for p in metric_points(env.reader, semconv.SERVER_TOKEN_USAGE)
-               if p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_OUTPUT]
+    outputs = [
+        p
+        for p in metric_points(env.reader, semconv.SERVER_TOKEN_USAGE)
+        if p.attributes[semconv.GEN_AI_TOKEN_TYPE] == semconv.TOKEN_TYPE_OUTPUT
+    ]
     assert [p.value for p in outputs] == [3]
     (duration,) = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
     assert duration.attributes[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED
@@ -140,7 +161,10 @@ def test_tenant_label_cap_on_metrics_full_value_on_spans(env):
         record.attach_engine_request(state(request_id=tenant, st=stats(queued_ago=0.0)))
         record.end()
     assert {s.attributes[semconv.TENANT_ID] for s in env.exporter.get_finished_spans() if s.name == "chat m"} == {
-        "a", "b", "c"}
+        "a",
+        "b",
+        "c",
+    }
     labels = {p.attributes.get(semconv.TENANT_ID) for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
     assert labels == {"a", "b", semconv.LABEL_OTHER}
 
@@ -167,8 +191,10 @@ def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
 def test_failed_requests_cannot_blow_up_model_labels(env):
     for i in range(25):
         start_request(env.tel, RequestInfo(operation="chat", model=f"junk-{i}")).end(error_type="NotFoundError")
-    models = {p.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
-              for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)}
+    models = {
+        p.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
+        for p in metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
+    }
     assert len(models) == 21 and semconv.LABEL_OTHER in models
 
 
@@ -200,19 +226,22 @@ def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
     assert duration.count == 1
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ("acme", "acme"),
-    ("  acme  ", "acme"),
-    ("租户-é".encode().decode("latin-1"), "租户-é"),  # UTF-8 bytes as the ASGI server hands them over
-    ("café", "café"),  # latin-1 that is not UTF-8 stays as sent
-    ("a" * 128, "a" * 128),
-    ("a" * 129, None),  # too long: refused whole, never cut
-    ("ac\x00me", None),
-    ("ac\nme", None),
-    ("ac\u200bme", None),  # a zero-width (format) character
-    ("", None),
-    ("   ", None),
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("acme", "acme"),
+        ("  acme  ", "acme"),
+        ("租户-é".encode().decode("latin-1"), "租户-é"),  # UTF-8 bytes as the ASGI server hands them over
+        ("café", "café"),  # latin-1 that is not UTF-8 stays as sent
+        ("a" * 128, "a" * 128),
+        ("a" * 129, None),  # too long: refused whole, never cut
+        ("ac\x00me", None),
+        ("ac\nme", None),
+        ("ac\u200bme", None),  # a zero-width (format) character
+        ("", None),
+        ("   ", None),
+    ],
+)
 def test_attribution_values_are_checked(raw, expected):
     from otel_llm.vllm.attribution import attribution_value
 
@@ -236,10 +265,14 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
     from otel_llm.vllm.attribution import LabelGuard
 
     keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme",
-                                          "scene": "support"}]}))
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("t"), memory_otel.meter_provider.get_meter("t"),
-                    Settings(api_keys_file=str(keys), label_limit=50))
+    keys.write_text(
+        json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme", "scene": "support"}]})
+    )
+    tel = Telemetry(
+        memory_otel.tracer_provider.get_tracer("t"),
+        memory_otel.meter_provider.get_meter("t"),
+        Settings(api_keys_file=str(keys), label_limit=50),
+    )
     # 60 made-up tenants from headers cannot take the slots: they are all "other"
     assert {tel.label_tenant(f"junk-{i}") for i in range(60)} == {semconv.LABEL_OTHER}
     assert tel.label_tenant("acme") == "acme" and tel.label_scene("support") == "support"
@@ -265,8 +298,10 @@ LEAKED_KEY = "sk-proj-" + "Q7r2Lx9Vt4Mz8Kp3Hw6Nc1Bd"
 
 
 def exported_text(env) -> str:
-    spans = [(s.name, dict(s.attributes), s.status.description, [dict(e.attributes) for e in s.events])
-             for s in env.exporter.get_finished_spans()]
+    spans = [
+        (s.name, dict(s.attributes), s.status.description, [dict(e.attributes) for e in s.events])
+        for s in env.exporter.get_finished_spans()
+    ]
     return repr(spans) + env.reader.get_metrics_data().to_json()
 
 
@@ -310,7 +345,7 @@ def test_a_huge_error_text_is_read_within_a_bound():
 def test_the_export_process_path_redacts_the_same(env):
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_llm.vllm import offload
+    from otel_llm.vllm.export import channel as offload
 
     env.tel.tracer = offload.DeferredTracer(TracerProvider())
     record = start_request(env.tel, RequestInfo(operation="chat", model=LEAKED_KEY))

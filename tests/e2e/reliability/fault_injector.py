@@ -146,8 +146,11 @@ def inject(fn, name: str, check):
     ast.increment_lineno(tree, target.__code__.co_firstlineno - 1)
     flags = target.__code__.co_flags & __future__.annotations.compiler_flag
     namespace: dict = {}
-    exec(compile(tree, target.__code__.co_filename, "exec", flags=flags, dont_inherit=True),  # noqa: S102
-         target.__globals__, namespace)
+    exec(
+        compile(tree, target.__code__.co_filename, "exec", flags=flags, dont_inherit=True),  # noqa: S102
+        target.__globals__,
+        namespace,
+    )
     target.__globals__[CHECK] = check
     original, target.__code__ = target.__code__, namespace[function.name].__code__
     return lambda: setattr(target, "__code__", original)

@@ -75,12 +75,18 @@ def server(receiver, tmp_path_factory):
     # vLLM imports model_hosting_container_standards, which sets the root logger and its handlers
     # (the OTLP one included) to ERROR unless SAGEMAKER_CONTAINER_LOG_LEVEL says otherwise: without
     # it only errors would be exported, and this test would look at almost nothing.
-    srv = start_server(receiver, tmp_path_factory, "context", extra_args=["--api-key", API_KEY], env={
-        "OTEL_LOGS_EXPORTER": "otlp",
-        "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "true",
-        "OTEL_BLRP_SCHEDULE_DELAY": "200",
-        "SAGEMAKER_CONTAINER_LOG_LEVEL": "INFO",
-    })
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "context",
+        extra_args=["--api-key", API_KEY],
+        env={
+            "OTEL_LOGS_EXPORTER": "otlp",
+            "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "true",
+            "OTEL_BLRP_SCHEDULE_DELAY": "200",
+            "SAGEMAKER_CONTAINER_LOG_LEVEL": "INFO",
+        },
+    )
     yield srv
     srv.stop()
 
@@ -92,8 +98,13 @@ def _bytes(value) -> bytes:
 def raw_post(server, path, headers, body: bytes):
     """One HTTP/1.1 request written byte for byte: httpx (h11) refuses to send some of the corpus
     (leading/trailing blanks, control bytes). Returns (status, body)."""
-    lines = [f"POST {path} HTTP/1.1".encode(), f"Host: 127.0.0.1:{server.port}".encode(),
-             b"Connection: close", b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+    lines = [
+        f"POST {path} HTTP/1.1".encode(),
+        f"Host: 127.0.0.1:{server.port}".encode(),
+        b"Connection: close",
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(body),
+    ]
     lines += [_bytes(name) + b":" + _bytes(value) for name, value in headers]
     with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
         sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
@@ -114,8 +125,9 @@ def spans_by_response_id(receiver, response_id, timeout=60.0):
     def find(rx):
         for spans in rx.traces().values():
             if any(s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id for s in genai_spans(spans)):
-                if any(s.kind == "SERVER" for s in spans) and sum(
-                        s.name in semconv.PHASE_SPANS for s in spans) >= len(semconv.PHASE_SPANS):
+                if any(s.kind == "SERVER" for s in spans) and sum(s.name in semconv.PHASE_SPANS for s in spans) >= len(
+                    semconv.PHASE_SPANS
+                ):
                     return spans
         return None
 
@@ -160,34 +172,73 @@ CORPUS = [
     ("duplicated", [("traceparent", TP), ("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")], "given", None),
     # tracestate: never changes the trace (an invalid one is dropped whole)
     ("tracestate valid", [("traceparent", TP), ("tracestate", "vendor=v1,other@tenant=x")], "given", None),
-    ("tracestate malformed members", [("traceparent", TP), ("tracestate", "=novalue,,key with space=1,x=")],
-     "given", None),
-    ("tracestate 40 members", [("traceparent", TP), ("tracestate", ",".join(f"k{i}=v" for i in range(40)))],
-     "given", None),
+    (
+        "tracestate malformed members",
+        [("traceparent", TP), ("tracestate", "=novalue,,key with space=1,x=")],
+        "given",
+        None,
+    ),
+    (
+        "tracestate 40 members",
+        [("traceparent", TP), ("tracestate", ",".join(f"k{i}=v" for i in range(40)))],
+        "given",
+        None,
+    ),
     ("tracestate over 512 characters", [("traceparent", TP), ("tracestate", "a=" + "b" * 700)], "given", None),
-    ("tracestate duplicated keys in two headers", [("traceparent", TP), ("tracestate", "a=1"),
-                                                   ("tracestate", "a=2")], "given", None),
+    (
+        "tracestate duplicated keys in two headers",
+        [("traceparent", TP), ("tracestate", "a=1"), ("tracestate", "a=2")],
+        "given",
+        None,
+    ),
     # baggage, with the tenant our attribution reads from it
     ("baggage malformed", [("traceparent", TP), ("baggage", ";;;,=,novalue,%%%")], "given", None),
-    ("baggage malformed around a tenant", [("traceparent", TP), ("baggage", ";;;,=,tenant.id=t-ok,%%%")],
-     "given", "t-ok"),
-    ("baggage over 8192 bytes", [("traceparent", TP), ("baggage", "tenant.id=t-big,pad=" + "p" * 8200)],
-     "given", None),  # dropped whole by the propagator
-    ("baggage percent-encoded UTF-8 tenant", [("traceparent", TP), ("baggage", "tenant.id=%E7%A7%9F%E6%88%B7-%C3%A9")],
-     "given", "租户-é"),
-    ("baggage tenant with + and %20", [("traceparent", TP), ("baggage", "tenant.id=acme+corp%20eu")],
-     "given", "acme corp eu"),
-    ("baggage tenant with an encoded newline", [("traceparent", TP), ("baggage", "tenant.id=a%0Ab")],
-     "given", None),  # control character: refused
+    (
+        "baggage malformed around a tenant",
+        [("traceparent", TP), ("baggage", ";;;,=,tenant.id=t-ok,%%%")],
+        "given",
+        "t-ok",
+    ),
+    (
+        "baggage over 8192 bytes",
+        [("traceparent", TP), ("baggage", "tenant.id=t-big,pad=" + "p" * 8200)],
+        "given",
+        None,
+    ),  # dropped whole by the propagator
+    (
+        "baggage percent-encoded UTF-8 tenant",
+        [("traceparent", TP), ("baggage", "tenant.id=%E7%A7%9F%E6%88%B7-%C3%A9")],
+        "given",
+        "租户-é",
+    ),
+    (
+        "baggage tenant with + and %20",
+        [("traceparent", TP), ("baggage", "tenant.id=acme+corp%20eu")],
+        "given",
+        "acme corp eu",
+    ),
+    (
+        "baggage tenant with an encoded newline",
+        [("traceparent", TP), ("baggage", "tenant.id=a%0Ab")],
+        "given",
+        None,
+    ),  # control character: refused
     ("baggage empty tenant", [("traceparent", TP), ("baggage", "tenant.id=")], "given", None),
-    ("baggage tenant over 128 characters", [("traceparent", TP), ("baggage", "tenant.id=" + "t" * 200)],
-     "given", None),
+    ("baggage tenant over 128 characters", [("traceparent", TP), ("baggage", "tenant.id=" + "t" * 200)], "given", None),
     ("baggage bad percent escape", [("traceparent", TP), ("baggage", "tenant.id=%ZZ")], "given", "%ZZ"),
     # OTel Python keeps W3C baggage properties in the value: the tenant is not `acme`
-    ("baggage tenant with a property", [("traceparent", TP), ("baggage", "tenant.id=acme;prop=1")],
-     "given", "acme;prop=1"),
-    ("header tenant wins over baggage", [("traceparent", TP), ("x-tenant-id", "t-header"),
-                                         ("baggage", "tenant.id=t-baggage")], "given", "t-header"),
+    (
+        "baggage tenant with a property",
+        [("traceparent", TP), ("baggage", "tenant.id=acme;prop=1")],
+        "given",
+        "acme;prop=1",
+    ),
+    (
+        "header tenant wins over baggage",
+        [("traceparent", TP), ("x-tenant-id", "t-header"), ("baggage", "tenant.id=t-baggage")],
+        "given",
+        "t-header",
+    ),
     # odd headers
     ("obs-text byte in a header", [("traceparent", TP), ("x-odd", b"caf\xe9")], "given", None),
     ("8 KB header", [("traceparent", TP), ("x-padding", "p" * 8000)], "given", None),
@@ -204,8 +255,14 @@ class Case:
     def __init__(self, name, headers, expect, tenant):
         self.name, self.expect, self.tenant = name, expect, tenant
         self.trace_id, self.span_id = secrets.token_hex(16), secrets.token_hex(8)
-        ids = {"t": self.trace_id, "s": self.span_id, "T": self.trace_id.upper(), "S": self.span_id.upper(),
-               "t31": self.trace_id[:31], "s15": self.span_id[:15]}
+        ids = {
+            "t": self.trace_id,
+            "s": self.span_id,
+            "T": self.trace_id.upper(),
+            "S": self.span_id.upper(),
+            "t31": self.trace_id[:31],
+            "s15": self.span_id[:15],
+        }
         self.headers = [(n, v.format(**ids) if isinstance(v, str) else v) for n, v in headers]
         self.prompt = f"corpus case {name}"
         self.status = self.response = self.payload = None
@@ -216,8 +273,9 @@ def corpus(server):
     cases = {}
     for name, headers, expect, tenant in CORPUS:
         case = cases[name] = Case(name, headers, expect, tenant)
-        case.status, case.payload = raw_post(server, "/v1/completions", [AUTH, *case.headers],
-                                             completion_body(case.prompt))
+        case.status, case.payload = raw_post(
+            server, "/v1/completions", [AUTH, *case.headers], completion_body(case.prompt)
+        )
         if case.status == 200:
             case.response = json.loads(case.payload)
     return cases
@@ -272,43 +330,129 @@ BODIES = [
     ("chat: empty body", CHAT, b"", "application/json", 400, "Bad Request"),
     ("chat: JSON array", CHAT, b"[1, 2]", "application/json", 400, "Bad Request"),
     ("chat: truncated JSON", CHAT, b'{"model": "tiny-llama", "messages": [', "application/json", 400, "Bad Request"),
-    ("chat: missing messages", CHAT, _json(model=MODEL_NAME, max_tokens=2), "application/json", 400,
-     "Bad Request"),
-    ("chat: messages a string", CHAT, _json(model=MODEL_NAME, messages="hi", max_tokens=2), "application/json",
-     400, "Bad Request"),
-    ("chat: temperature a string", CHAT, _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2,
-                                               temperature="hot"), "application/json", 400, "Bad Request"),
-    ("chat: model a number", CHAT, _json(model=5, messages=MESSAGES, max_tokens=2), "application/json", 400,
-     "Bad Request"),
-    ("chat: text/plain", CHAT, _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2), "text/plain", 400,
-     "Bad Request"),
-    ("chat: negative max_tokens", CHAT, _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=-1),
-     "application/json", 400, "VLLMValidationError"),
-    ("chat: n=0", CHAT, _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, n=0), "application/json", 400,
-     "VLLMValidationError"),
-    ("chat: max_tokens over max-model-len", CHAT, _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=100000),
-     "application/json", 400, "VLLMValidationError"),
-    ("chat: unknown model", CHAT, _json(model="no-such-model", messages=MESSAGES, max_tokens=2),
-     "application/json", 404, "NotFoundError"),
+    ("chat: missing messages", CHAT, _json(model=MODEL_NAME, max_tokens=2), "application/json", 400, "Bad Request"),
+    (
+        "chat: messages a string",
+        CHAT,
+        _json(model=MODEL_NAME, messages="hi", max_tokens=2),
+        "application/json",
+        400,
+        "Bad Request",
+    ),
+    (
+        "chat: temperature a string",
+        CHAT,
+        _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, temperature="hot"),
+        "application/json",
+        400,
+        "Bad Request",
+    ),
+    (
+        "chat: model a number",
+        CHAT,
+        _json(model=5, messages=MESSAGES, max_tokens=2),
+        "application/json",
+        400,
+        "Bad Request",
+    ),
+    (
+        "chat: text/plain",
+        CHAT,
+        _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2),
+        "text/plain",
+        400,
+        "Bad Request",
+    ),
+    (
+        "chat: negative max_tokens",
+        CHAT,
+        _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=-1),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "chat: n=0",
+        CHAT,
+        _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=2, n=0),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "chat: max_tokens over max-model-len",
+        CHAT,
+        _json(model=MODEL_NAME, messages=MESSAGES, max_tokens=100000),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "chat: unknown model",
+        CHAT,
+        _json(model="no-such-model", messages=MESSAGES, max_tokens=2),
+        "application/json",
+        404,
+        "NotFoundError",
+    ),
     # vLLM accepts these two: a missing model is the served one, a role is the chat template's business
-    ("chat: missing model (accepted)", CHAT, _json(messages=MESSAGES, max_tokens=2), "application/json", 200,
-     None),
-    ("chat: invalid role (accepted)", CHAT, _json(model=MODEL_NAME, messages=[{"role": "wizard", "content": "hi"}],
-                                                  max_tokens=2), "application/json", 200, None),
-    ("completions: prompt an object", COMPLETIONS, _json(model=MODEL_NAME, prompt={"a": 1}, max_tokens=2),
-     "application/json", 400, "Bad Request"),
-    ("completions: truncated JSON", COMPLETIONS, b'{"model": "tiny-llama", "prompt": "a', "application/json",
-     400, "Bad Request"),
-    ("completions: missing prompt", COMPLETIONS, _json(model=MODEL_NAME, max_tokens=2), "application/json", 400,
-     "VLLMValidationError"),
-    ("completions: negative temperature", COMPLETIONS, _json(model=MODEL_NAME, prompt="hi", max_tokens=2,
-                                                             temperature=-1), "application/json", 400,
-     "VLLMValidationError"),
-    ("completions: n=0", COMPLETIONS, _json(model=MODEL_NAME, prompt="hi", max_tokens=2, n=0),
-     "application/json", 400, "VLLMValidationError"),
-    ("completions: max_tokens over max-model-len", COMPLETIONS, _json(model=MODEL_NAME, prompt="hi",
-                                                                      max_tokens=100000),
-     "application/json", 400, "VLLMValidationError"),
+    ("chat: missing model (accepted)", CHAT, _json(messages=MESSAGES, max_tokens=2), "application/json", 200, None),
+    (
+        "chat: invalid role (accepted)",
+        CHAT,
+        _json(model=MODEL_NAME, messages=[{"role": "wizard", "content": "hi"}], max_tokens=2),
+        "application/json",
+        200,
+        None,
+    ),
+    (
+        "completions: prompt an object",
+        COMPLETIONS,
+        _json(model=MODEL_NAME, prompt={"a": 1}, max_tokens=2),
+        "application/json",
+        400,
+        "Bad Request",
+    ),
+    (
+        "completions: truncated JSON",
+        COMPLETIONS,
+        b'{"model": "tiny-llama", "prompt": "a',
+        "application/json",
+        400,
+        "Bad Request",
+    ),
+    (
+        "completions: missing prompt",
+        COMPLETIONS,
+        _json(model=MODEL_NAME, max_tokens=2),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "completions: negative temperature",
+        COMPLETIONS,
+        _json(model=MODEL_NAME, prompt="hi", max_tokens=2, temperature=-1),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "completions: n=0",
+        COMPLETIONS,
+        _json(model=MODEL_NAME, prompt="hi", max_tokens=2, n=0),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
+    (
+        "completions: max_tokens over max-model-len",
+        COMPLETIONS,
+        _json(model=MODEL_NAME, prompt="hi", max_tokens=100000),
+        "application/json",
+        400,
+        "VLLMValidationError",
+    ),
 ]
 
 
@@ -318,9 +462,15 @@ def bodies(server):
     with httpx.Client(base_url=server.url, timeout=120) as client:
         for name, path, body, content_type, *_ in BODIES:
             trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
-            r = client.post(path, content=body, headers={
-                "authorization": AUTH[1], "content-type": content_type,
-                "traceparent": f"00-{trace_id}-{span_id}-01"})
+            r = client.post(
+                path,
+                content=body,
+                headers={
+                    "authorization": AUTH[1],
+                    "content-type": content_type,
+                    "traceparent": f"00-{trace_id}-{span_id}-01",
+                },
+            )
             sent[name] = (trace_id, span_id, r)
     return sent
 
@@ -355,6 +505,7 @@ def test_malformed_bodies_are_4xx_with_an_error_span(bodies, receiver, name, pat
 
 # --- secrets -------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def secret_requests(server, receiver):
     """Requests carrying secrets; returns {case: (trace id, status)} once their spans are in."""
@@ -365,15 +516,31 @@ def secret_requests(server, receiver):
             ("wrong key", COMPLETIONS, {"authorization": f"Bearer {WRONG_KEY}"}),
             ("basic credentials", COMPLETIONS, {"authorization": f"Basic {BASIC_SECRET}"}),
             ("no key", COMPLETIONS, {}),
-            ("wrong key, key in the query", f"{COMPLETIONS}?api_key={REJECTED_QUERY_SECRET}",
-             {"authorization": f"Bearer {WRONG_KEY}"}),
-            ("right key, cookie, custom header, key in the query", f"{COMPLETIONS}?api_key={QUERY_SECRET}&debug=1",
-             {"authorization": AUTH[1], "cookie": f"session={COOKIE_SECRET}; theme=dark",
-              "x-api-key": HEADER_SECRET}),
+            (
+                "wrong key, key in the query",
+                f"{COMPLETIONS}?api_key={REJECTED_QUERY_SECRET}",
+                {"authorization": f"Bearer {WRONG_KEY}"},
+            ),
+            (
+                "right key, cookie, custom header, key in the query",
+                f"{COMPLETIONS}?api_key={QUERY_SECRET}&debug=1",
+                {
+                    "authorization": AUTH[1],
+                    "cookie": f"session={COOKIE_SECRET}; theme=dark",
+                    "x-api-key": HEADER_SECRET,
+                },
+            ),
         ):
             trace_id = secrets.token_hex(16)
-            r = client.post(path, content=body, headers={**headers, "content-type": "application/json",
-                                                         "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+            r = client.post(
+                path,
+                content=body,
+                headers={
+                    **headers,
+                    "content-type": "application/json",
+                    "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+                },
+            )
             sent[case] = (trace_id, r.status_code)
 
     def complete(rx):
@@ -381,8 +548,9 @@ def secret_requests(server, receiver):
         # and the last one's GenAI span: the export process sends in order, so a GenAI span of the
         # earlier (rejected) ones would be in by then
         last, _ = sent["right key, cookie, custom header, key in the query"]
-        return all(any(s.kind == "SERVER" for s in traces.get(t, [])) for t, _ in sent.values()) and \
-            genai_spans(traces.get(last, []))
+        return all(any(s.kind == "SERVER" for s in traces.get(t, [])) for t, _ in sent.values()) and genai_spans(
+            traces.get(last, [])
+        )
 
     receiver.wait_for(complete, timeout=60)
     return sent
@@ -390,9 +558,13 @@ def secret_requests(server, receiver):
 
 def test_api_key_is_enforced(secret_requests, receiver):
     statuses = {case: status for case, (_, status) in secret_requests.items()}
-    assert statuses == {"wrong key": 401, "basic credentials": 401, "no key": 401,
-                        "wrong key, key in the query": 401,
-                        "right key, cookie, custom header, key in the query": 200}
+    assert statuses == {
+        "wrong key": 401,
+        "basic credentials": 401,
+        "no key": 401,
+        "wrong key, key in the query": 401,
+        "right key, cookie, custom header, key in the query": 200,
+    }
     traces = receiver.traces()
     for case, (trace_id, status) in secret_requests.items():
         spans = traces[trace_id]
@@ -409,8 +581,10 @@ def test_url_query_values_are_redacted_by_default(secret_requests, receiver, ser
     log prints path and query. Our instrumentation of vLLM's app replaces every value with REDACTED
     in all three (OTEL_LLM_HTTP_REDACT_QUERY=false keeps them)."""
     traces = receiver.traces()
-    expected = {"wrong key, key in the query": "api_key=REDACTED",
-                "right key, cookie, custom header, key in the query": "api_key=REDACTED&debug=REDACTED"}
+    expected = {
+        "wrong key, key in the query": "api_key=REDACTED",
+        "right key, cookie, custom header, key in the query": "api_key=REDACTED&debug=REDACTED",
+    }
     for case, query in expected.items():
         (http,) = [s for s in traces[secret_requests[case][0]] if s.kind == "SERVER"]
         recorded = [http.attributes[k] for k in ("http.url", "url.query") if k in http.attributes]
@@ -430,15 +604,24 @@ def test_secrets_are_never_exported_nor_logged(secret_requests, corpus, bodies, 
     marker = "flush-marker-" + secrets.token_hex(6)
     metric_batches = len(receiver.metric_batches)
     traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
-    status, _ = raw_post(server, COMPLETIONS, [AUTH, ("traceparent", traceparent), ("tracestate", f"{marker} !")],
-                         completion_body("flush"))
+    status, _ = raw_post(
+        server,
+        COMPLETIONS,
+        [AUTH, ("traceparent", traceparent), ("tracestate", f"{marker} !")],
+        completion_body("flush"),
+    )
     assert status == 200
-    receiver.wait_for(lambda rx: any(kind == "logs" and marker.encode() in body for kind, body in rx.payloads),
-                      timeout=60)
+    receiver.wait_for(
+        lambda rx: any(kind == "logs" and marker.encode() in body for kind, body in rx.payloads), timeout=60
+    )
     receiver.wait_for(lambda rx: len(rx.metric_batches) >= metric_batches + 2, timeout=60)
     assert receiver.logs and receiver.spans and receiver.metric_batches
-    leaks = [(what, kind) for what, secret in SECRETS.items() for kind, body in list(receiver.payloads)
-             if secret.encode() in body]
+    leaks = [
+        (what, kind)
+        for what, secret in SECRETS.items()
+        for kind, body in list(receiver.payloads)
+        if secret.encode() in body
+    ]
     assert not leaks, leaks
     log = server.log_path.read_text(errors="replace")
     assert not [what for what, secret in SECRETS.items() if secret in log]
@@ -464,15 +647,30 @@ def test_query_redaction_hook_and_switch(monkeypatch):
         def set_attribute(self, key, value):
             self.attributes[key] = value
 
-    span = Span({"http.url": "http://h:1/v1/completions?api_key=sk-x&stream&a=b=c", "http.target": "/v1/completions",
-                 "url.query": "api_key=sk-x&stream&a=b=c", "url.path": "/v1/completions"})
+    span = Span(
+        {
+            "http.url": "http://h:1/v1/completions?api_key=sk-x&stream&a=b=c",
+            "http.target": "/v1/completions",
+            "url.query": "api_key=sk-x&stream&a=b=c",
+            "url.path": "/v1/completions",
+        }
+    )
     http.redact_query_hook(span, {"query_string": b"api_key=sk-x&stream&a=b=c"})
     assert span.attributes == {
         "http.url": "http://h:1/v1/completions?api_key=REDACTED&REDACTED&a=REDACTED",
-        "http.target": "/v1/completions", "url.query": "api_key=REDACTED&REDACTED&a=REDACTED",
-        "url.path": "/v1/completions"}
-    record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
-                               ("127.0.0.1:1", "POST", "/v1/completions?api_key=sk-x", "1.1", 200), None)
+        "http.target": "/v1/completions",
+        "url.query": "api_key=REDACTED&REDACTED&a=REDACTED",
+        "url.path": "/v1/completions",
+    }
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "POST", "/v1/completions?api_key=sk-x", "1.1", 200),
+        None,
+    )
     assert http._AccessLogQueryFilter().filter(record)
     assert record.getMessage() == '127.0.0.1:1 - "POST /v1/completions?api_key=REDACTED HTTP/1.1" 200'
 

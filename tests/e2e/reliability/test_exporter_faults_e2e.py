@@ -3,7 +3,7 @@
 Issue 11, item 5: with the collector unreachable a `vllm serve` took 38 s to stop after SIGTERM
 (the SDK flushing with retries), past Kubernetes' 30 s grace period. Our configurator bounds the
 whole telemetry shutdown by OTEL_LLM_SHUTDOWN_TIMEOUT (default 10 s) and logs one warning with
-what was dropped (otel_llm/shutdown.py).
+what was dropped (otel_llm/sdk/shutdown.py).
 
 Real servers (three in all, each scenario runs once in a module fixture):
 - healthy: the in-test Receiver; a normal SIGTERM flushes everything (control);
@@ -49,7 +49,7 @@ from devkit.faulty_otlp import BlackHole, FaultyOTLP
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
 from otel_llm.config import DEFAULT_SHUTDOWN_TIMEOUT_S, ENV_SHUTDOWN_TIMEOUT
-from otel_llm.shutdown import DROPPED_MESSAGE
+from otel_llm.sdk.shutdown import DROPPED_MESSAGE
 
 TEARDOWN_MARGIN_S = 15.0
 # our hook aims 0.25 s short of the bound; this much more for thread wake-ups on a loaded machine
@@ -72,7 +72,9 @@ QUIET_BATCHES = {
 DROPPED_RE = re.compile(
     re.escape(DROPPED_MESSAGE)
     + r": (\d+) spans, (\d+) log records, (\d+) metric points not exported \((.+?); took ([\d.]+) s of "
-    + re.escape(ENV_SHUTDOWN_TIMEOUT) + r"=([\d.]+)\)")
+    + re.escape(ENV_SHUTDOWN_TIMEOUT)
+    + r"=([\d.]+)\)"
+)
 
 
 # --- in-test OTLP endpoints ------------------------------------------------------------------
@@ -93,14 +95,22 @@ class SlowGrpc:
             def export(request: bytes, context):
                 time.sleep(delay)
                 if traces:
-                    self.received.extend((s.trace_id.hex(), s.name) for rs in ExportTraceServiceRequest.FromString(
-                        request).resource_spans for ss in rs.scope_spans for s in ss.spans)
+                    self.received.extend(
+                        (s.trace_id.hex(), s.name)
+                        for rs in ExportTraceServiceRequest.FromString(request).resource_spans
+                        for ss in rs.scope_spans
+                        for s in ss.spans
+                    )
                 return b""  # an empty Export*ServiceResponse
+
             return grpc.unary_unary_rpc_method_handler(export)
 
-        handlers = [grpc.method_handlers_generic_handler(
-            f"opentelemetry.proto.collector.{signal_}.v1.{service}", {"Export": slow(signal_ == "trace")})
-            for signal_, service in (("trace", "TraceService"), ("metrics", "MetricsService"), ("logs", "LogsService"))]
+        handlers = [
+            grpc.method_handlers_generic_handler(
+                f"opentelemetry.proto.collector.{signal_}.v1.{service}", {"Export": slow(signal_ == "trace")}
+            )
+            for signal_, service in (("trace", "TraceService"), ("metrics", "MetricsService"), ("logs", "LogsService"))
+        ]
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=handlers)
         self.endpoint = f"http://127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
         self._server.start()
@@ -128,13 +138,25 @@ class Reply:
 
 def chat(client: openai.OpenAI, prompt: str, stream: bool) -> Reply:
     tp = Traceparent()
-    kwargs = dict(model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS,
-                  temperature=0, extra_body={"ignore_eos": True}, extra_headers=tp.headers())
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        extra_headers=tp.headers(),
+    )
     if not stream:
         response = client.chat.completions.create(**kwargs)
         choice = response.choices[0]
-        return Reply(prompt, False, tp.trace_id, choice.message.content or "", response.usage.completion_tokens,
-                     choice.finish_reason)
+        return Reply(
+            prompt,
+            False,
+            tp.trace_id,
+            choice.message.content or "",
+            response.usage.completion_tokens,
+            choice.finish_reason,
+        )
     text, finish, usage = [], None, None
     for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
         for choice in chunk.choices:
@@ -161,7 +183,7 @@ def group_alive(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             alive.append(int(entry))
     return alive
@@ -252,14 +274,20 @@ def refused(tmp_path_factory):
 def faulty(tmp_path_factory):
     traces, hole = FaultyOTLP("blackhole", SLOW_DELAY_S), BlackHole()
     env = {
-        **otlp_env(hole.endpoint), **QUIET_BATCHES,
+        **otlp_env(hole.endpoint),
+        **QUIET_BATCHES,
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint + "/v1/traces",
         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4",  # a batch as soon as 4 spans wait: a backlog builds up
         ENV_SHUTDOWN_TIMEOUT: str(FAULTY_BOUND_S),
     }
     try:
-        run = serve(tmp_path_factory, "faulty", env, FAULTY_BOUND_S,
-                    {"blackhole": nothing, "slow": lambda: traces.set_mode("slow")})
+        run = serve(
+            tmp_path_factory,
+            "faulty",
+            env,
+            FAULTY_BOUND_S,
+            {"blackhole": nothing, "slow": lambda: traces.set_mode("slow")},
+        )
         run.received = list(traces.received)
         return run
     finally:
@@ -326,8 +354,9 @@ def test_black_hole_and_slow_exporters_report_what_they_dropped(faulty):
     answered = {trace_id for trace_id, _ in faulty.received}
     late = [r for r in faulty.replies["slow"] if r.trace_id not in answered]
     assert late, "the slow endpoint kept up: no backlog at SIGTERM"
-    missing = sum(SPANS_PER_REQUEST - sum(1 for t, _ in faulty.received if t == r.trace_id)
-                  for r in faulty.replies["slow"])
+    missing = sum(
+        SPANS_PER_REQUEST - sum(1 for t, _ in faulty.received if t == r.trace_id) for r in faulty.replies["slow"]
+    )
     assert spans >= missing > 0
 
 
@@ -351,12 +380,23 @@ print("EXITING", flush=True)
 def run_instrumented(endpoint: str, protocol: str, service: str, logs: int) -> tuple[float, str]:
     """`opentelemetry-instrument python` making 600 spans, 1 metric point and `logs` log records,
     then exiting: (seconds from its last statement to its exit, its output)."""
-    env = {**os.environ, **otlp_env(endpoint, service_name=service, protocol=protocol),
-           "OTEL_BSP_SCHEDULE_DELAY": "600000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
-           "OTEL_BLRP_SCHEDULE_DELAY": "600000", "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-           "OTEL_LOGS_EXPORTER": "otlp" if logs else "none", ENV_SHUTDOWN_TIMEOUT: str(INPROCESS_BOUND_S)}
-    proc = subprocess.Popen([bin_path("opentelemetry-instrument"), sys.executable, "-c", SCRIPT.format(logs=logs)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        **otlp_env(endpoint, service_name=service, protocol=protocol),
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
+        "OTEL_BLRP_SCHEDULE_DELAY": "600000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+        "OTEL_LOGS_EXPORTER": "otlp" if logs else "none",
+        ENV_SHUTDOWN_TIMEOUT: str(INPROCESS_BOUND_S),
+    }
+    proc = subprocess.Popen(
+        [bin_path("opentelemetry-instrument"), sys.executable, "-c", SCRIPT.format(logs=logs)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, exiting = [], None
     try:
         for line in proc.stdout:
@@ -376,8 +416,11 @@ def run_instrumented(endpoint: str, protocol: str, service: str, logs: int) -> t
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 @pytest.mark.parametrize("fault", ["refused", "blackhole", "slow"])
 def test_inprocess_shutdown_is_bounded(fault, protocol):
-    endpoint = {"refused": lambda: None, "blackhole": BlackHole,
-                "slow": (lambda: FaultyOTLP("slow", 1.5)) if protocol != "grpc" else (lambda: SlowGrpc(1.5))}[fault]()
+    endpoint = {
+        "refused": lambda: None,
+        "blackhole": BlackHole,
+        "slow": (lambda: FaultyOTLP("slow", 1.5)) if protocol != "grpc" else (lambda: SlowGrpc(1.5)),
+    }[fault]()
     try:
         url = endpoint.endpoint if endpoint is not None else refused_endpoint()
         exit_s, output = run_instrumented(url, protocol, f"faults-{fault}", logs=10)

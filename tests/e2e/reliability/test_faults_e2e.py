@@ -66,7 +66,7 @@ from helpers import Traceparent, genai_spans
 from devkit.devserver import VLLMServer, otlp_env
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
-from otel_llm.ledger import read_spool
+from otel_llm.billing.ledger import read_spool
 
 HERE = Path(__file__).resolve().parent
 W = "otel_llm.vllm.wrappers"
@@ -121,8 +121,12 @@ TARGETS = (
     Target("guard:starting the chat span", fires=(CHAT, ABORT)),
     Target("guard:starting the text_completion span", fires=(STREAM,), no_wire_ttft=True),
     Target(f"{W}:_request_info", fires=GENERATING, no_wire_ttft=True),
-    Target("guard:starting an AsyncLLM span", also=(*HANDLER_STARTS, "otel_llm.vllm.routes:_enter"),
-           fires=GENERATING, no_span=GENERATING),
+    Target(
+        "guard:starting an AsyncLLM span",
+        also=(*HANDLER_STARTS, "otel_llm.vllm.routes:_enter"),
+        fires=GENERATING,
+        no_span=GENERATING,
+    ),
     # (the route's span takes no tenant then: it is counted as a span without one)
     Target("otel_llm.vllm.attribution:Attribution.caller", fires=EVERY, no_span=EVERY, fallback=GENERATING, guards=2),
     # the end user (`user` / `safety_identifier`): the handler's span is lost as with _request_info, and the
@@ -182,7 +186,7 @@ if hasattr(importlib.import_module("otel_llm.vllm.http"), "redact_query"):
 GUARDS_OFF_THIS_PATH = {
     "starting an LLMEngine span": "offline vllm.LLM only (tests/e2e/test_offline_e2e.py)",
     "starting the embeddings span": "a pooling model's server (tests/e2e/test_embeddings_e2e.py); the same "
-                                    "handler wrapper as chat and completions, faulted here",
+    "handler wrapper as chat and completions, faulted here",
     "starting a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
     "ending a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
     "redacting a vLLM logger's warnings": "when vLLM makes a logger (init_logger, as its modules are imported)",
@@ -196,38 +200,41 @@ ENTRY = "entry:"
 ENTRIES_OFF_THIS_PATH = {
     "otel_llm.vllm.stat_logger:KeepRequestStats.__init__": "when vLLM starts its engine",
     "otel_llm.vllm.stat_logger:KeepRequestStats.log_engine_initialized": "once, when the engine is up",
-    "otel_llm.vllm.offload:DeferredTracerProvider.get_tracer": "when Starlette builds the app's middleware, at the "
-                                                               "server's first request (its readiness probe)",
-    "otel_llm.vllm.offload:ExportChannel._after_fork": "in a process forked from the API server",
-    "otel_llm.vllm.offload:DeferredTracer.start_as_current_span": "no caller on this server",
-    "otel_llm.vllm.offload:DeferredSpan.name": "no caller on this server (read by other instrumentations' hooks)",
-    "otel_llm.vllm.offload:DeferredSpan.update_name": "no caller on this server",
-    "otel_llm.vllm.offload:DeferredSpan.add_event": "no caller on this server",
-    "otel_llm.vllm.offload:DeferredSpan.record_exception": "an exception escaping the app (none here)",
+    "otel_llm.vllm.export.channel:DeferredTracerProvider.get_tracer": (
+        "when Starlette builds the app's middleware, at the server's first request (its readiness probe)"
+    ),
+    "otel_llm.vllm.export.channel:ExportChannel._after_fork": "in a process forked from the API server",
+    "otel_llm.vllm.export.channel:DeferredTracer.start_as_current_span": "no caller on this server",
+    "otel_llm.vllm.export.channel:DeferredSpan.name": (
+        "no caller on this server (read by other instrumentations' hooks)"
+    ),
+    "otel_llm.vllm.export.channel:DeferredSpan.update_name": "no caller on this server",
+    "otel_llm.vllm.export.channel:DeferredSpan.add_event": "no caller on this server",
+    "otel_llm.vllm.export.channel:DeferredSpan.record_exception": "an exception escaping the app (none here)",
     "otel_llm.vllm.wrappers:RedactingLogFilter.filter": "a warning or error of vLLM's loggers (none here)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_tokens": "the metric reader's thread, in the export "
-                                                                    "process here (it records the request metrics)",
+    "process here (it records the request metrics)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_compute": "the metric reader's thread, in the export "
-                                                                     "process here (it records the request metrics)",
+    "process here (it records the request metrics)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_spec_drafts": "the metric reader's thread, in the export "
-                                                                         "process here",
+    "process here",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_spec_accepted": "the metric reader's thread, in the "
-                                                                           "export process here",
+    "export process here",
     "otel_llm.vllm.http:_InstrumentConflict.filter": "once, when Starlette builds the app's middleware (the SDK's "
-                                                     "warning about the active-requests counter made again)",
+    "warning about the active-requests counter made again)",
     "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
-                                                "a target's time)",
+    "a target's time)",
     # this server's HTTP requests take the replayed path (http.py LeanMiddleware.replayed_call); the maintained
     # middleware's own __call__ (a websocket, a request inside another span) is faulted in tests/vllm/test_offload.py
     "otel_llm.vllm.http:LeanMiddleware._get_otel_send": _MAINTAINED_CALL,
     "otel_llm.vllm.http:DeferredHistogram.record": _MAINTAINED_CALL,
     "otel_llm.vllm.http:hold_nothing_hook": _MAINTAINED_CALL,
     "otel_llm.vllm.http:redacting_hold_nothing_hook": _MAINTAINED_CALL,
-    "otel_llm.vllm.offload:DeferredSpan.kind": _MAINTAINED_CALL,
-    "otel_llm.vllm.offload:DeferredSpan.attributes": _MAINTAINED_CALL,
-    "otel_llm.vllm.offload:DeferredSpan.set_attribute": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.channel:DeferredSpan.kind": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.channel:DeferredSpan.attributes": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.channel:DeferredSpan.set_attribute": _MAINTAINED_CALL,
     "otel_llm.vllm.http:redact_query_hook": "in the export process here (the replayed middleware's hook); the access "
-                                            "log's filter, under the same guard, is faulted here",
+    "log's filter, under the same guard, is faulted here",
 }
 
 # the first line of a log record (vLLM's, uvicorn's, ours), as opposed to a traceback's lines
@@ -268,8 +275,9 @@ def setup(receiver, tmp_path_factory):
     info.mkdir(parents=True)
     shutil.copy(HERE / "fault_injector.py", plugin / "fault_injector.py")
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: otel-llm-fault-injector\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[opentelemetry_pre_instrument]\n"
-                                           "otel_llm_fault_injector = fault_injector:install\n")
+    (info / "entry_points.txt").write_text(
+        "[opentelemetry_pre_instrument]\notel_llm_fault_injector = fault_injector:install\n"
+    )
     faults = Faults(base)
     usage_dir = base / "usage"
     python_path = os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p)
@@ -277,14 +285,19 @@ def setup(receiver, tmp_path_factory):
         "PYTHONPATH": python_path,
         "OTEL_LLM_TEST_FAULT_FILE": str(faults.switch),
         "OTEL_LLM_TEST_FAULT_LOG": str(faults.log),
-        "OTEL_LLM_TEST_FAULT_TARGETS": ",".join(t.name for t in TARGETS + HTTP_TARGETS
-                                                if not t.name.startswith("guard:")),
+        "OTEL_LLM_TEST_FAULT_TARGETS": ",".join(
+            t.name for t in TARGETS + HTTP_TARGETS if not t.name.startswith("guard:")
+        ),
         "OTEL_LLM_USAGE_DIR": str(usage_dir),
         # (content capture on: the configuration the fault run of issue 20 found a fault in)
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_only",
     }
-    server = VLLMServer(env={**otlp_env(receiver.endpoint), **env}, paced=True,
-                        extra_args=["--max-model-len", str(MAX_MODEL_LEN)], log_path=base / "vllm-faults.log")
+    server = VLLMServer(
+        env={**otlp_env(receiver.endpoint), **env},
+        paced=True,
+        extra_args=["--max-model-len", str(MAX_MODEL_LEN)],
+        log_path=base / "vllm-faults.log",
+    )
     server.start()
     server.faults = faults
     server.usage_dir = usage_dir
@@ -314,11 +327,20 @@ def rss_mib(pid: int) -> float:
 
 
 def send_chat(server, tp, tenant):
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "fault injection"}],
-            "max_tokens": SHORT_GENERATION, "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "fault injection"}],
+        "max_tokens": SHORT_GENERATION,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     # (a query string: the HTTP layer's query redaction runs for it)
-    r = httpx.post(server.url + "/v1/chat/completions?probe=1", json=body,
-                   headers=tp.headers(**{"x-tenant-id": tenant}), timeout=60)
+    r = httpx.post(
+        server.url + "/v1/chat/completions?probe=1",
+        json=body,
+        headers=tp.headers(**{"x-tenant-id": tenant}),
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     data = r.json()
     (choice,) = data["choices"]
@@ -329,16 +351,24 @@ def send_chat(server, tp, tenant):
 
 
 def send_stream(server, tp, tenant):
-    body = {"model": MODEL_NAME, "prompt": "fault injection streams", "max_tokens": SHORT_GENERATION,
-            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "fault injection streams",
+        "max_tokens": SHORT_GENERATION,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     lines = []
     with httpx.Client(timeout=60) as client:
-        with client.stream("POST", server.url + "/v1/completions", json=body,
-                           headers=tp.headers(**{"x-tenant-id": tenant})) as r:
+        with client.stream(
+            "POST", server.url + "/v1/completions", json=body, headers=tp.headers(**{"x-tenant-id": tenant})
+        ) as r:
             assert r.status_code == 200, r.read()
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines and lines[-1] == "data: [DONE]", lines[-3:]
-    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    chunks = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
     assert len({c["id"] for c in chunks}) == 1
     assert all(isinstance(c["choices"][0]["text"], str) for c in chunks if c["choices"])
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
@@ -349,17 +379,23 @@ def send_stream(server, tp, tenant):
 
 def send_abandoned_stream(server, tp, tenant, chunks=2):
     """A long stream the client leaves after `chunks` data chunks."""
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "a very long story"}],
-            "max_tokens": LONG_GENERATION, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "a very long story"}],
+        "max_tokens": LONG_GENERATION,
+        "ignore_eos": True,
+        "stream": True,
+    }
     received = 0
     with httpx.Client(timeout=60) as client:
-        with client.stream("POST", server.url + "/v1/chat/completions", json=body,
-                           headers=tp.headers(**{"x-tenant-id": tenant})) as r:
+        with client.stream(
+            "POST", server.url + "/v1/chat/completions", json=body, headers=tp.headers(**{"x-tenant-id": tenant})
+        ) as r:
             assert r.status_code == 200, r.read()
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     assert line != "data: [DONE]", f"a {LONG_GENERATION}-token stream ended before the client left"
-                    json.loads(line[len("data: "):])
+                    json.loads(line[len("data: ") :])
                     received += 1
                     if received == chunks:
                         break
@@ -368,8 +404,12 @@ def send_abandoned_stream(server, tp, tenant, chunks=2):
 
 
 def send_rejected(server, tp, tenant):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b'{"model": "tiny-llama", "messages": [',
-                   headers=tp.headers(**{"x-tenant-id": tenant, "content-type": "application/json"}), timeout=60)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        content=b'{"model": "tiny-llama", "messages": [',
+        headers=tp.headers(**{"x-tenant-id": tenant, "content-type": "application/json"}),
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"]
     return None
@@ -400,9 +440,12 @@ def wait_for_traces(receiver, sent, spans_expected):
     """Each request's HTTP server span, and as many GenAI spans as are expected."""
 
     def missing(traces):
-        return [(kind, [s.name for s in traces.get(tp.trace_id, [])]) for kind, tp, _ in sent
-                if not any(s.kind == "SERVER" for s in traces.get(tp.trace_id, []))
-                or len(genai_spans(traces.get(tp.trace_id, []))) < spans_expected(kind)]
+        return [
+            (kind, [s.name for s in traces.get(tp.trace_id, [])])
+            for kind, tp, _ in sent
+            if not any(s.kind == "SERVER" for s in traces.get(tp.trace_id, []))
+            or len(genai_spans(traces.get(tp.trace_id, []))) < spans_expected(kind)
+        ]
 
     def ready(rx):
         traces = rx.traces()
@@ -411,8 +454,9 @@ def wait_for_traces(receiver, sent, spans_expected):
     try:
         return receiver.wait_for(ready, timeout=120)
     except TimeoutError:
-        raise AssertionError(f"spans missing after 120 s (kind, spans that arrived): {missing(receiver.traces())}") \
-            from None
+        raise AssertionError(
+            f"spans missing after 120 s (kind, spans that arrived): {missing(receiver.traces())}"
+        ) from None
 
 
 # --- the faults --------------------------------------------------------------------------------
@@ -420,8 +464,8 @@ def wait_for_traces(receiver, sent, spans_expected):
 
 def test_every_guard_on_the_request_path_gets_a_fault(setup):
     registered = set(setup.faults.events("registered", setup.api_pid))
-    guards = {name[len("guard:"):] for name in registered if name.startswith("guard:")}
-    faulted = {t.name[len("guard:"):] for t in TARGETS if t.name.startswith("guard:")}
+    guards = {name[len("guard:") :] for name in registered if name.startswith("guard:")}
+    faulted = {t.name[len("guard:") :] for t in TARGETS if t.name.startswith("guard:")}
     assert faulted <= guards, f"guards no longer in otel_llm.vllm.wrappers or streams: {faulted - guards}"
     unknown = guards - faulted - set(GUARDS_OFF_THIS_PATH)
     assert not unknown, f"new _safe guards: add a Target (or GUARDS_OFF_THIS_PATH) for {unknown}"
@@ -477,8 +521,10 @@ def _check_target(server, receiver, target: Target):
             assert len(records) == 1, f"{where}: {len(records)} usage records"
             (record,) = records
             assert record.get(semconv.TENANT_ID) == (tenant if handler else None), where
-            assert record[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == (handler or fallback)[0].attributes[
-                semconv.GEN_AI_USAGE_OUTPUT_TOKENS], where
+            assert (
+                record[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+                == (handler or fallback)[0].attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+            ), where
         else:
             assert records == [], where
         for span in genai:
@@ -532,8 +578,10 @@ def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
     for result in _results.values():
         target = result["target"]
         expected[result["tenant"]] = sum(
-            1 for kind, _, _ in result["sent"]
-            if kind not in target.no_span and not target.bare and kind not in target.no_metrics)
+            1
+            for kind, _, _ in result["sent"]
+            if kind not in target.no_span and not target.bare and kind not in target.no_metrics
+        )
 
     def counted(rx):
         found = {}
@@ -552,7 +600,8 @@ def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
                 found[p.attributes[semconv.TENANT_ID]] = found.get(p.attributes[semconv.TENANT_ID], 0) + p.value
         names = {r["tenant"]: n for n, r in _results.items()}
         raise AssertionError(
-            {names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n}) from None
+            {names[t]: (found.get(t, 0), n) for t, n in expected.items() if found.get(t, 0) != n}
+        ) from None
 
 
 def _check_log(log: str) -> None:
@@ -595,7 +644,8 @@ def _aborted_spans(receiver, traceparents):
         traces = receiver.traces()
         missing = [t for t in ids if not genai_spans(traces.get(t, []))]
         raise AssertionError(
-            f"{len(missing)} of {len(ids)} abandoned streams have no GenAI span (never ended?)") from None
+            f"{len(missing)} of {len(ids)} abandoned streams have no GenAI span (never ended?)"
+        ) from None
 
 
 def _requests_counted(receiver, tenant):
@@ -618,8 +668,10 @@ def test_abort_storm(setup, receiver):
     # after one more metric export, nothing more may come: exactly one span per request
     receiver.wait_for(lambda rx: _requests_counted(rx, "storm").get(semconv.OUTCOME_ABORTED, 0) >= len(storm))
     rss_after = rss_mib(server.api_pid)
-    print(f"\nabort storm: {len(storm)} streams abandoned after 20 warm-up ones; API server (pid {server.api_pid}) "
-          f"RSS {rss_before:.1f} MiB -> {rss_after:.1f} MiB ({rss_after - rss_before:+.1f} MiB)")
+    print(
+        f"\nabort storm: {len(storm)} streams abandoned after 20 warm-up ones; API server (pid {server.api_pid}) "
+        f"RSS {rss_before:.1f} MiB -> {rss_after:.1f} MiB ({rss_after - rss_before:+.1f} MiB)"
+    )
 
     traces = receiver.traces()
     finished = []
@@ -641,8 +693,10 @@ def test_abort_storm(setup, receiver):
         assert phases and {s.name for s in phases} <= set(semconv.PHASE_SPANS)
         for phase in phases:
             assert span.start_ns <= phase.start_ns <= phase.end_ns <= span.end_ns
-    assert not finished, (f"{len(finished)} streams ended without the server seeing the client leave "
-                          f"(finish reasons {finished[:5]}): the engine finished {LONG_GENERATION} tokens first?")
+    assert not finished, (
+        f"{len(finished)} streams ended without the server seeing the client leave "
+        f"(finish reasons {finished[:5]}): the engine finished {LONG_GENERATION} tokens first?"
+    )
     assert sum(len(v) for v in found.values()) == len(storm)
 
     counted = _requests_counted(receiver, "storm")
@@ -674,27 +728,50 @@ def shape(value):
 
 
 def _chunk_shapes(lines: list[str]) -> list[str]:
-    return sorted({json.dumps(shape(json.loads(line[len("data: "):])), sort_keys=True)
-                   for line in lines if line.startswith("data: ") and line != "data: [DONE]"})
+    return sorted(
+        {
+            json.dumps(shape(json.loads(line[len("data: ") :])), sort_keys=True)
+            for line in lines
+            if line.startswith("data: ") and line != "data: [DONE]"
+        }
+    )
 
 
 def probe(server, kind: str):
     """One request of `kind`: (status, the shape of what came back)."""
-    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "fault injection"}],
-            "max_tokens": SHORT_GENERATION, "ignore_eos": True, "temperature": 0}
+    chat = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "fault injection"}],
+        "max_tokens": SHORT_GENERATION,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     with httpx.Client(timeout=60) as client:
         if kind in (CHAT, N2, NOT_FOUND):
-            body = {**chat, **({"n": 2, "temperature": 1.0} if kind == N2 else {}),
-                    **({"model": "no-such-model"} if kind == NOT_FOUND else {})}
+            body = {
+                **chat,
+                **({"n": 2, "temperature": 1.0} if kind == N2 else {}),
+                **({"model": "no-such-model"} if kind == NOT_FOUND else {}),
+            }
             r = client.post(server.url + "/v1/chat/completions?probe=1", json=body)
             return r.status_code, shape(r.json())
         if kind == REJECT:
-            r = client.post(server.url + "/v1/chat/completions", content=b'{"model": "tiny-llama", "messages": [',
-                            headers={"content-type": "application/json"})
+            r = client.post(
+                server.url + "/v1/chat/completions",
+                content=b'{"model": "tiny-llama", "messages": [',
+                headers={"content-type": "application/json"},
+            )
             return r.status_code, shape(r.json())
         if kind == STREAM:
-            body = {"model": MODEL_NAME, "prompt": "fault injection streams", "max_tokens": SHORT_GENERATION,
-                    "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": MODEL_NAME,
+                "prompt": "fault injection streams",
+                "max_tokens": SHORT_GENERATION,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             with client.stream("POST", server.url + "/v1/completions?probe=1", json=body) as r:
                 lines = [line for line in r.iter_lines() if line.startswith("data: ")]
             return r.status_code, (_chunk_shapes(lines), lines[-1:] == ["data: [DONE]"])
@@ -727,16 +804,19 @@ def probe_plan(server) -> dict[str, list]:
 
 
 def _failures_counted(receiver, pid: int) -> dict[str, float]:
-    return {p.attributes.get(semconv.FAILURE_POINT): p.value for p in receiver.latest_metrics()
-            if p.name == semconv.INSTRUMENTATION_FAILURES and p.resource.get("process.pid") == pid}
+    return {
+        p.attributes.get(semconv.FAILURE_POINT): p.value
+        for p in receiver.latest_metrics()
+        if p.name == semconv.INSTRUMENTATION_FAILURES and p.resource.get("process.pid") == pid
+    }
 
 
 def test_a_fault_in_any_entry_point_is_contained(setup, receiver):
     server, pid = setup, setup.api_pid
     targets = sorted({n for n in server.faults.events("registered", pid) if n.startswith(ENTRY)})
     what = dict(line.split(" ", 1) for line in server.faults.events("what", pid))
-    names = {t[len(ENTRY):] for t in targets}
-    assert "otel_llm.vllm.offload:DeferredTracer.start_span" in names, "the injector found no entry points"
+    names = {t[len(ENTRY) :] for t in targets}
+    assert "otel_llm.vllm.export.channel:DeferredTracer.start_span" in names, "the injector found no entry points"
     assert set(ENTRIES_OFF_THIS_PATH) <= names, set(ENTRIES_OFF_THIS_PATH) - names
     server.faults.set()
     baseline = probe_plan(server)
@@ -750,7 +830,7 @@ def test_a_fault_in_any_entry_point_is_contained(setup, receiver):
         server.faults.set(target, f"pid={pid}")
         try:
             got = probe_plan(server)
-            if target[len(ENTRY):] not in ENTRIES_OFF_THIS_PATH:
+            if target[len(ENTRY) :] not in ENTRIES_OFF_THIS_PATH:
                 try:
                     receiver.wait_for(lambda rx, n=hits_before: len(server.faults.events("hit", pid)) > n, timeout=10)
                 except TimeoutError:
@@ -762,16 +842,19 @@ def test_a_fault_in_any_entry_point_is_contained(setup, receiver):
             problems.append(f"{target}: responses {got} differ from {expected}")
         if set(hits) - {target}:
             problems.append(f"{target}: other faults fired: {set(hits) - {target}}")
-        if not hits and target[len(ENTRY):] not in ENTRIES_OFF_THIS_PATH:
+        if not hits and target[len(ENTRY) :] not in ENTRIES_OFF_THIS_PATH:
             problems.append(f"{target}: no request reached it (ENTRIES_OFF_THIS_PATH?)")
         point = what[target]
         hits_by_point[point] = hits_by_point.get(point, 0) + len(hits)
         try:
-            receiver.wait_for(lambda rx, p=point, n=hits_by_point[point]: _failures_counted(rx, pid).get(p, 0) >= n,
-                              timeout=15)
+            receiver.wait_for(
+                lambda rx, p=point, n=hits_by_point[point]: _failures_counted(rx, pid).get(p, 0) >= n, timeout=15
+            )
         except TimeoutError:
-            problems.append(f"{target}: {hits_by_point[point]} failures of {point!r}, counted "
-                            f"{_failures_counted(receiver, pid).get(point, 0)}")
+            problems.append(
+                f"{target}: {hits_by_point[point]} failures of {point!r}, counted "
+                f"{_failures_counted(receiver, pid).get(point, 0)}"
+            )
     log = setup.log_path.read_text(errors="replace")
     for target in targets:
         if log.count(f"InjectedFault: {target}\n") > 1:

@@ -12,7 +12,8 @@ import pytest
 from helpers import Traceparent, genai_spans, request_trace, start_server
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import ledger, semconv
+from otel_llm import semconv
+from otel_llm.billing import ledger
 
 KEY = f"sk-acme-{secrets.token_hex(8)}"
 JUNK = [f"junk-{i:02d}" for i in range(60)]  # more than the 50 label slots
@@ -23,8 +24,12 @@ def server(receiver, tmp_path_factory):
     work = tmp_path_factory.mktemp("tenants")
     keys = work / "keys.json"
     keys.write_text(json.dumps({"keys": [{"sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "acme"}]}))
-    srv = start_server(receiver, tmp_path_factory, "tenants",
-                       env={"OTEL_LLM_API_KEYS_FILE": str(keys), "OTEL_LLM_USAGE_DIR": str(work / "usage")})
+    srv = start_server(
+        receiver,
+        tmp_path_factory,
+        "tenants",
+        env={"OTEL_LLM_API_KEYS_FILE": str(keys), "OTEL_LLM_USAGE_DIR": str(work / "usage")},
+    )
     srv.spool = work / "usage"
     yield srv
     srv.stop()
@@ -32,8 +37,12 @@ def server(receiver, tmp_path_factory):
 
 def complete(server, headers):
     tp = Traceparent()
-    r = httpx.post(server.url + "/v1/completions", timeout=60, headers={**tp.headers(), **headers},
-                   json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        timeout=60,
+        headers={**tp.headers(), **headers},
+        json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2},
+    )
     assert r.status_code == 200, r.text
     return tp.trace_id
 
@@ -53,8 +62,7 @@ def test_made_up_tenants_cannot_take_the_label_slots_of_vouched_ones(server, rec
     complete(server, {"authorization": f"Bearer {KEY}"})  # vLLM runs without --api-key: any key passes
 
     def labels(rx):
-        found = {p.attributes.get(semconv.TENANT_ID) for p in rx.latest_metrics()
-                 if p.name == semconv.SERVER_REQUESTS}
+        found = {p.attributes.get(semconv.TENANT_ID) for p in rx.latest_metrics() if p.name == semconv.SERVER_REQUESTS}
         return found if "acme" in found else None
 
     assert receiver.wait_for(labels, 30) >= {"acme", semconv.LABEL_OTHER}

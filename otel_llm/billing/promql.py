@@ -45,8 +45,9 @@ def read_config(path: Path, what: str):
     try:
         import yaml
     except ImportError:
-        raise ReportError(f"{what} {path}: reading YAML needs PyYAML (pip install pyyaml); or write it as "
-                          "JSON") from None
+        raise ReportError(
+            f"{what} {path}: reading YAML needs PyYAML (pip install pyyaml); or write it as JSON"
+        ) from None
     try:
         return yaml.safe_load(text)
     except Exception as exc:  # noqa: BLE001 - any parse error is the file's
@@ -77,8 +78,21 @@ def known_metrics(recorded=()) -> set[str]:
     return names
 
 
-_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-             "offset", "bool", "inf", "nan"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -129,7 +143,7 @@ def _yaml_lines(value, indent: int) -> list[str]:
         lines = []
         for item in value:
             first, *rest = _yaml_lines(item, indent + 2)
-            lines += [f"{pad}- {first[indent + 2:]}", *rest]
+            lines += [f"{pad}- {first[indent + 2 :]}", *rest]
         return lines
     raise TypeError(f"rule files hold strings, lists and mappings, not {type(value).__name__}")
 
@@ -137,8 +151,13 @@ def _yaml_lines(value, indent: int) -> list[str]:
 def _scalar(text: str) -> str:
     if not text.isprintable():
         return json.dumps(text)  # a double-quoted YAML scalar, escapes included
-    if (_PLAIN.fullmatch(text) and ": " not in text and " #" not in text and not text.endswith((":", " "))
-            and text.lower() not in _YAML_WORDS):
+    if (
+        _PLAIN.fullmatch(text)
+        and ": " not in text
+        and " #" not in text
+        and not text.endswith((":", " "))
+        and text.lower() not in _YAML_WORDS
+    ):
         return text
     return "'" + text.replace("'", "''") + "'"
 

@@ -1,6 +1,6 @@
 """Current use of every budget, from the usage ledger, for enforcement and alerts.
 
-A BudgetTracker keeps, per budget of a budget file (otel_llm/budgets.py), what its tenant (and
+A BudgetTracker keeps, per budget of a budget file (otel_llm/ops/budgets.py), what its tenant (and
 scene) used in the current period. It reads the ledger where the ledger lives, incrementally:
 
 - a spool directory (or several: one per host): it tails the spool files itself, from where it
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from otel_llm import semconv
-from otel_llm.budgets import Budget, labels
+from otel_llm.ops.budgets import Budget, labels
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 TOKEN_FIELDS = semconv.USAGE_TOKEN_FIELDS  # (record field, token type)
@@ -70,8 +70,9 @@ class _Tally:
 
 
 class BudgetTracker:
-    def __init__(self, budgets: list[Budget], prices: dict | None = None, currency: str | None = None,
-                 feed=None, clock=time.time):
+    def __init__(
+        self, budgets: list[Budget], prices: dict | None = None, currency: str | None = None, feed=None, clock=time.time
+    ):
         self.budgets, self.prices, self.currency, self.feed, self.clock = budgets, prices or {}, currency, feed, clock
         self._tallies = [_Tally(b) for b in budgets]
         self._by_tenant: dict[str, list[_Tally]] = {}
@@ -156,11 +157,21 @@ class BudgetTracker:
                     tally.unpriced.pop(old, None)
                 limit = budget.limit_at(now)
                 end = budget.period_end(now)
-                out.append({"tenant": budget.tenant, "scene": budget.scene or "", "period": budget.period,
-                            "unit": labels(budget, self.currency)[semconv.prometheus_label(semconv.BUDGET_UNIT)],
-                            "used": used, "limit": limit, "warn_ratio": budget.warn_ratio,
-                            "state": budget.state(used, now), "resets_in": None if end is None else end - now,
-                            "unpriced_tokens": tally.unpriced.get(start, 0), "budget": budget})
+                out.append(
+                    {
+                        "tenant": budget.tenant,
+                        "scene": budget.scene or "",
+                        "period": budget.period,
+                        "unit": labels(budget, self.currency)[semconv.prometheus_label(semconv.BUDGET_UNIT)],
+                        "used": used,
+                        "limit": limit,
+                        "warn_ratio": budget.warn_ratio,
+                        "state": budget.state(used, now),
+                        "resets_in": None if end is None else end - now,
+                        "unpriced_tokens": tally.unpriced.get(start, 0),
+                        "budget": budget,
+                    }
+                )
         return out
 
     def check(self, tenant: str | None, scene: str | None = None, now: float | None = None) -> Decision:
@@ -168,8 +179,13 @@ class BudgetTracker:
         found = self.figures(tenant, scene, now) if tenant is not None else []
         over = [f for f in found if f["state"] == semconv.BUDGET_STATE_OVER]
         states = {f["state"] for f in found}
-        state = (semconv.BUDGET_STATE_OVER if over else semconv.BUDGET_STATE_NEAR
-                 if semconv.BUDGET_STATE_NEAR in states else semconv.BUDGET_STATE_OK)
+        state = (
+            semconv.BUDGET_STATE_OVER
+            if over
+            else semconv.BUDGET_STATE_NEAR
+            if semconv.BUDGET_STATE_NEAR in states
+            else semconv.BUDGET_STATE_OK
+        )
         retry = None
         if over:
             retry = max(PREPAID_RETRY_S if f["resets_in"] is None else math.ceil(f["resets_in"]) for f in over)
@@ -182,8 +198,12 @@ class BudgetTracker:
         """The figures in Prometheus' text format (label values exact: no label cap here)."""
         lines = []
         figures = self.figures()
-        series = ((semconv.BUDGET_USED, "used"), (semconv.BUDGET_LIMIT, "limit"),
-                  (semconv.BUDGET_WARN_RATIO, "warn_ratio"), (semconv.BUDGET_UNPRICED_TOKENS, "unpriced_tokens"))
+        series = (
+            (semconv.BUDGET_USED, "used"),
+            (semconv.BUDGET_LIMIT, "limit"),
+            (semconv.BUDGET_WARN_RATIO, "warn_ratio"),
+            (semconv.BUDGET_UNPRICED_TOKENS, "unpriced_tokens"),
+        )
         for metric, field in series:
             name = semconv.prometheus_metric(metric)
             lines += [f"# HELP {name} {semconv.METRICS[metric].description}", f"# TYPE {name} gauge"]
@@ -194,8 +214,11 @@ class BudgetTracker:
         lag = self.lag()
         if lag is not None:
             name = semconv.prometheus_metric(semconv.BUDGET_TRACKER_LAG)
-            lines += [f"# HELP {name} {semconv.METRICS[semconv.BUDGET_TRACKER_LAG].description}",
-                      f"# TYPE {name} gauge", f"{name} {lag!r}"]
+            lines += [
+                f"# HELP {name} {semconv.METRICS[semconv.BUDGET_TRACKER_LAG].description}",
+                f"# TYPE {name} gauge",
+                f"{name} {lag!r}",
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -209,6 +232,7 @@ def _labels(values: dict[str, str]) -> str:
 
 
 # --- feeds: where the records come from ---------------------------------------------------------------
+
 
 def from_record(record: dict) -> Usage | None:
     """A spool record (usage.py's fields) as Usage; None for records that are no bill nor progress:
@@ -226,8 +250,15 @@ def from_record(record: dict) -> Usage | None:
     if not isinstance(key, str) or not isinstance(t, int):
         return None
     tokens = tuple(_int(record.get(field)) for field, _ in TOKEN_FIELDS)
-    return Usage(kind, key, _str(record.get(semconv.TENANT_ID)), _str(record.get(semconv.TENANT_SCENE)),
-                 _str(record.get(semconv.GEN_AI_REQUEST_MODEL)) or "", t / 1e9, tokens)
+    return Usage(
+        kind,
+        key,
+        _str(record.get(semconv.TENANT_ID)),
+        _str(record.get(semconv.TENANT_SCENE)),
+        _str(record.get(semconv.GEN_AI_REQUEST_MODEL)) or "",
+        t / 1e9,
+        tokens,
+    )
 
 
 def _int(value) -> int:
@@ -278,7 +309,7 @@ class SpoolFeed:
 
 
 class LedgerFeed:
-    """A ledger in ClickHouse or a chDB session (otel_llm.ledger.open_ledger). The first read sums the
+    """A ledger in ClickHouse or a chDB session (otel_llm.billing.ledger.open_ledger). The first read sums the
     bills from the horizon to OVERLAP_S ago per hour; each read then takes the records of the last
     OVERLAP_S seconds before the newest it has seen, and skips those it counted already."""
 
@@ -288,13 +319,20 @@ class LedgerFeed:
         self._from: float | None = None  # records before this are counted
 
     def read(self, horizon: float):
-        from otel_llm import ledger as ledger_sql
+        from otel_llm.billing import ledger as ledger_sql
 
         if self._from is None:
             self._from = max(horizon, self.clock() - OVERLAP_S)
             for row in self.ledger.executor.rows(ledger_sql.hourly_bills_sql(self.ledger.source, horizon, self._from)):
-                yield Usage("", "", _str(row["tenant"]), _str(row["scene"]), row["model"] or "", float(row["hour"]),
-                            tuple(int(row[t]) for t in TOKEN_TYPES))
+                yield Usage(
+                    "",
+                    "",
+                    _str(row["tenant"]),
+                    _str(row["scene"]),
+                    row["model"] or "",
+                    float(row["hour"]),
+                    tuple(int(row[t]) for t in TOKEN_TYPES),
+                )
         newest = self._from
         for row in self.ledger.executor.rows(ledger_sql.recent_records_sql(self.ledger.source, self._from)):
             t = int(row["t"]) / 1e9
@@ -303,12 +341,19 @@ class LedgerFeed:
                 continue
             self._seen[ident] = t
             newest = max(newest, t)
-            usage = from_record({semconv.USAGE_KIND: row["kind"], semconv.USAGE_ID: row["key"],
-                                 semconv.USAGE_TIME: int(row["t"]), semconv.TENANT_ID: row["tenant"],
-                                 semconv.TENANT_SCENE: row["scene"], semconv.GEN_AI_REQUEST_MODEL: row["model"],
-                                 semconv.USAGE_FRONTEND_BILLED: bool(int(row["frontend_billed"])),
-                                 semconv.VLLM_PD_ROLE: row["pd_role"],
-                                 **{field: int(row[t]) for field, t in TOKEN_FIELDS}})
+            usage = from_record(
+                {
+                    semconv.USAGE_KIND: row["kind"],
+                    semconv.USAGE_ID: row["key"],
+                    semconv.USAGE_TIME: int(row["t"]),
+                    semconv.TENANT_ID: row["tenant"],
+                    semconv.TENANT_SCENE: row["scene"],
+                    semconv.GEN_AI_REQUEST_MODEL: row["model"],
+                    semconv.USAGE_FRONTEND_BILLED: bool(int(row["frontend_billed"])),
+                    semconv.VLLM_PD_ROLE: row["pd_role"],
+                    **{field: int(row[t]) for field, t in TOKEN_FIELDS},
+                }
+            )
             if usage is not None:
                 yield usage
         self._from = max(self._from, newest - OVERLAP_S)

@@ -1,5 +1,5 @@
 """Budgets per tenant (optionally per scene): the budget file, each budget's period and what a
-request's tokens count against it. The budget tracker (otel_llm/budget_tracker.py) counts them from
+request's tokens count against it. The budget tracker (otel_llm/ops/budget_tracker.py) counts them from
 the usage ledger; `otel-llm budget-rules` turns the file into Prometheus alerts on the tracker's
 figures; `otel-llm report --budgets` shows them.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.promql import DIMENSIONS, TOKEN_TYPES, ReportError, iso_time, read_config, runbook_url, yaml_text
+from otel_llm.billing.promql import DIMENSIONS, TOKEN_TYPES, ReportError, iso_time, read_config, runbook_url, yaml_text
 
 DEFAULT_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 PERIODS = (semconv.BUDGET_PERIOD_DAY, semconv.BUDGET_PERIOD_MONTH, semconv.BUDGET_PERIOD_PREPAID)
@@ -98,8 +98,9 @@ class Budget:
         if price is None:
             return None
         cached = tokens.get(semconv.TOKEN_TYPE_CACHED_INPUT, 0)
-        return price.cost(tokens.get(semconv.TOKEN_TYPE_INPUT, 0) - cached, cached,
-                          tokens.get(semconv.TOKEN_TYPE_OUTPUT, 0))
+        return price.cost(
+            tokens.get(semconv.TOKEN_TYPE_INPUT, 0) - cached, cached, tokens.get(semconv.TOKEN_TYPE_OUTPUT, 0)
+        )
 
     def state(self, used: float, t: float) -> str:
         limit = self.limit_at(t)
@@ -132,10 +133,17 @@ def _number(value, where: str, whole: bool) -> float:
 def _name(value, where: str, required: bool) -> str | None:
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not value or value != value.strip() or len(value) > MAX_NAME_LENGTH \
-            or not value.isprintable():
-        raise ReportError(f"{where}: must be a tenant/scene name a request can carry (printable, no surrounding "
-                          f"blanks, at most {MAX_NAME_LENGTH} characters), got {value!r}: no request would match it")
+    if (
+        not isinstance(value, str)
+        or not value
+        or value != value.strip()
+        or len(value) > MAX_NAME_LENGTH
+        or not value.isprintable()
+    ):
+        raise ReportError(
+            f"{where}: must be a tenant/scene name a request can carry (printable, no surrounding "
+            f"blanks, at most {MAX_NAME_LENGTH} characters), got {value!r}: no request would match it"
+        )
     return value
 
 
@@ -171,9 +179,17 @@ def _budget(entry, where: str) -> Budget:
         raw = entry.get("top_ups") or []
         if not isinstance(raw, list):
             raise ReportError(f"{where}: top_ups must be a list of {{at: TIME, amount: N}}")
-        top_ups = tuple((parse_time(t.get("at") if isinstance(t, dict) else None, f"{where}: top-up time"),
-                         _number(t.get("amount") if isinstance(t, dict) else None, f"{where}: top-up amount",
-                                 unit == semconv.BUDGET_UNIT_TOKENS)) for t in raw)
+        top_ups = tuple(
+            (
+                parse_time(t.get("at") if isinstance(t, dict) else None, f"{where}: top-up time"),
+                _number(
+                    t.get("amount") if isinstance(t, dict) else None,
+                    f"{where}: top-up amount",
+                    unit == semconv.BUDGET_UNIT_TOKENS,
+                ),
+            )
+            for t in raw
+        )
     elif "since" in entry or "top_ups" in entry:
         raise ReportError(f"{where}: since and top_ups are for prepaid budgets")
     return Budget(tenant, limit, unit, period, scene, float(ratio), types, since, top_ups)
@@ -184,8 +200,9 @@ def load(path: str | Path) -> list[Budget]:
     data = read_config(path, "budget file")
     entries = data.get("budgets") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ReportError(f'budget file {path}: expected {{"budgets": [{{"tenant": .., "period": .., '
-                          f'"tokens" or "cost": ..}}]}}')
+        raise ReportError(
+            f'budget file {path}: expected {{"budgets": [{{"tenant": .., "period": .., "tokens" or "cost": ..}}]}}'
+        )
     budgets, seen = [], set()
     for index, entry in enumerate(entries):
         where = f"budget file {path}, budget {index + 1}"
@@ -205,9 +222,12 @@ def unit_label(budget: Budget, currency: str | None) -> str:
 
 def labels(budget: Budget, currency: str | None) -> dict[str, str]:
     """The labels of a budget's series on the tracker's /metrics (tenant, scene, period, unit)."""
-    return {DIMENSIONS["tenant"]: budget.tenant, DIMENSIONS["scene"]: budget.scene or "",
-            semconv.prometheus_label(semconv.BUDGET_PERIOD): budget.period,
-            semconv.prometheus_label(semconv.BUDGET_UNIT): unit_label(budget, currency)}
+    return {
+        DIMENSIONS["tenant"]: budget.tenant,
+        DIMENSIONS["scene"]: budget.scene or "",
+        semconv.prometheus_label(semconv.BUDGET_PERIOD): budget.period,
+        semconv.prometheus_label(semconv.BUDGET_UNIT): unit_label(budget, currency),
+    }
 
 
 def _selector(budget: Budget, currency: str | None) -> str:
@@ -226,33 +246,66 @@ def rules(budgets: list[Budget], currency: str | None = None) -> dict:
     alerts = []
     for budget in budgets:
         selector = _selector(budget, currency)
-        alert_labels = {"tenant": budget.tenant, **({"scene": budget.scene} if budget.scene else {}),
-                        "period": budget.period}
+        alert_labels = {
+            "tenant": budget.tenant,
+            **({"scene": budget.scene} if budget.scene else {}),
+            "period": budget.period,
+        }
         what = f"{budget.name}: {{{{ $value | humanizePercentage }}}} of its {budget.period} budget used"
         ratio = f"{used}{selector} / {limit}{selector}"
-        common = {"description": "From the budget tracker's reading of the usage ledger (streams in flight "
-                                 "included); `otel-llm report --budgets` shows the figures."}
-        alerts.append({"alert": ALERT_NEAR, "expr": f"{ratio} > {budget.warn_ratio:g}",
-                       "labels": {**alert_labels, "severity": "warning"},
-                       "annotations": {"summary": f"{what}, over {budget.warn_ratio:.0%}", **common,
-                                       "runbook_url": runbook_url(ALERT_NEAR)}})
-        alerts.append({"alert": ALERT_OVER, "expr": f"{ratio} >= 1",
-                       "labels": {**alert_labels, "severity": "critical"},
-                       "annotations": {"summary": f"{what}: over its limit", **common,
-                                       "runbook_url": runbook_url(ALERT_OVER)}})
-        alerts.append({"alert": ALERT_UNWATCHED, "expr": f"absent({limit}{selector})", "for": "5m",
-                       "labels": {**alert_labels, "severity": "critical"},
-                       "annotations": {"summary": f"{budget.name}: no budget tracker serves this budget",
-                                       "description": "Run `otel-llm budget-server` with this budget file and let "
-                                                      "Prometheus scrape it; until then the budget is not watched.",
-                                       "runbook_url": runbook_url(ALERT_UNWATCHED)}})
+        common = {
+            "description": "From the budget tracker's reading of the usage ledger (streams in flight "
+            "included); `otel-llm report --budgets` shows the figures."
+        }
+        alerts.append(
+            {
+                "alert": ALERT_NEAR,
+                "expr": f"{ratio} > {budget.warn_ratio:g}",
+                "labels": {**alert_labels, "severity": "warning"},
+                "annotations": {
+                    "summary": f"{what}, over {budget.warn_ratio:.0%}",
+                    **common,
+                    "runbook_url": runbook_url(ALERT_NEAR),
+                },
+            }
+        )
+        alerts.append(
+            {
+                "alert": ALERT_OVER,
+                "expr": f"{ratio} >= 1",
+                "labels": {**alert_labels, "severity": "critical"},
+                "annotations": {"summary": f"{what}: over its limit", **common, "runbook_url": runbook_url(ALERT_OVER)},
+            }
+        )
+        alerts.append(
+            {
+                "alert": ALERT_UNWATCHED,
+                "expr": f"absent({limit}{selector})",
+                "for": "5m",
+                "labels": {**alert_labels, "severity": "critical"},
+                "annotations": {
+                    "summary": f"{budget.name}: no budget tracker serves this budget",
+                    "description": "Run `otel-llm budget-server` with this budget file and let "
+                    "Prometheus scrape it; until then the budget is not watched.",
+                    "runbook_url": runbook_url(ALERT_UNWATCHED),
+                },
+            }
+        )
     lag = semconv.prometheus_metric(semconv.BUDGET_TRACKER_LAG)
-    alerts.append({"alert": ALERT_TRACKER_BEHIND, "expr": f"{lag} > {TRACKER_MAX_LAG_S}", "for": "2m",
-                   "labels": {"severity": "critical"},
-                   "annotations": {"summary": "The budget tracker {{ $labels.instance }} has not read its ledger "
-                                              "through for {{ $value | humanizeDuration }}",
-                                   "description": "Budget figures are stale: enforcement and budget alerts lag.",
-                                   "runbook_url": runbook_url(ALERT_TRACKER_BEHIND)}})
+    alerts.append(
+        {
+            "alert": ALERT_TRACKER_BEHIND,
+            "expr": f"{lag} > {TRACKER_MAX_LAG_S}",
+            "for": "2m",
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "The budget tracker {{ $labels.instance }} has not read its ledger "
+                "through for {{ $value | humanizeDuration }}",
+                "description": "Budget figures are stale: enforcement and budget alerts lag.",
+                "runbook_url": runbook_url(ALERT_TRACKER_BEHIND),
+            },
+        }
+    )
     return {"groups": [{"name": "otel-llm-budgets", "interval": "1m", "rules": alerts}]}
 
 
@@ -267,8 +320,9 @@ def check_watchable(budgets: list[Budget], prices: dict | None) -> None:
         raise ReportError(f"money budgets need the price file the tracker prices with (--prices): {', '.join(money)}")
 
 
-def status(budgets: list[Budget], usage_since, prices: dict | None, now: float,
-           currency: str | None = None) -> list[dict]:
+def status(
+    budgets: list[Budget], usage_since, prices: dict | None, now: float, currency: str | None = None
+) -> list[dict]:
     """Each budget's figure in its current period. usage_since(start) -> {(tenant, scene, model):
     {token type: count}} of the bills ended in [start, now) (one call per distinct period start)."""
     cache, result = {}, []
@@ -286,10 +340,20 @@ def status(budgets: list[Budget], usage_since, prices: dict | None, now: float,
                     else:
                         used += amount
         limit = budget.limit_at(now)
-        result.append({"tenant": budget.tenant, "scene": budget.scene or "", "period": budget.period,
-                       "unit": unit_label(budget, currency), "used": round(used, 6) if budget.money else int(used),
-                       "limit": limit, "share": round(used / limit, 4), "state": budget.state(used, now),
-                       "resets": budget.period_end(now), "unpriced_tokens": unpriced})
+        result.append(
+            {
+                "tenant": budget.tenant,
+                "scene": budget.scene or "",
+                "period": budget.period,
+                "unit": unit_label(budget, currency),
+                "used": round(used, 6) if budget.money else int(used),
+                "limit": limit,
+                "share": round(used / limit, 4),
+                "state": budget.state(used, now),
+                "resets": budget.period_end(now),
+                "unpriced_tokens": unpriced,
+            }
+        )
     return result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_llm.promql import ReportError, read_config
+from otel_llm.billing.promql import ReportError, read_config
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,9 @@ def load_prices(path: str | Path) -> tuple[dict[str, Price], str]:
     path = Path(path)
     data = read_config(path, "price file")
     if not isinstance(data, dict) or not isinstance(data.get("models"), dict) or not data["models"]:
-        raise ReportError(f'price file {path}: expected {{"models": {{"MODEL": {{"input": .., '
-                          f'"cached_input": .., "output": ..}}}}}}')
+        raise ReportError(
+            f'price file {path}: expected {{"models": {{"MODEL": {{"input": .., "cached_input": .., "output": ..}}}}}}'
+        )
     prices = {}
     for model, entry in data["models"].items():
         if not isinstance(entry, dict):

@@ -1,6 +1,6 @@
 """The export process: builds and exports the request telemetry an API server hands over.
 
-Started by otel_llm/vllm/offload.py with one end of a Unix socket. The first message holds the
+Started by otel_llm/vllm/export/channel.py with one end of a Unix socket. The first message holds the
 API server's resource, our version and which signals come here; then one message per request
 (its finished spans, its metric Measurement, its usage event), and one per live sweep (the token
 counter's increments of the requests in flight, otel_llm/vllm/live.py). Exporters are made from the
@@ -12,7 +12,7 @@ It stops, flushing within OTEL_LLM_SHUTDOWN_TIMEOUT, when the server says goodby
 socket closes (the server died) or on SIGTERM; Ctrl-C reaches the whole process group and is
 left to the server, which then says goodbye.
 
-    python -m otel_llm.vllm.export_process FD
+    python -m otel_llm.vllm.export.process FD
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from otel_llm import config, semconv, shutdown
-from otel_llm.vllm.offload import BYE, CONFIG, FIRST, HTTP_HISTOGRAMS, LAST, PROGRESS, REPORT, REQUEST, WHOLE
+from otel_llm import config, semconv
+from otel_llm.sdk import shutdown
+from otel_llm.vllm.export.channel import BYE, CONFIG, FIRST, HTTP_HISTOGRAMS, LAST, PROGRESS, REPORT, REQUEST, WHOLE
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.warn import failed
 
@@ -103,8 +104,10 @@ class Exporter:
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
-            readers = [cls() if issubclass(cls, MetricReader) else PeriodicExportingMetricReader(cls())
-                       for cls in metric_exporters.values()]
+            readers = [
+                cls() if issubclass(cls, MetricReader) else PeriodicExportingMetricReader(cls())
+                for cls in metric_exporters.values()
+            ]
             self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers)
             self.metrics = RequestMetrics(self.meter_provider.get_meter(SCOPE, settings["version"]))
 
@@ -122,8 +125,9 @@ class Exporter:
         for part in parts:
             self.handle_part(*part)
 
-    def handle_part(self, spans, measurement, usage_event, exemplar, scope, http_metrics=None,
-                    http_replay=None) -> None:
+    def handle_part(
+        self, spans, measurement, usage_event, exemplar, scope, http_metrics=None, http_replay=None
+    ) -> None:
         scope = self.scope if scope is None else self._scope(scope)
         if http_replay is not None:
             spans = self.replay_http(spans, http_replay)
@@ -133,8 +137,9 @@ class Exporter:
                 processor.on_end(readable)
         if exemplar is not None and (measurement is not None or usage_event is not None or http_metrics is not None):
             trace_id, span_id, flags = exemplar
-            context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
-                trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags))))
+            context = trace.set_span_in_context(
+                NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags)))
+            )
         else:
             context = None
         if measurement is not None and self.metrics is not None:
@@ -149,8 +154,13 @@ class Exporter:
                         instrument.record(value, attributes, context=context)
         if usage_event is not None and self.usage_logger is not None:
             fields, end_ns = usage_event
-            self.usage_logger.emit(timestamp=end_ns, observed_timestamp=end_ns, context=context,
-                                   event_name=semconv.USAGE_EVENT, attributes=fields)
+            self.usage_logger.emit(
+                timestamp=end_ns,
+                observed_timestamp=end_ns,
+                context=context,
+                event_name=semconv.USAGE_EVENT,
+                attributes=fields,
+            )
 
     def count_progress(self, increments) -> None:
         """A live sweep's token counter increments (otel_llm/vllm/live.py)."""
@@ -182,8 +192,11 @@ class Exporter:
             from otel_llm.vllm.http import HttpReplay
 
             name, version, schema_url = meter_scope
-            meter = self.meter_provider.get_meter(name, version, schema_url=schema_url) \
-                if self.meter_provider is not None else NoOpMeter(name, version, schema_url)
+            meter = (
+                self.meter_provider.get_meter(name, version, schema_url=schema_url)
+                if self.meter_provider is not None
+                else NoOpMeter(name, version, schema_url)
+            )
             found = self._http[meter_scope] = HttpReplay(meter)
         return found
 
@@ -195,37 +208,86 @@ class Exporter:
         return found
 
     def readable_span(self, span: tuple, scope: InstrumentationScope | None = None) -> ReadableSpan:
-        (name, trace_id, span_id, flags, state, parent_id, parent_remote, parent_flags, kind, start, end,
-         attributes, status, links, events) = span
+        (
+            name,
+            trace_id,
+            span_id,
+            flags,
+            state,
+            parent_id,
+            parent_remote,
+            parent_flags,
+            kind,
+            start,
+            end,
+            attributes,
+            status,
+            links,
+            events,
+        ) = span
         trace_state = TraceState.from_header([state]) if state else TraceState()
-        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
-                              trace_state=trace_state)
-        parent = SpanContext(trace_id, parent_id, is_remote=parent_remote, trace_flags=TraceFlags(parent_flags),
-                             trace_state=trace_state) if parent_id else None
+        context = SpanContext(
+            trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state
+        )
+        parent = (
+            SpanContext(
+                trace_id,
+                parent_id,
+                is_remote=parent_remote,
+                trace_flags=TraceFlags(parent_flags),
+                trace_state=trace_state,
+            )
+            if parent_id
+            else None
+        )
         limits = self._limits
-        link_objects = [Link(SpanContext(l_trace, l_span, is_remote=l_remote, trace_flags=TraceFlags(l_flags),
-                                         trace_state=TraceState.from_header([l_state]) if l_state else TraceState()),
-                             BoundedAttributes(limits.max_link_attributes, l_attrs, max_value_len=
-                                               limits.max_attribute_length))
-                        for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links]
-        event_objects = [Event(e_name, BoundedAttributes(limits.max_event_attributes, e_attrs, immutable=True,
-                                                         max_value_len=limits.max_attribute_length), e_time)
-                         for e_name, e_attrs, e_time in events]
+        link_objects = [
+            Link(
+                SpanContext(
+                    l_trace,
+                    l_span,
+                    is_remote=l_remote,
+                    trace_flags=TraceFlags(l_flags),
+                    trace_state=TraceState.from_header([l_state]) if l_state else TraceState(),
+                ),
+                BoundedAttributes(limits.max_link_attributes, l_attrs, max_value_len=limits.max_attribute_length),
+            )
+            for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links
+        ]
+        event_objects = [
+            Event(
+                e_name,
+                BoundedAttributes(
+                    limits.max_event_attributes, e_attrs, immutable=True, max_value_len=limits.max_attribute_length
+                ),
+                e_time,
+            )
+            for e_name, e_attrs, e_time in events
+        ]
         return ReadableSpan(
-            name=name, context=context, parent=parent, resource=self.resource,
-            attributes=BoundedAttributes(limits.max_span_attributes, attributes, immutable=False,
-                                         max_value_len=limits.max_span_attribute_length),
-            links=BoundedList.from_seq(limits.max_links, link_objects), kind=SpanKind(kind),
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self.resource,
+            attributes=BoundedAttributes(
+                limits.max_span_attributes, attributes, immutable=False, max_value_len=limits.max_span_attribute_length
+            ),
+            links=BoundedList.from_seq(limits.max_links, link_objects),
+            kind=SpanKind(kind),
             events=BoundedList.from_seq(limits.max_events, event_objects),
             status=Status(StatusCode(status[0]), status[1]) if status is not None else Status(StatusCode.UNSET),
-            start_time=start, end_time=end, instrumentation_scope=scope or self.scope)
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=scope or self.scope,
+        )
 
     def shutdown(self, timeout_s: float | None = None, warn: bool = True) -> dict:
         """Flush within `timeout_s` (default OTEL_LLM_SHUTDOWN_TIMEOUT); what was not exported."""
         if timeout_s is None:
             timeout_s = config.shutdown_timeout() or 30.0
-        return shutdown.BoundedShutdown(timeout_s, self.tracer_provider, self.meter_provider,
-                                        self.logger_provider).run(warn=warn)
+        return shutdown.BoundedShutdown(timeout_s, self.tracer_provider, self.meter_provider, self.logger_provider).run(
+            warn=warn
+        )
 
 
 def main(argv: list[str]) -> int:

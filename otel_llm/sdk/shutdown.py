@@ -34,7 +34,7 @@ from typing import Any
 
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT
 
-_log = logging.getLogger("otel_llm.shutdown")
+_log = logging.getLogger("otel_llm.sdk.shutdown")
 
 DROPPED_MESSAGE = "otel-llm: telemetry dropped at shutdown"
 
@@ -43,8 +43,12 @@ def _size(batch: Any) -> int:
     """Items in one export: spans or log records (a sequence), or metric data points."""
     resource_metrics = getattr(batch, "resource_metrics", None)
     if resource_metrics is not None:
-        return sum(len(getattr(m.data, "data_points", ()) or ())
-                   for rm in resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+        return sum(
+            len(getattr(m.data, "data_points", ()) or ())
+            for rm in resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        )
     try:
         return len(batch)
     except TypeError:
@@ -138,8 +142,11 @@ def _failure(exporter):
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    for base, result in ((SpanExporter, SpanExportResult), (LogRecordExporter, LogRecordExportResult),
-                         (MetricExporter, MetricExportResult)):
+    for base, result in (
+        (SpanExporter, SpanExportResult),
+        (LogRecordExporter, LogRecordExportResult),
+        (MetricExporter, MetricExportResult),
+    ):
         if isinstance(exporter, base):
             return result.FAILURE
     return None
@@ -203,10 +210,12 @@ class BoundedShutdown:
         def sdk(provider, module: str):
             return provider if type(provider).__module__.startswith(module) else None
 
-        return cls(timeout_s,
-                   sdk(trace.get_tracer_provider(), "opentelemetry.sdk.trace"),
-                   sdk(metrics.get_meter_provider(), "opentelemetry.sdk.metrics"),
-                   sdk(_logs.get_logger_provider(), "opentelemetry.sdk._logs"))
+        return cls(
+            timeout_s,
+            sdk(trace.get_tracer_provider(), "opentelemetry.sdk.trace"),
+            sdk(metrics.get_meter_provider(), "opentelemetry.sdk.metrics"),
+            sdk(_logs.get_logger_provider(), "opentelemetry.sdk._logs"),
+        )
 
     def _providers(self) -> list:
         return [p for p in (self.tracer_provider, self.meter_provider, self.logger_provider) if p is not None]
@@ -261,6 +270,7 @@ class BoundedShutdown:
             if getattr(provider, "_shutdown", False) is True:  # already shut down by its owner
                 continue
             if provider is self.meter_provider:
+
                 def call(p=provider):
                     return p.shutdown(timeout_millis=max(0.0, abort_at - time.monotonic()) * 1e3)
             else:
@@ -301,11 +311,15 @@ class BoundedShutdown:
         lost = report["spans"] or report["log_records"] or report["metric_points"]
         if warn and (lost or not complete):
             _log.warning(
-                "%s: %d spans, %d log records, %d metric points not exported (%s; took %.1f s of "
-                "%s=%g)",
-                DROPPED_MESSAGE, report["spans"], report["log_records"], report["metric_points"],
+                "%s: %d spans, %d log records, %d metric points not exported (%s; took %.1f s of %s=%g)",
+                DROPPED_MESSAGE,
+                report["spans"],
+                report["log_records"],
+                report["metric_points"],
                 "flush abandoned at the bound" if not complete else "the exporter failed",
-                report["seconds"], ENV_SHUTDOWN_TIMEOUT, self.timeout_s,
+                report["seconds"],
+                ENV_SHUTDOWN_TIMEOUT,
+                self.timeout_s,
             )
         return report
 

@@ -1,4 +1,4 @@
-"""`otel-llm budget-server`: the budget tracker (otel_llm/budget_tracker.py) over HTTP, for gateways
+"""`otel-llm budget-server`: the budget tracker (otel_llm/ops/budget_tracker.py) over HTTP, for gateways
 and Prometheus.
 
     GET /v1/budgets/check?tenant=T[&scene=S]  -> {"allowed", "state", "retry_after", "budgets": [...]}
@@ -20,9 +20,9 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from otel_llm.budget_tracker import BudgetTracker
+from otel_llm.ops.budget_tracker import BudgetTracker
 
-log = logging.getLogger("otel_llm.budget_server")
+log = logging.getLogger("otel_llm.ops.budget_server")
 CHECK_PATH = "/v1/budgets/check"
 
 
@@ -38,12 +38,24 @@ def make_handler(tracker: BudgetTracker):
                 if not tenant:
                     return self._send(400, {"error": "tenant is required"})
                 decision = tracker.check(tenant, (query.get("scene") or [None])[0])
-                return self._send(200, {"allowed": decision.allowed, "state": decision.state,
-                                        "retry_after": decision.retry_after, "budgets": decision.budgets})
+                return self._send(
+                    200,
+                    {
+                        "allowed": decision.allowed,
+                        "state": decision.state,
+                        "retry_after": decision.retry_after,
+                        "budgets": decision.budgets,
+                    },
+                )
             if url.path == "/v1/budgets":
-                return self._send(200, {"lag_seconds": tracker.lag(), "bills": tracker.bills,
-                                        "budgets": [{k: v for k, v in f.items() if k != "budget"}
-                                                    for f in tracker.figures()]})
+                return self._send(
+                    200,
+                    {
+                        "lag_seconds": tracker.lag(),
+                        "bills": tracker.bills,
+                        "budgets": [{k: v for k, v in f.items() if k != "budget"} for f in tracker.figures()],
+                    },
+                )
             if url.path == "/metrics":
                 return self._send(200, tracker.exposition(), "text/plain; version=0.0.4")
             if url.path == "/healthz":
@@ -83,10 +95,8 @@ def serve(tracker: BudgetTracker, host: str, port: int, interval: float, ready=N
     server = ThreadingHTTPServer((host, port), make_handler(tracker))
     server.daemon_threads = True
     stop = threading.Event()
-    threading.Thread(target=refresh_forever, args=(tracker, interval, stop), name="budget-refresh",
-                     daemon=True).start()
-    print(f"otel-llm budget-server: listening on http://{host}:{server.server_address[1]}", file=sys.stderr,
-          flush=True)
+    threading.Thread(target=refresh_forever, args=(tracker, interval, stop), name="budget-refresh", daemon=True).start()
+    print(f"otel-llm budget-server: listening on http://{host}:{server.server_address[1]}", file=sys.stderr, flush=True)
     if ready is not None:
         ready(server)
     try:
@@ -97,10 +107,10 @@ def serve(tracker: BudgetTracker, host: str, port: int, interval: float, ready=N
 
 
 def run(args) -> int:
-    from otel_llm import budgets as budget_file
-    from otel_llm.budget_tracker import LedgerFeed, SpoolFeed
-    from otel_llm.ledger import open_ledger
-    from otel_llm.prices import load_prices
+    from otel_llm.billing.ledger import open_ledger
+    from otel_llm.billing.prices import load_prices
+    from otel_llm.ops import budgets as budget_file
+    from otel_llm.ops.budget_tracker import LedgerFeed, SpoolFeed
 
     loaded = budget_file.load(args.budgets)
     prices, currency = load_prices(args.prices) if args.prices else ({}, None)
@@ -119,10 +129,18 @@ def run(args) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--budgets", required=True, help="budget file (see otel_llm/budgets.py)")
-    parser.add_argument("--ledger", required=True, action="append",
-                        help="spool directory (repeat for several), clickhouse://HOST:PORT/DB or chdb://PATH")
+    parser.add_argument("--budgets", required=True, help="budget file (see otel_llm/ops/budgets.py)")
+    parser.add_argument(
+        "--ledger",
+        required=True,
+        action="append",
+        help="spool directory (repeat for several), clickhouse://HOST:PORT/DB or chdb://PATH",
+    )
     parser.add_argument("--prices", help="price file: needed by money budgets")
     parser.add_argument("--listen", default="127.0.0.1:9470", help="HOST:PORT to serve on (default 127.0.0.1:9470)")
-    parser.add_argument("--interval", type=float, default=1.0,
-                        help="seconds between reads of the ledger (default 1: figures are this fresh)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between reads of the ledger (default 1: figures are this fresh)",
+    )

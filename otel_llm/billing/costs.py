@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_llm.promql import ReportError, read_config
-from otel_llm.report import UNSET, Row
+from otel_llm.billing.promql import ReportError, read_config
+from otel_llm.billing.report import UNSET, Row
 
 IDLE = "idle"  # the dimension values of an instance's idle row
 ALLOCATIONS = ("compute", "kv")
@@ -31,8 +31,7 @@ class Costs:
     models: dict[str, float] = field(default_factory=dict)  # gen_ai.request.model -> rate per instance-hour
 
     def rate(self, engine_instance: str, service_instance: str, model: str) -> float | None:
-        for table, key in ((self.instances, engine_instance), (self.instances, service_instance),
-                           (self.models, model)):
+        for table, key in ((self.instances, engine_instance), (self.instances, service_instance), (self.models, model)):
             if key in table:
                 return table[key]
         return self.usd_per_hour
@@ -47,16 +46,19 @@ def _number(value, what: str, path) -> float:
 def _rate(entry, what: str, path) -> float:
     """{usd_per_hour: X} or {gpus: N, usd_per_gpu_hour: X, gpu: NAME (a label)}."""
     if not isinstance(entry, dict) or set(entry) - _ENTRY_KEYS:
-        raise ReportError(f"cost file {path}: {what}: expected {{usd_per_hour: X}} or "
-                          f"{{gpu: NAME, gpus: N, usd_per_gpu_hour: X}}, got {entry!r}")
+        raise ReportError(
+            f"cost file {path}: {what}: expected {{usd_per_hour: X}} or "
+            f"{{gpu: NAME, gpus: N, usd_per_gpu_hour: X}}, got {entry!r}"
+        )
     if "usd_per_hour" in entry:
         if "gpus" in entry or "usd_per_gpu_hour" in entry:
             raise ReportError(f"cost file {path}: {what}: give usd_per_hour or gpus x usd_per_gpu_hour, not both")
         return _number(entry["usd_per_hour"], f"{what}: usd_per_hour", path)
     gpus = entry.get("gpus")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ReportError(f"cost file {path}: {what}: gpus must be a whole number >= 1 (with usd_per_gpu_hour), "
-                          f"got {gpus!r}")
+        raise ReportError(
+            f"cost file {path}: {what}: gpus must be a whole number >= 1 (with usd_per_gpu_hour), got {gpus!r}"
+        )
     return gpus * _number(entry.get("usd_per_gpu_hour"), f"{what}: usd_per_gpu_hour", path)
 
 
@@ -68,8 +70,9 @@ def load(path: str | Path) -> Costs:
         raise ReportError(f"cost file {path}: expected a mapping such as {{usd_per_hour: 3.5}}")
     unknown = sorted(set(data) - _KEYS, key=str)
     if unknown:
-        raise ReportError(f"cost file {path}: unknown key(s) {', '.join(map(str, unknown))}; "
-                          f"known: {', '.join(sorted(_KEYS))}")
+        raise ReportError(
+            f"cost file {path}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(_KEYS))}"
+        )
     default = _number(data["usd_per_hour"], "usd_per_hour", path) if "usd_per_hour" in data else None
     tables = {}
     for name in ("instances", "models"):
@@ -78,8 +81,9 @@ def load(path: str | Path) -> Costs:
             raise ReportError(f"cost file {path}: {name} must map names to rates, got {table!r}")
         tables[name] = {str(k): _rate(v, f"{name} {k!r}", path) for k, v in table.items()}
     if default is None and not tables["instances"] and not tables["models"]:
-        raise ReportError(f"cost file {path}: no rate: set usd_per_hour (every engine instance's), "
-                          f"or rates under instances or models")
+        raise ReportError(
+            f"cost file {path}: no rate: set usd_per_hour (every engine instance's), or rates under instances or models"
+        )
     allocate = data.get("allocate", "compute")
     if allocate in ALLOCATIONS:
         weights = {a: float(a == allocate) for a in ALLOCATIONS}
@@ -88,8 +92,10 @@ def load(path: str | Path) -> Costs:
         if abs(sum(weights.values()) - 1) > 1e-9:
             raise ReportError(f"cost file {path}: allocate: the weights must add up to 1, got {allocate!r}")
     else:
-        raise ReportError(f"cost file {path}: allocate must be compute, kv or weights such as "
-                          f"{{compute: 0.7, kv: 0.3}}, got {allocate!r}")
+        raise ReportError(
+            f"cost file {path}: allocate must be compute, kv or weights such as "
+            f"{{compute: 0.7, kv: 0.3}}, got {allocate!r}"
+        )
     idle = data.get("idle", "row")
     if idle not in ("row", "spread"):
         raise ReportError(f"cost file {path}: idle must be row or spread, got {idle!r}")
@@ -99,8 +105,9 @@ def load(path: str | Path) -> Costs:
     return Costs(currency, default, weights, idle, tables["instances"], tables["models"])
 
 
-def allocate(rows: dict[tuple, Row], fine_by: list[str], by: list[str], windows: dict[tuple, dict],
-             costs: Costs) -> tuple[dict[tuple, Row], list[Row], list[str]]:
+def allocate(
+    rows: dict[tuple, Row], fine_by: list[str], by: list[str], windows: dict[tuple, dict], costs: Costs
+) -> tuple[dict[tuple, Row], list[Row], list[str]]:
     """rows: the ledger's usage per `fine_by` key (`by` plus engine_instance); windows: the ledger's
     engine_window totals per unit (engine_instance, plus day when `by` has it).
 
@@ -110,9 +117,11 @@ def allocate(rows: dict[tuple, Row], fine_by: list[str], by: list[str], windows:
     for unit, window in windows.items():
         rate = costs.rate(unit[0], window["service_instance"], window["model"])
         if rate is None:
-            raise ReportError(f"no rate for engine instance {unit[0]} (service.instance.id "
-                              f"{window['service_instance']}, model {window['model']}): set usd_per_hour, or add "
-                              f"it under instances or models in the cost file")
+            raise ReportError(
+                f"no rate for engine instance {unit[0]} (service.instance.id "
+                f"{window['service_instance']}, model {window['model']}): set usd_per_hour, or add "
+                f"it under instances or models in the cost file"
+            )
         instance_cost[unit] = rate * window["wall_ns"] / 3600e9
 
     def weight(row: Row, window: dict) -> float:
@@ -151,19 +160,26 @@ def allocate(rows: dict[tuple, Row], fine_by: list[str], by: list[str], windows:
         if costs.idle == "spread" and weights.get(unit):
             continue
         # what the unit's bills did not use: with `spread`, only a unit whose bills weigh nothing has one
-        values = {"instance": window["service_instance"], "engine_instance": unit[0],
-                  "day": unit[-1] if "day" in by else None}
+        values = {
+            "instance": window["service_instance"],
+            "engine_instance": unit[0],
+            "day": unit[-1] if "day" in by else None,
+        }
         row = Row(tuple(values.get(d) or IDLE for d in by), requests=0)
         row.compute_ns, row.kv_block_ns = window["wall_ns"] - compute_ns, window["kv_capacity_block_ns"] - kv_block_ns
         row.engine_cost = instance_cost[unit] - cost
         idle_rows.append(row)
     warnings = []
     if uncosted:
-        warnings.append(f"{uncosted} request(s) have no engine cost figures (no engine record joined: a server "
-                        f"without schema 2, or its engine records are missing): their cost is 0")
+        warnings.append(
+            f"{uncosted} request(s) have no engine cost figures (no engine record joined: a server "
+            f"without schema 2, or its engine records are missing): their cost is 0"
+        )
     if unpriced:
-        warnings.append(f"engine instance(s) {', '.join(sorted(unpriced))} served requests but have no "
-                        f"engine_window records in the window: their requests' cost is 0")
+        warnings.append(
+            f"engine instance(s) {', '.join(sorted(unpriced))} served requests but have no "
+            f"engine_window records in the window: their requests' cost is 0"
+        )
     return merged, idle_rows, warnings
 
 

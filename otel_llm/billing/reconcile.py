@@ -31,9 +31,10 @@ from __future__ import annotations
 import json
 import sys
 
-from otel_llm import ledger as ledger_module
-from otel_llm import report, semconv
-from otel_llm.report import UNSET, Prometheus, ReportError, _iso, time_range
+from otel_llm import semconv
+from otel_llm.billing import ledger as ledger_module
+from otel_llm.billing import report
+from otel_llm.billing.report import UNSET, Prometheus, ReportError, _iso, time_range
 
 ENGINE_COUNTERS = (  # (ledger token type, vLLM counter)
     ("input", semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL),
@@ -59,13 +60,16 @@ def _match_instances(ledger_instances: set[str], engine_instances: set[str]) -> 
     return mapping
 
 
-def reconcile(ledger: ledger_module.Ledger, prom: Prometheus, start: float, end: float, by_instance: bool,
-              tolerance: int = 0) -> list[dict]:
+def reconcile(
+    ledger: ledger_module.Ledger, prom: Prometheus, start: float, end: float, by_instance: bool, tolerance: int = 0
+) -> list[dict]:
     by = ["instance", "model"] if by_instance else ["model"]
     ours = ledger.reconcile_totals(start, end, by)
     engine_by = ["instance", semconv.VLLM_LABEL_MODEL] if by_instance else [semconv.VLLM_LABEL_MODEL]
-    engine = {token_type: report.exact_increase(prom, counter, start, end, engine_by)
-              for token_type, counter in ENGINE_COUNTERS}
+    engine = {
+        token_type: report.exact_increase(prom, counter, start, end, engine_by)
+        for token_type, counter in ENGINE_COUNTERS
+    }
     if by_instance:
         mapping = _match_instances({k[0] for k in ours}, {k[0] for c in engine.values() for k in c})
         ours = {(mapping.get(k[0], k[0]), *k[1:]): v for k, v in ours.items()}
@@ -79,15 +83,27 @@ def reconcile(ledger: ledger_module.Ledger, prom: Prometheus, start: float, end:
             explained, why = 0, ""
             if token_type == "input" and int(item.get("extra_choice_prompts", 0)):
                 explained = int(item["extra_choice_prompts"])
-                why = (f"vLLM counts the prompt once per choice: {item['multi_choice_requests']} "
-                       f"request(s) with n > 1 add {explained}")
+                why = (
+                    f"vLLM counts the prompt once per choice: {item['multi_choice_requests']} "
+                    f"request(s) with n > 1 add {explained}"
+                )
             unexplained = counted - billed - explained
             state = "ok" if abs(unexplained) <= tolerance else "MISMATCH"
             if not item and counted:
                 why = "no ledger records for this server/model (is OTEL_LLM_USAGE_DIR set there?)"
-            rows.append({**dict(zip(by, key)), "tokens": token_type, "ledger": billed, "engine": counted,
-                         "engine_metric": counter, "explained": explained, "unexplained": unexplained,
-                         "state": state, "note": why})
+            rows.append(
+                {
+                    **dict(zip(by, key)),
+                    "tokens": token_type,
+                    "ledger": billed,
+                    "engine": counted,
+                    "engine_metric": counter,
+                    "explained": explained,
+                    "unexplained": unexplained,
+                    "state": state,
+                    "note": why,
+                }
+            )
     return rows
 
 
@@ -109,23 +125,37 @@ def engine_check(ledger: ledger_module.Ledger, start: float, end: float) -> list
         else:
             state = "ok" if ok else "MISMATCH"
             note = f"{pending} engine records after the last window, not compared" if pending else ""
-        rows.append({"engine_instance": item["engine_instance"], "engine_records": int(item["engine_records"]),
-                     "compute_s": compute / 1e9, "busy_s": busy / 1e9, "difference_s": (compute - busy) / 1e9,
-                     "state": state, "note": note})
+        rows.append(
+            {
+                "engine_instance": item["engine_instance"],
+                "engine_records": int(item["engine_records"]),
+                "compute_s": compute / 1e9,
+                "busy_s": busy / 1e9,
+                "difference_s": (compute - busy) / 1e9,
+                "state": state,
+                "note": note,
+            }
+        )
     return rows
 
 
 def render(rows: list[dict], by: list[str], fmt: str, start: float, end: float, engines: list[dict] = ()) -> str:
     if fmt == "json":
-        return json.dumps({"start": _iso(start), "end": _iso(end), "rows": rows,
-                           **({"engines": engines} if engines else {})}, indent=2)
+        return json.dumps(
+            {"start": _iso(start), "end": _iso(end), "rows": rows, **({"engines": engines} if engines else {})},
+            indent=2,
+        )
     columns = [*by, "tokens", "ledger", "engine", "explained", "unexplained", "state", "note"]
     lines = [f"ledger vs engine counters {_iso(start)} .. {_iso(end)}", *_table(columns, rows)]
     if engines:
         columns = ["engine_instance", "engine_records", "compute_s", "busy_s", "difference_s", "state", "note"]
-        lines += ["", f"engine records' compute vs engine_window busy time {_iso(start)} .. {_iso(end)}",
-                  *_table(columns, [{**r, **{c: f"{r[c]:.3f}" for c in ("compute_s", "busy_s", "difference_s")}}
-                                    for r in engines])]
+        lines += [
+            "",
+            f"engine records' compute vs engine_window busy time {_iso(start)} .. {_iso(end)}",
+            *_table(
+                columns, [{**r, **{c: f"{r[c]:.3f}" for c in ("compute_s", "busy_s", "difference_s")}} for r in engines]
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -136,15 +166,23 @@ def _table(columns: list[str], rows: list[dict]) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--ledger", required=True, metavar="DIR|URL",
-                        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR")
+    parser.add_argument(
+        "--ledger",
+        required=True,
+        metavar="DIR|URL",
+        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR",
+    )
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus scraping vLLM's /metrics")
     parser.add_argument("--by", choices=BY_CHOICES, default="instance,model")
     parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (default 24h)")
     parser.add_argument("--start")
     parser.add_argument("--end")
-    parser.add_argument("--tolerance", type=int, default=0,
-                        help="tokens of difference per row still called ok (requests in flight at the edges)")
+    parser.add_argument(
+        "--tolerance",
+        type=int,
+        default=0,
+        help="tokens of difference per row still called ok (requests in flight at the edges)",
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--timeout", type=float, default=30.0)
 

@@ -7,7 +7,7 @@ spawns inherit these through the environment.
 
 The configurator also bounds the SDK's shutdown by `OTEL_LLM_SHUTDOWN_TIMEOUT` (default 10 s):
 with the collector down, the SDK's own exit hooks took 38 s, past Kubernetes' grace period
-(see otel_llm/shutdown.py).
+(see otel_llm/sdk/shutdown.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from opentelemetry.instrumentation.distro import BaseDistro
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
-from otel_llm import config, semconv, shutdown
+from otel_llm import config, semconv
 from otel_llm.config import (
     ENV_CONFIG_FILE,
     ENV_METRICS_EXPORTER,
@@ -28,6 +28,7 @@ from otel_llm.config import (
     ENV_SERVICE_NAME,
     ENV_TRACES_EXPORTER,
 )
+from otel_llm.sdk import shutdown
 
 
 class OtelLLMDistro(BaseDistro):
@@ -52,7 +53,8 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
     def _configure(self, **kwargs):
         global _configured_from_environment
         from_environment = not os.environ.get(ENV_CONFIG_FILE) and not any(
-            kwargs.get(k) for k in ("span_processors", "log_record_processors", "exporter_args_map"))
+            kwargs.get(k) for k in ("span_processors", "log_record_processors", "exporter_args_map")
+        )
         # process.pid tells the API servers of `--api-server-count N` apart; the SDK's process
         # detector is not used because it exports the command line, which may hold an API key.
         if not os.environ.get(ENV_CONFIG_FILE):  # a config file declares its own resource
@@ -71,8 +73,8 @@ class OtelLLMConfigurator(_OTelSDKConfigurator):
                 shutdown.install_bounded_shutdown(timeout_s)
             except Exception:  # noqa: BLE001 - never break telemetry setup; the SDK's hooks remain
                 logging.getLogger("otel_llm").warning(
-                    "otel-llm: could not bound the telemetry shutdown (%s)", config.ENV_SHUTDOWN_TIMEOUT,
-                    exc_info=True)
+                    "otel-llm: could not bound the telemetry shutdown (%s)", config.ENV_SHUTDOWN_TIMEOUT, exc_info=True
+                )
 
 
 def vllm_server_args(argv: list[str]) -> tuple[str | None, int] | None:

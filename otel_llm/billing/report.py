@@ -7,7 +7,7 @@ reset (a restarted server) starts from zero again, and a series first seen insid
 started inside it) counts from zero. `exact_increase()` gets those sums from a few values per series
 and chunk of the window, without fetching the samples. The usage ledger (`--ledger`) is what bills
 come from; without it the report warns where Prometheus' numbers fall short (`prometheus_warnings()`).
-With `--ledger` and `--costs`, what the engines cost, shared out over the rows (otel_llm/costs.py).
+With `--ledger` and `--costs`, what the engines cost, shared out over the rows (otel_llm/billing/costs.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from otel_llm import budgets as budget_file
 from otel_llm import semconv
-from otel_llm.prices import Price, load_prices  # noqa: F401 - load_prices: part of the report's API
-from otel_llm.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, iso_time
+from otel_llm.billing.prices import Price, load_prices  # noqa: F401 - load_prices: part of the report's API
+from otel_llm.billing.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, iso_time
+from otel_llm.ops import budgets as budget_file
 
 UNSET = "-"
 # ledger-only token columns, after TOKEN_TYPES and shown only when some row has one: the breakdowns
@@ -91,7 +91,6 @@ def _day(ts: float) -> str:
 # --- prices -------------------------------------------------------------------------------------
 
 
-
 # --- Prometheus ---------------------------------------------------------------------------------
 
 _MAX_GET = 6000  # longer queries go in a POST body (proxies cap URLs)
@@ -110,8 +109,11 @@ class Prometheus:
         if len(params) <= _MAX_GET:
             request = urllib.request.Request(f"{self.url}/api/v1/query?{params}", headers=headers)
         else:
-            request = urllib.request.Request(f"{self.url}/api/v1/query", data=params.encode(), headers={
-                **headers, "Content-Type": "application/x-www-form-urlencoded"})
+            request = urllib.request.Request(
+                f"{self.url}/api/v1/query",
+                data=params.encode(),
+                headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
+            )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = json.load(response)
@@ -160,6 +162,7 @@ def _selector(metric: str, label_sets: list[dict]) -> str:
 
 
 # --- the arithmetic -----------------------------------------------------------------------------
+
 
 def increments(base: float | None, samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """(time, tokens added) for each sample of one counter series.
@@ -223,21 +226,26 @@ def _ms(ts: float) -> int:
     return int(round(ts * 1000))
 
 
-def _windows(prom: Prometheus, selector: str, parts: list[tuple[int, int]],
-             peaks: bool = True) -> list[dict[tuple, _Window]]:
+def _windows(
+    prom: Prometheus, selector: str, parts: list[tuple[int, int]], peaks: bool = True
+) -> list[dict[tuple, _Window]]:
     """Per part (a, b] (ms, in order): last value, minimum, resets and (peaks) peak of each series with
     samples there."""
     at = parts[-1][1]
     exprs = []
     for index, (a, b) in enumerate(parts):
         window = f"{selector}[{b - a}ms]" + (f" offset {at - b}ms" if b != at else "")
-        stats = [("last", f"last_over_time({window})"), ("low", f"min_over_time({window})"),
-                 ("resets", f"resets({window}) > 0")]
+        stats = [
+            ("last", f"last_over_time({window})"),
+            ("low", f"min_over_time({window})"),
+            ("resets", f"resets({window}) > 0"),
+        ]
         if peaks:
             stats.append(("peak", f"max_over_time({window}) > last_over_time({window})"))
         for stat, expr in stats:
-            exprs.append(f'label_replace(label_replace({expr}, "{_STAT}", "{stat}", "", ""), '
-                         f'"{_PART}", "{index}", "", "")')
+            exprs.append(
+                f'label_replace(label_replace({expr}, "{_STAT}", "{stat}", "", ""), "{_PART}", "{index}", "", "")'
+            )
     found: list[dict[tuple, _Window]] = [{} for _ in parts]
     for series in prom.query(" or ".join(exprs), at / 1000):
         labels = {k: v for k, v in series["metric"].items() if k not in (_STAT, _PART, "__name__")}
@@ -255,8 +263,7 @@ def _split(prom: Prometheus, metric: str, a: int, b: int, series: _Open) -> dict
     if not series:
         return {}
     if b - a < 2:  # can't halve a millisecond: at most the samples on its two edges
-        return {sid: _raw_increase(prom, metric, labels, a, b, base)
-                for sid, (labels, base, _, _) in series.items()}
+        return {sid: _raw_increase(prom, metric, labels, a, b, base) for sid, (labels, base, _, _) in series.items()}
     halves = [(a, (a + b) // 2), ((a + b) // 2, b)]
     found = _windows(prom, _selector(metric, [labels for labels, *_ in series.values()]), halves)
     added = dict.fromkeys(series, 0.0)
@@ -282,9 +289,13 @@ def _split(prom: Prometheus, metric: str, a: int, b: int, series: _Open) -> dict
 
 def _raw_increase(prom: Prometheus, metric: str, labels: dict, a: int, b: int, base: float | None) -> float:
     sid = _series_id(labels)
-    samples = [(ts, float(v)) for series in prom.query(f"{_selector(metric, [labels])}[{b - a}ms]", b / 1000)
-               if _series_id(series["metric"]) == sid
-               for ts, v in series["values"] if a < _ms(float(ts)) <= b]
+    samples = [
+        (ts, float(v))
+        for series in prom.query(f"{_selector(metric, [labels])}[{b - a}ms]", b / 1000)
+        if _series_id(series["metric"]) == sid
+        for ts, v in series["values"]
+        if a < _ms(float(ts)) <= b
+    ]
     return sum(added for _, added in increments(base, samples))
 
 
@@ -302,8 +313,9 @@ def _chunks(start: int, end: int, chunk: int, split_days: bool) -> list[tuple[in
     return list(zip(points, points[1:]))
 
 
-def exact_increase(prom: Prometheus, metric: str, start: float, end: float, by: list[str], *,
-                   chunk: int = _DAY, progress=None) -> dict[tuple[str, ...], float]:
+def exact_increase(
+    prom: Prometheus, metric: str, start: float, end: float, by: list[str], *, chunk: int = _DAY, progress=None
+) -> dict[tuple[str, ...], float]:
     """What counter `metric` counted in (start, end], per `by` key, exactly as increments() adds up its
     raw samples (a reset counts from zero, a series first seen in the window from zero) at a cost that
     grows with series and chunks, not samples.
@@ -315,8 +327,10 @@ def exact_increase(prom: Prometheus, metric: str, start: float, end: float, by: 
     # each series' value at the window's start: its last sample before it, looking further back than
     # PromQL's 5-minute staleness, so a scrape gap before the window does not make an old series look
     # new (and count its whole total again)
-    values: dict[tuple, float] = {_series_id(r["metric"]): float(r["value"][1])
-                                  for r in prom.query(f"last_over_time({metric}[{BASE_LOOKBACK}])", start_ms / 1000)}
+    values: dict[tuple, float] = {
+        _series_id(r["metric"]): float(r["value"][1])
+        for r in prom.query(f"last_over_time({metric}[{BASE_LOOKBACK}])", start_ms / 1000)
+    }
     totals: dict[tuple[str, ...], float] = {}
 
     def add(labels: dict, day: str, tokens: float) -> None:
@@ -352,7 +366,7 @@ class Row:
     cost: float | None = None
     savings: float | None = None
     requests: int | None = None  # known from the ledger, not from Prometheus
-    # from the ledger's engine records (otel_llm/costs.py): engine figures, and the cost of the engine
+    # from the ledger's engine records (otel_llm/billing/costs.py): engine figures, and the cost of the engine
     # time they used (`cost` above is the price of the tokens)
     compute_ns: int = 0
     prefill_compute_ns: int = 0
@@ -362,13 +376,15 @@ class Row:
     engine_cost_input: float | None = None  # the part of engine_cost spent prefilling
 
 
-def collect(prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY,
-            progress=None) -> dict[tuple[str, ...], Row]:
+def collect(
+    prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY, progress=None
+) -> dict[tuple[str, ...], Row]:
     """Exact token totals per `by` key over (start, end] (see exact_increase), a chunk at a time."""
     labels = ["day" if d == "day" else DIMENSIONS[d] for d in by]
     rows: dict[tuple[str, ...], Row] = {}
-    for key, tokens in exact_increase(prom, TOKEN_METRIC, start, end, [*labels, TYPE_LABEL], chunk=chunk,
-                                      progress=progress).items():
+    for key, tokens in exact_increase(
+        prom, TOKEN_METRIC, start, end, [*labels, TYPE_LABEL], chunk=chunk, progress=progress
+    ).items():
         *row_key, token_type = key
         if token_type in TOKEN_TYPES:
             row = rows.setdefault(tuple(row_key), Row(tuple(row_key)))
@@ -387,16 +403,22 @@ def prometheus_warnings(prom: Prometheus, start: float, end: float, metric: str 
     first = _first_sample(prom, metric, start, end)
     if first is not None:
         if first == math.inf:
-            found.append(f"Prometheus holds no data for {metric} from {_iso(start - parse_duration(BASE_LOOKBACK))}"
-                         f" to {_iso(end)}: the report is empty; use --ledger for bills")
+            found.append(
+                f"Prometheus holds no data for {metric} from {_iso(start - parse_duration(BASE_LOOKBACK))}"
+                f" to {_iso(end)}: the report is empty; use --ledger for bills"
+            )
         else:
-            found.append(f"Prometheus holds data for {metric} only from {_iso(first)}: the report covers "
-                         f"{_iso(first)}..{_iso(end)}; use --ledger for bills")
+            found.append(
+                f"Prometheus holds data for {metric} only from {_iso(first)}: the report covers "
+                f"{_iso(first)}..{_iso(end)}; use --ledger for bills"
+            )
     tenant = DIMENSIONS["tenant"]
     if _has_samples(prom, f"{metric}{{{tenant}={_quote(semconv.LABEL_OTHER)}}}", _ms(start), _ms(end)):
-        found.append(f"{tenant}={_quote(semconv.LABEL_OTHER)} in {metric}: tenants past "
-                     f"OTEL_LLM_METRIC_LABEL_LIMIT are merged into it and cannot be billed from metrics; "
-                     f"use --ledger for bills")
+        found.append(
+            f"{tenant}={_quote(semconv.LABEL_OTHER)} in {metric}: tenants past "
+            f"OTEL_LLM_METRIC_LABEL_LIMIT are merged into it and cannot be billed from metrics; "
+            f"use --ledger for bills"
+        )
     return found
 
 
@@ -450,6 +472,7 @@ def top_rows(rows: dict[tuple, Row], by: list[str], n: int, rank: str = "tokens"
     """The n rows that used the most, largest first (ties in key order): by tokens (input + output) or by
     cost (the `cost` column: the engines' cost with --costs, else the tokens' price). The other rows are
     summed into one last row, its first dimension `(K others)`."""
+
     def used(row: Row) -> float:
         if rank == "cost":
             return _figures(row)["cost"] or 0.0
@@ -459,7 +482,7 @@ def top_rows(rows: dict[tuple, Row], by: list[str], n: int, rank: str = "tokens"
     top = {row.key: row for row in ordered[:n]}
     rest = ordered[n:]
     if rest:
-        from otel_llm.costs import add_row
+        from otel_llm.billing.costs import add_row
 
         key = (f"({len(rest)} others)", *[""] * (len(by) - 1))
         others = top[key] = Row(key)
@@ -472,8 +495,17 @@ def top_rows(rows: dict[tuple, Row], by: list[str], n: int, rank: str = "tokens"
     return top
 
 
-def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None, start: float, end: float,
-           priced: bool | None = None, costed: bool = False, ranked: bool = False) -> str:
+def render(
+    rows: dict[tuple, Row],
+    by: list[str],
+    fmt: str,
+    currency: str | None,
+    start: float,
+    end: float,
+    priced: bool | None = None,
+    costed: bool = False,
+    ranked: bool = False,
+) -> str:
     """priced: with --prices (default: currency is set); costed: with --costs (then `cost` is what the
     engines cost and `revenue` the tokens' price); ranked: rows in their given order (top_rows), else
     in key order."""
@@ -509,13 +541,25 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
         return [*row.key, *counts(row).values(), *(_cell(c, figures[row.key][c]) for c in columns)]
 
     if fmt == "json":
-        return json.dumps({
-            "start": _iso(start), "end": _iso(end), "by": by, "currency": currency,
-            "rows": [{**dict(zip(by, r.key)), "tokens": counts(r),
-                      **({"requests": r.requests} if r.requests is not None else {}),
-                      **{c: figures[r.key][c] for c in columns}} for r in ordered],
-            "total": {"tokens": counts(total), **{c: totals[c] for c in columns}},
-        }, separators=(",", ":"))  # indent would make json use its slow pure-Python encoder (4x)
+        return json.dumps(
+            {
+                "start": _iso(start),
+                "end": _iso(end),
+                "by": by,
+                "currency": currency,
+                "rows": [
+                    {
+                        **dict(zip(by, r.key)),
+                        "tokens": counts(r),
+                        **({"requests": r.requests} if r.requests is not None else {}),
+                        **{c: figures[r.key][c] for c in columns},
+                    }
+                    for r in ordered
+                ],
+                "total": {"tokens": counts(total), **{c: totals[c] for c in columns}},
+            },
+            separators=(",", ":"),
+        )  # indent would make json use its slow pure-Python encoder (4x)
     total_row = ["TOTAL", *[""] * (len(by) - 1), *counts(total).values(), *(_cell(c, totals[c]) for c in columns)]
     if fmt == "csv":
         out = io.StringIO()
@@ -526,14 +570,18 @@ def render(rows: dict[tuple, Row], by: list[str], fmt: str, currency: str | None
         return out.getvalue()
     table = [header, *(list(map(str, cells(r))) for r in ordered), list(map(str, total_row))]
     widths = [max(len(str(line[i])) for line in table) for i in range(len(header))]
-    units = ([f"costs in {currency}"] if costed else []) + ([f"prices in {currency} per million tokens"]
-                                                            if priced else [])
+    units = ([f"costs in {currency}"] if costed else []) + (
+        [f"prices in {currency} per million tokens"] if priced else []
+    )
     lines = [f"token usage {_iso(start)} .. {_iso(end)}" + (f" ({'; '.join(units)})" if units else "")]
     for index, line in enumerate(table):
         if index == len(table) - 1:
             lines.append("  ".join("-" * w for w in widths))
-        lines.append("  ".join(str(c).rjust(w) if i >= len(by) else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(line, widths))))
+        lines.append(
+            "  ".join(
+                str(c).rjust(w) if i >= len(by) else str(c).ljust(w) for i, (c, w) in enumerate(zip(line, widths))
+            )
+        )
     return "\n".join(lines)
 
 
@@ -552,12 +600,15 @@ def _figures(row: Row) -> dict:
     engine, cost_in = row.engine_cost, row.engine_cost_input
     split = engine is not None and cost_in is not None
     return {
-        "compute_seconds": row.compute_ns / 1e9, "kv_block_seconds": row.kv_block_ns / 1e9,
+        "compute_seconds": row.compute_ns / 1e9,
+        "kv_block_seconds": row.kv_block_ns / 1e9,
         "cost": engine if engine is not None else row.cost,
         "cost_per_million_input": _per_million(cost_in if split else None, row.tokens[semconv.TOKEN_TYPE_INPUT]),
-        "cost_per_million_output": _per_million(engine - cost_in if split else None,
-                                                row.tokens[semconv.TOKEN_TYPE_OUTPUT]),
-        "revenue": row.cost, "margin": None if row.cost is None or engine is None else row.cost - engine,
+        "cost_per_million_output": _per_million(
+            engine - cost_in if split else None, row.tokens[semconv.TOKEN_TYPE_OUTPUT]
+        ),
+        "revenue": row.cost,
+        "margin": None if row.cost is None or engine is None else row.cost - engine,
         "cache_savings": row.savings,
     }
 
@@ -578,39 +629,63 @@ def _money(value: float | None) -> str:
 
 # --- command line -------------------------------------------------------------------------------
 
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--ledger", metavar="DIR|URL",
-                        help="read the usage ledger (the billing source of truth) instead of Prometheus: a spool "
-                             "directory (OTEL_LLM_USAGE_DIR), clickhouse://HOST:8123/DATABASE[?table=otel_logs] "
-                             "or chdb://SESSION_DIR")
-    parser.add_argument("--prometheus", default="http://127.0.0.1:9090",
-                        help="Prometheus (or any PromQL API) base URL (default %(default)s)")
-    parser.add_argument("--by", default="tenant,model",
-                        help=f"comma-separated, from: {', '.join(_all_dimensions())} (default %(default)s)")
-    parser.add_argument("--range", dest="range_", metavar="DURATION",
-                        help="window ending at --end (or now), e.g. 24h, 7d (default 24h)")
+    parser.add_argument(
+        "--ledger",
+        metavar="DIR|URL",
+        help="read the usage ledger (the billing source of truth) instead of Prometheus: a spool "
+        "directory (OTEL_LLM_USAGE_DIR), clickhouse://HOST:8123/DATABASE[?table=otel_logs] "
+        "or chdb://SESSION_DIR",
+    )
+    parser.add_argument(
+        "--prometheus",
+        default="http://127.0.0.1:9090",
+        help="Prometheus (or any PromQL API) base URL (default %(default)s)",
+    )
+    parser.add_argument(
+        "--by",
+        default="tenant,model",
+        help=f"comma-separated, from: {', '.join(_all_dimensions())} (default %(default)s)",
+    )
+    parser.add_argument(
+        "--range", dest="range_", metavar="DURATION", help="window ending at --end (or now), e.g. 24h, 7d (default 24h)"
+    )
     parser.add_argument("--start", help="window start: 2026-12-01, 2026-12-01T08:00:00Z or Unix seconds")
     parser.add_argument("--end", help="window end (default now)")
-    parser.add_argument("--prices", help="price file (JSON or YAML): per model, input / cached_input / output "
-                                         "per million tokens")
-    parser.add_argument("--costs", help="cost file (JSON or YAML, with --ledger): engine instances' hourly rates, "
-                                        "shared out over the requests by compute or KV share; adds compute_seconds, "
-                                        "kv_block_seconds, cost (and with --prices revenue, margin) and idle rows")
-    parser.add_argument("--budgets", help="budget file (otel_llm/budgets.py): each budget's use in its current "
-                                          "period (UTC day, month, or since its prepaid balance began), as of --end "
-                                          "(or now), or over --start/--range; money budgets need --prices")
+    parser.add_argument(
+        "--prices", help="price file (JSON or YAML): per model, input / cached_input / output per million tokens"
+    )
+    parser.add_argument(
+        "--costs",
+        help="cost file (JSON or YAML, with --ledger): engine instances' hourly rates, "
+        "shared out over the requests by compute or KV share; adds compute_seconds, "
+        "kv_block_seconds, cost (and with --prices revenue, margin) and idle rows",
+    )
+    parser.add_argument(
+        "--budgets",
+        help="budget file (otel_llm/ops/budgets.py): each budget's use in its current "
+        "period (UTC day, month, or since its prepaid balance began), as of --end "
+        "(or now), or over --start/--range; money budgets need --prices",
+    )
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    parser.add_argument("--top", type=int, metavar="N",
-                        help="the N rows that used the most, largest first (see --rank); the rest summed in one "
-                             "row `(K others)`")
-    parser.add_argument("--rank", choices=RANKS, default="tokens",
-                        help="what --top ranks by: tokens (input + output) or cost (needs --prices or --costs) "
-                             "(default %(default)s)")
+    parser.add_argument(
+        "--top",
+        type=int,
+        metavar="N",
+        help="the N rows that used the most, largest first (see --rank); the rest summed in one row `(K others)`",
+    )
+    parser.add_argument(
+        "--rank",
+        choices=RANKS,
+        default="tokens",
+        help="what --top ranks by: tokens (input + output) or cost (needs --prices or --costs) (default %(default)s)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus query")
 
 
 def _all_dimensions() -> list[str]:
-    from otel_llm import ledger
+    from otel_llm.billing import ledger
 
     return [*dict.fromkeys([*DIMENSIONS, *ledger.DIMENSIONS]), "day", "hour"]
 
@@ -618,23 +693,28 @@ def _all_dimensions() -> list[str]:
 def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple[str, ...], Row]:
     """Token totals per `by` key: from the ledger with --ledger, else from Prometheus."""
     if getattr(args, "ledger", None):
-        from otel_llm import ledger
+        from otel_llm.billing import ledger
 
         source = ledger.open_ledger(args.ledger, args.timeout)
         skipped = source.unreadable_lines()
         if skipped:
-            err.write(f"warning: {skipped} unreadable line(s) in the spool skipped (torn by a machine crash or a "
-                      f"full disk; whole records are all counted)\n")
+            err.write(
+                f"warning: {skipped} unreadable line(s) in the spool skipped (torn by a machine crash or a "
+                f"full disk; whole records are all counted)\n"
+            )
         rows = source.usage(start, end, by)
         orphans = sum(row.orphans for row in rows.values())
         if orphans:
-            err.write(f"warning: {orphans} request(s) billed from the engine's record alone: their API server's "
-                      f"record never arrived (a killed API server?), so tenant and operation may be unset\n")
+            err.write(
+                f"warning: {orphans} request(s) billed from the engine's record alone: their API server's "
+                f"record never arrived (a killed API server?), so tenant and operation may be unset\n"
+            )
         return rows
     unknown = [d for d in by if d not in DIMENSIONS and d != "day"]
     if unknown:
-        raise ReportError(f"--by {','.join(unknown)} needs --ledger (Prometheus labels: "
-                          f"{', '.join([*DIMENSIONS, 'day'])})")
+        raise ReportError(
+            f"--by {','.join(unknown)} needs --ledger (Prometheus labels: {', '.join([*DIMENSIONS, 'day'])})"
+        )
     return collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=_progress(err))
 
 
@@ -660,8 +740,8 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
         _warn(args, start, end, err)
         idle_rows = []
         if costs is not None:
-            from otel_llm import costs as cost_file
-            from otel_llm import ledger
+            from otel_llm.billing import costs as cost_file
+            from otel_llm.billing import ledger
 
             units = ["engine_instance", *(["day"] if "day" in by else [])]
             windows = ledger.open_ledger(args.ledger, args.timeout).windows(start, end, units)
@@ -677,8 +757,20 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
             cost_file.add_row(rows.setdefault(idle.key, Row(idle.key)), idle)
         if top is not None:
             rows = top_rows(rows, by, top, rank)
-        out.write(render(rows, by, args.format, costs.currency if costs else currency, start, end,
-                         priced=bool(prices), costed=costs is not None, ranked=top is not None) + "\n")
+        out.write(
+            render(
+                rows,
+                by,
+                args.format,
+                costs.currency if costs else currency,
+                start,
+                end,
+                priced=bool(prices),
+                costed=costs is not None,
+                ranked=top is not None,
+            )
+            + "\n"
+        )
         return 0
     except ReportError as exc:
         err.write(f"otel-llm report: {exc}\n")
@@ -688,14 +780,15 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
 def _load_costs(args, currency: str | None):
     if not getattr(args, "costs", None):
         return None
-    from otel_llm import costs as cost_file
+    from otel_llm.billing import costs as cost_file
 
     if not getattr(args, "ledger", None):
         raise ReportError("--costs needs --ledger (engine time is in the usage ledger's engine records)")
     costs = cost_file.load(args.costs)
     if currency is not None and currency != costs.currency:
-        raise ReportError(f"the price file's currency {currency} is not the cost file's {costs.currency}: "
-                          f"margins need one currency")
+        raise ReportError(
+            f"the price file's currency {currency} is not the cost file's {costs.currency}: margins need one currency"
+        )
     return costs
 
 

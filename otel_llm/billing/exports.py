@@ -27,15 +27,30 @@ import hashlib
 import io
 import json
 
-from otel_llm.promql import read_config
-from otel_llm.report import UNSET, ReportError
+from otel_llm.billing.promql import read_config
+from otel_llm.billing.report import UNSET, ReportError
 
 FORMATS = ("lago", "stripe", "csv")
 STRIPE_IDENTIFIER_MAX = 100
 # one meter per bucket; uncached_input (input - cached_input) is the exclusive bucket of the two inclusive ones
 STRIPE_TOKEN_TYPES = ("input", "cached_input", "uncached_input", "output")
-CSV_COLUMNS = ("key", "time", "tenant", "scene", "cost_center", "model", "served_model", "operation", "outcome",
-               "input", "cached_input", "output", "n", "response_id", "trace_id")
+CSV_COLUMNS = (
+    "key",
+    "time",
+    "tenant",
+    "scene",
+    "cost_center",
+    "model",
+    "served_model",
+    "operation",
+    "outcome",
+    "input",
+    "cached_input",
+    "output",
+    "n",
+    "response_id",
+    "trace_id",
+)
 
 
 def load_customers(path: str | None) -> dict[str, str]:
@@ -73,21 +88,23 @@ def lago_events(records: list[dict], customers: dict[str, str], code: str, missi
         customer = _customer(record, customers, missing)
         if customer is None:
             continue
-        yield {"event": {
-            "transaction_id": record["key"],
-            "external_subscription_id": customer,
-            "code": code,
-            "timestamp": int(_timestamp(record)),
-            "properties": {
-                "input_tokens": int(record["input"]),
-                "cached_input_tokens": int(record["cached_input"]),
-                "uncached_input_tokens": int(record["input"]) - int(record["cached_input"]),
-                "output_tokens": int(record["output"]),
-                "model": record.get("model") or UNSET,
-                "operation": record.get("operation") or UNSET,
-                **{k: record[k] for k in ("scene", "cost_center") if record.get(k)},
-            },
-        }}
+        yield {
+            "event": {
+                "transaction_id": record["key"],
+                "external_subscription_id": customer,
+                "code": code,
+                "timestamp": int(_timestamp(record)),
+                "properties": {
+                    "input_tokens": int(record["input"]),
+                    "cached_input_tokens": int(record["cached_input"]),
+                    "uncached_input_tokens": int(record["input"]) - int(record["cached_input"]),
+                    "output_tokens": int(record["output"]),
+                    "model": record.get("model") or UNSET,
+                    "operation": record.get("operation") or UNSET,
+                    **{k: record[k] for k in ("scene", "cost_center") if record.get(k)},
+                },
+            }
+        }
 
 
 def stripe_identifier(key: str, token_type: str) -> str:
@@ -103,13 +120,18 @@ def stripe_events(records: list[dict], customers: dict[str, str], prefix: str, m
         if customer is None:
             continue
         for token_type in STRIPE_TOKEN_TYPES:
-            value = int(record["input"]) - int(record["cached_input"]) if token_type == "uncached_input" \
+            value = (
+                int(record["input"]) - int(record["cached_input"])
+                if token_type == "uncached_input"
                 else int(record[token_type])
+            )
             if value:
-                yield {"event_name": f"{prefix}{token_type}_tokens",
-                       "identifier": stripe_identifier(record["key"], token_type),
-                       "timestamp": int(_timestamp(record)),
-                       "payload": {"stripe_customer_id": customer, "value": str(value)}}
+                yield {
+                    "event_name": f"{prefix}{token_type}_tokens",
+                    "identifier": stripe_identifier(record["key"], token_type),
+                    "timestamp": int(_timestamp(record)),
+                    "payload": {"stripe_customer_id": customer, "value": str(value)},
+                }
 
 
 def csv_text(records: list[dict]) -> str:
@@ -121,13 +143,22 @@ def csv_text(records: list[dict]) -> str:
     return out.getvalue()
 
 
-def render(records: list[dict], fmt: str, customers: dict[str, str], *, lago_code: str = "llm_tokens",
-           stripe_prefix: str = "llm_") -> tuple[str, set[str]]:
+def render(
+    records: list[dict],
+    fmt: str,
+    customers: dict[str, str],
+    *,
+    lago_code: str = "llm_tokens",
+    stripe_prefix: str = "llm_",
+) -> tuple[str, set[str]]:
     """(text, tenants that had no customer in --customers and were left out)."""
     missing: set[str] = set()
     if fmt == "csv":
         return csv_text(records), missing
-    events = (lago_events(records, customers, lago_code, missing) if fmt == "lago"
-              else stripe_events(records, customers, stripe_prefix, missing))
+    events = (
+        lago_events(records, customers, lago_code, missing)
+        if fmt == "lago"
+        else stripe_events(records, customers, stripe_prefix, missing)
+    )
     lines = [json.dumps(event, separators=(",", ":"), ensure_ascii=False) for event in events]
     return "".join(line + "\n" for line in lines), missing

@@ -5,7 +5,7 @@ request's GenAI span and its phase spans are not SDK spans in the API server. A 
 what it will export in plain Python values: a `DeferredSpan` per span (ids from the user's
 sampler and id generator, at the moment the SDK would have made them), the request's metric
 `Measurement` and its usage event. When the request ends they go, as one `marshal`led message
-through a non-blocking Unix socket, to a child process (otel_llm/vllm/export_process.py) that
+through a non-blocking Unix socket, to a child process (otel_llm/vllm/export/process.py) that
 builds the SDK's `ReadableSpan`s, records the metrics and sends everything with the exporters
 the user configured, with the API server's resource. The API server pays for the values and
 one `send`; the SDK's span objects, attribute validation, metric aggregation and OTLP encoding
@@ -59,9 +59,14 @@ RESTART_BACKOFF_S = (1.0, 30.0)
 _INTERNAL = SpanKind.INTERNAL.value
 # the ASGI instrumentation's HTTP server histograms (attributes of its OpenTelemetryMiddleware) whose values
 # the API server hands over (otel_llm/vllm/http.py); the export process records them
-HTTP_HISTOGRAMS = ("duration_histogram_old", "duration_histogram_new", "server_response_size_histogram",
-                   "server_response_body_size_histogram", "server_request_size_histogram",
-                   "server_request_body_size_histogram")
+HTTP_HISTOGRAMS = (
+    "duration_histogram_old",
+    "duration_histogram_new",
+    "server_response_size_histogram",
+    "server_response_body_size_histogram",
+    "server_request_size_histogram",
+    "server_request_body_size_histogram",
+)
 _AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
 
 
@@ -75,8 +80,17 @@ class Outbox:
     maintained middleware (http.py `LeanMiddleware._replay_record`); `held`: not handed over when its
     span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
 
-    __slots__ = ("spans", "measurement", "usage_event", "exemplar", "scope", "adopted", "http_metrics", "http_replay",
-                 "held")
+    __slots__ = (
+        "spans",
+        "measurement",
+        "usage_event",
+        "exemplar",
+        "scope",
+        "adopted",
+        "http_metrics",
+        "http_replay",
+        "held",
+    )
 
     def __init__(self, scope: tuple | None = None):
         self.spans: list[tuple] = []
@@ -90,12 +104,28 @@ class Outbox:
         self.held = False
 
     def empty(self) -> bool:
-        return not self.spans and self.measurement is None and self.usage_event is None and not self.adopted \
-            and self.http_metrics is None and self.http_replay is None
+        return (
+            not self.spans
+            and self.measurement is None
+            and self.usage_event is None
+            and not self.adopted
+            and self.http_metrics is None
+            and self.http_replay is None
+        )
 
     def parts(self) -> list[tuple]:
-        return [(self.spans, self.measurement, self.usage_event, self.exemplar, self.scope, self.http_metrics,
-                 self.http_replay), *self.adopted]
+        return [
+            (
+                self.spans,
+                self.measurement,
+                self.usage_event,
+                self.exemplar,
+                self.scope,
+                self.http_metrics,
+                self.http_replay,
+            ),
+            *self.adopted,
+        ]
 
     def message(self) -> tuple:
         return REQUEST, self.parts()
@@ -105,12 +135,38 @@ class DeferredSpan(trace.Span):
     """A span whose ids and sampling decision are made now and whose SDK object is built in the
     export process. Attribute order and overwrite rules follow the SDK's (BoundedAttributes)."""
 
-    __slots__ = ("_name", "_context", "_parent", "_kind", "_attributes", "_links", "_start", "_status",
-                 "_sampled", "outbox", "_ended", "_tracer", "_events", "holder", "holds")
+    __slots__ = (
+        "_name",
+        "_context",
+        "_parent",
+        "_kind",
+        "_attributes",
+        "_links",
+        "_start",
+        "_status",
+        "_sampled",
+        "outbox",
+        "_ended",
+        "_tracer",
+        "_events",
+        "holder",
+        "holds",
+    )
 
-    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-                 attributes, links, start_ns: int, sampled: bool, outbox: Outbox, tracer: DeferredTracer,
-                 holder: DeferredSpan | None = None):
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes,
+        links,
+        start_ns: int,
+        sampled: bool,
+        outbox: Outbox,
+        tracer: DeferredTracer,
+        holder: DeferredSpan | None = None,
+    ):
         self._name = name
         self._context = context
         self._parent = parent
@@ -138,11 +194,25 @@ class DeferredSpan(trace.Span):
             self.start_child(name, start_ns, attributes).end(end_ns)
             return
         ctx = self._context
-        self.outbox.spans.append((
-            name, ctx.trace_id, tracer.id_generator.generate_span_id(),
-            TraceFlags.SAMPLED | (ctx.trace_flags & TraceFlags.RANDOM_TRACE_ID), self._trace_state_header(),
-            ctx.span_id, False, int(ctx.trace_flags), _INTERNAL, start_ns, end_ns,
-            dict(attributes) if attributes else {}, None, [], []))
+        self.outbox.spans.append(
+            (
+                name,
+                ctx.trace_id,
+                tracer.id_generator.generate_span_id(),
+                TraceFlags.SAMPLED | (ctx.trace_flags & TraceFlags.RANDOM_TRACE_ID),
+                self._trace_state_header(),
+                ctx.span_id,
+                False,
+                int(ctx.trace_flags),
+                _INTERNAL,
+                start_ns,
+                end_ns,
+                dict(attributes) if attributes else {},
+                None,
+                [],
+                [],
+            )
+        )
 
     def _trace_state_header(self) -> str:
         state = self._context.trace_state
@@ -151,8 +221,14 @@ class DeferredSpan(trace.Span):
     def start_child(self, name: str, start_time: int, attributes=None) -> DeferredSpan:
         """A child span exported with this span's request (a phase span). Any other span started
         under this one (another request's, nested in it) has its own Outbox."""
-        return self._tracer.start_span(name, trace.set_span_in_context(self), SpanKind.INTERNAL, attributes,
-                                       start_time=start_time, _outbox=self.outbox)
+        return self._tracer.start_span(
+            name,
+            trace.set_span_in_context(self),
+            SpanKind.INTERNAL,
+            attributes,
+            start_time=start_time,
+            _outbox=self.outbox,
+        )
 
     # Called by other instrumentations (the FastAPI middleware, dozens of times per request) and by
     # ours: each guards itself (otel_llm/warn.py `inline_entry`: no wrapper call on this hot path) and
@@ -255,8 +331,13 @@ class DeferredSpan(trace.Span):
     def add_event(self, name, attributes=None, timestamp=None) -> None:
         try:
             if not self._ended:
-                self._events.append((name, dict(attributes) if attributes else {},
-                                     timestamp if timestamp is not None else time.time_ns()))
+                self._events.append(
+                    (
+                        name,
+                        dict(attributes) if attributes else {},
+                        timestamp if timestamp is not None else time.time_ns(),
+                    )
+                )
         except Exception:  # noqa: BLE001
             failed("DeferredSpan.add_event")
 
@@ -277,13 +358,25 @@ class DeferredSpan(trace.Span):
             self._ended = True
             if self._sampled:
                 ctx, parent = self._context, self._parent
-                self.outbox.spans.append((
-                    self._name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), self._trace_state_header(),
-                    parent.span_id if parent is not None else 0, parent is not None and parent.is_remote,
-                    int(parent.trace_flags) if parent is not None else 0, self._kind.value, self._start,
-                    end_time or time.time_ns(), self._attributes, self._status,
-                    [_link(link) for link in self._links], self._events,
-                ))
+                self.outbox.spans.append(
+                    (
+                        self._name,
+                        ctx.trace_id,
+                        ctx.span_id,
+                        int(ctx.trace_flags),
+                        self._trace_state_header(),
+                        parent.span_id if parent is not None else 0,
+                        parent is not None and parent.is_remote,
+                        int(parent.trace_flags) if parent is not None else 0,
+                        self._kind.value,
+                        self._start,
+                        end_time or time.time_ns(),
+                        self._attributes,
+                        self._status,
+                        [_link(link) for link in self._links],
+                        self._events,
+                    )
+                )
             if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
                 self._tracer.hand_over(self)
         except Exception:  # noqa: BLE001 - the span's telemetry (and what it holds) is lost, not the request
@@ -292,8 +385,14 @@ class DeferredSpan(trace.Span):
 
 def _link(link) -> tuple:
     ctx = link.context
-    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(), ctx.is_remote,
-            dict(link.attributes or {}))
+    return (
+        ctx.trace_id,
+        ctx.span_id,
+        int(ctx.trace_flags),
+        ctx.trace_state.to_header(),
+        ctx.is_remote,
+        dict(link.attributes or {}),
+    )
 
 
 class DeferredTracer(trace.Tracer):
@@ -309,12 +408,22 @@ class DeferredTracer(trace.Tracer):
         self.sampler = provider.sampler
         self.id_generator = provider.id_generator
         # the SDK's ParentBased samples every child of a sampled local span (its default)
-        self.children_follow_parent = isinstance(self.sampler, ParentBased) and \
-            getattr(self.sampler, "_local_parent_sampled", None) is ALWAYS_ON
+        self.children_follow_parent = (
+            isinstance(self.sampler, ParentBased) and getattr(self.sampler, "_local_parent_sampled", None) is ALWAYS_ON
+        )
 
     @inline_entry("DeferredTracer.start_span")
-    def start_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None, links=None,
-                   start_time: int | None = None, _outbox: Outbox | None = None, **_ignored) -> trace.Span:
+    def start_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links=None,
+        start_time: int | None = None,
+        _outbox: Outbox | None = None,
+        **_ignored,
+    ) -> trace.Span:
         """A DeferredSpan; on a failure of ours a span that records nothing (the caller, the FastAPI
         middleware among them, goes on: the request is served without this span)."""
         try:
@@ -332,17 +441,38 @@ class DeferredTracer(trace.Tracer):
             flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
             if random_trace_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
-            span_context = SpanContext(trace_id, self.id_generator.generate_span_id(), is_remote=False,
-                                       trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+            span_context = SpanContext(
+                trace_id,
+                self.id_generator.generate_span_id(),
+                is_remote=False,
+                trace_flags=TraceFlags(flags),
+                trace_state=result.trace_state,
+            )
             outbox = _outbox if _outbox is not None else Outbox(self.scope)
             # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
             sampled = result.decision.is_sampled()
             # an open, recording span of another instrumentation (the HTTP server span) takes this
             # one's telemetry along when it ends (an unsampled one may never be ended)
-            holder = parent_span if isinstance(parent_span, DeferredSpan) \
-                and parent_span._tracer.hand_over is not None and parent_span.is_recording() else None
-            span = DeferredSpan(name, span_context, parent, kind, result.attributes if sampled else None, links,
-                                start_time or time.time_ns(), sampled, outbox, self, holder)
+            holder = (
+                parent_span
+                if isinstance(parent_span, DeferredSpan)
+                and parent_span._tracer.hand_over is not None
+                and parent_span.is_recording()
+                else None
+            )
+            span = DeferredSpan(
+                name,
+                span_context,
+                parent,
+                kind,
+                result.attributes if sampled else None,
+                links,
+                start_time or time.time_ns(),
+                sampled,
+                outbox,
+                self,
+                holder,
+            )
             if outbox.exemplar is None:
                 outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
             return span
@@ -352,16 +482,29 @@ class DeferredTracer(trace.Tracer):
 
     @inline_entry("DeferredTracer.start_as_current_span")
     @contextmanager
-    def start_as_current_span(self, name: str, context=None, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
-                              links=None, start_time: int | None = None, record_exception: bool = True,
-                              set_status_on_exception: bool = True, end_on_exit: bool = True):
+    def start_as_current_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links=None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ):
         try:  # (only our part: what the caller's block raises goes to the caller)
             span = self.start_span(name, context, kind, attributes, links, start_time)
         except Exception:  # noqa: BLE001
             failed("DeferredTracer.start_as_current_span")
             span = trace.INVALID_SPAN
-        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
-                            set_status_on_exception=set_status_on_exception) as current:
+        with trace.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
             yield current
 
 
@@ -374,10 +517,19 @@ class DeferredTracerProvider(trace.TracerProvider):
         self._hand_over = hand_over
 
     @entry("DeferredTracerProvider.get_tracer", fallback=trace.NoOpTracer())
-    def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
-                   schema_url: str | None = None, attributes=None) -> trace.Tracer:
-        scope = (instrumenting_module_name, instrumenting_library_version, schema_url,
-                 dict(attributes) if attributes else None)
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes=None,
+    ) -> trace.Tracer:
+        scope = (
+            instrumenting_module_name,
+            instrumenting_library_version,
+            schema_url,
+            dict(attributes) if attributes else None,
+        )
         return DeferredTracer(self._tracer, scope, self._hand_over)
 
 
@@ -410,8 +562,9 @@ class UsageEvents:
     """The usage ledger's event logger when events are exported by the export process: the event
     goes with its request's message."""
 
-    def emit(self, timestamp=None, observed_timestamp=None, context=None, event_name=None, attributes=None,
-             **_ignored) -> None:
+    def emit(
+        self, timestamp=None, observed_timestamp=None, context=None, event_name=None, attributes=None, **_ignored
+    ) -> None:
         outbox = outbox_of(context)
         if outbox is None:
             raise LookupError("a usage event without its request's span")
@@ -422,7 +575,7 @@ def plan(settings, tracer_provider, explicit_providers: bool) -> dict[str, Any] 
     """What the export process takes over here, or None (the SDK exports in this process): only
     where our configurator set the SDK up from the environment alone, so that the export process
     can make the same exporters from the same environment."""
-    from otel_llm import distro
+    from otel_llm.sdk import distro
 
     if not settings.export_process or explicit_providers or not distro.configured_from_environment():
         return None
@@ -439,8 +592,13 @@ def plan(settings, tracer_provider, explicit_providers: bool) -> dict[str, Any] 
     metrics = not any(issubclass(cls, MetricReader) for cls in metric_exporters.values())
     events = settings.usage_events and type(_logs.get_logger_provider()).__module__.startswith("opentelemetry.sdk")
     resource = tracer_provider.resource
-    return {"traces": True, "metrics": metrics, "usage_events": events, "resource": dict(resource.attributes),
-            "schema_url": resource.schema_url or None}
+    return {
+        "traces": True,
+        "metrics": metrics,
+        "usage_events": events,
+        "resource": dict(resource.attributes),
+        "schema_url": resource.schema_url or None,
+    }
 
 
 class ExportChannel:
@@ -501,8 +659,12 @@ class ExportChannel:
                 return self._start_failed(exc)
 
     def _start_failed(self, exc) -> bool:
-        self._warn("start", "otel-llm: cannot start the telemetry export process (%s); request telemetry is "
-                            "dropped and counted in %s", exc, semconv.EXPORT_DROPPED)
+        self._warn(
+            "start",
+            "otel-llm: cannot start the telemetry export process (%s); request telemetry is dropped and counted in %s",
+            exc,
+            semconv.EXPORT_DROPPED,
+        )
         self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
         return False
 
@@ -544,13 +706,16 @@ class ExportChannel:
         parts = range(0, len(data), frame - 1)
         for i in parts:
             flags = (FIRST if i == 0 else 0) | (LAST if i + frame - 1 >= len(data) else 0)
-            sock.send(bytes((flags,)) + data[i:i + frame - 1])
+            sock.send(bytes((flags,)) + data[i : i + frame - 1])
 
     def _drop(self, reason: str) -> bool:
         self.dropped += 1
         if reason == semconv.EXPORT_DROP_QUEUE_FULL:
-            self._warn("full", "otel-llm: the export process does not keep up; request telemetry is dropped "
-                               "(counted in %s)", semconv.EXPORT_DROPPED)
+            self._warn(
+                "full",
+                "otel-llm: the export process does not keep up; request telemetry is dropped (counted in %s)",
+                semconv.EXPORT_DROPPED,
+            )
         try:
             self._on_drop(reason)
         except Exception:  # noqa: BLE001
@@ -559,8 +724,14 @@ class ExportChannel:
 
     def _lost(self, exc) -> None:
         code = self._process.poll() if self._process is not None else None
-        self._warn("lost", "otel-llm: the telemetry export process is gone (%s, exit code %s); it is restarted, "
-                           "telemetry in between is dropped and counted in %s", exc, code, semconv.EXPORT_DROPPED)
+        self._warn(
+            "lost",
+            "otel-llm: the telemetry export process is gone (%s, exit code %s); it is restarted, "
+            "telemetry in between is dropped and counted in %s",
+            exc,
+            code,
+            semconv.EXPORT_DROPPED,
+        )
         if self._sock is not None:
             self._sock.close()
         self._sock = None
@@ -586,9 +757,12 @@ class ExportChannel:
             self.buffer_size = parent.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             self._frame = max(4096, self.buffer_size // 2 - 1024)
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "otel_llm.vllm.export_process", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=child_environment(os.environ), stdin=subprocess.DEVNULL,
-                close_fds=True)
+                [sys.executable, "-m", "otel_llm.vllm.export.process", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                env=child_environment(os.environ),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
         except OSError as exc:
             parent.close()
             return self._start_failed(exc)
@@ -639,8 +813,11 @@ def child_environment(environ) -> dict[str, str]:
     """The export process's environment: the server's (its OTEL_* settings), without
     opentelemetry-instrument's sitecustomize, so the export process is not instrumented itself."""
     env = dict(environ)
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-            if p and not p.rstrip(os.sep).endswith(_AUTO_INSTRUMENTATION_DIR)]
+    path = [
+        p
+        for p in env.get("PYTHONPATH", "").split(os.pathsep)
+        if p and not p.rstrip(os.sep).endswith(_AUTO_INSTRUMENTATION_DIR)
+    ]
     if path:
         env["PYTHONPATH"] = os.pathsep.join(path)
     else:
@@ -662,8 +839,16 @@ def _plain(message: tuple) -> tuple:
         return _base_types(message)
     plain = []
     for spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay in parts:
-        spans = [(*s[:11], clean(s[11]), s[12], [(*link[:5], clean(link[5])) for link in s[13]],
-                  [(name, clean(attrs), ts) for name, attrs, ts in s[14]]) for s in spans]
+        spans = [
+            (
+                *s[:11],
+                clean(s[11]),
+                s[12],
+                [(*link[:5], clean(link[5])) for link in s[13]],
+                [(name, clean(attrs), ts) for name, attrs, ts in s[14]],
+            )
+            for s in spans
+        ]
         if usage_event is not None:
             usage_event = (clean(usage_event[0]), *usage_event[1:])
         if scope is not None and scope[3]:

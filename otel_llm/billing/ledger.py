@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from otel_llm import semconv
-from otel_llm.report import SPEC_DECODE_COLUMNS, UNSET, ReportError, Row
+from otel_llm.billing.report import SPEC_DECODE_COLUMNS, UNSET, ReportError, Row
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
@@ -94,8 +94,20 @@ _WINDOW_FIELDS = {
 }
 _UINT_FIELDS = {**_INT_FIELDS, **COST_FIELDS, **_WINDOW_FIELDS}
 # report --by dimension -> normalized column (`day` and `hour` are computed from the end time)
-DIMENSIONS = ("tenant", "scene", "cost_center", "api_key", "user", "session", "model", "served_model", "operation",
-              "instance", "outcome", "engine_instance")
+DIMENSIONS = (
+    "tenant",
+    "scene",
+    "cost_center",
+    "api_key",
+    "user",
+    "session",
+    "model",
+    "served_model",
+    "operation",
+    "instance",
+    "outcome",
+    "engine_instance",
+)
 COLUMNS = (*_STRING_FIELDS, *_UINT_FIELDS, "engine_ids", "frontend_billed", "ts", "trace_id")
 # a bill's own columns come from the API server's record when there is one, else from the engine's;
 # its engine figures from the engine records joined to it
@@ -110,48 +122,64 @@ _WINDOW = f"kind = {_literal(semconv.USAGE_KIND_ENGINE_WINDOW)}"
 
 # --- sources: a subquery with the normalized COLUMNS -----------------------------------------------
 
+
 def spool_source(directory: str) -> str:
     """The records of a spool directory, through ClickHouse's file() table function."""
     pattern = os.path.join(os.path.abspath(directory), SPOOL_GLOB)
     structure = ", ".join(
         [f"{_ident(field)} String" for field in _STRING_FIELDS.values()]
         + [f"{_ident(field)} UInt64" for field in _UINT_FIELDS.values()]
-        + [f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} Array(String)",
-           f"{_ident(semconv.USAGE_FRONTEND_BILLED)} Bool",
-           f"{_ident(semconv.USAGE_TIME)} UInt64", f"{_ident(semconv.USAGE_TRACE_ID)} String"])
-    columns = ([f"{_ident(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
-               + [f"{_ident(field)} AS {name}" for name, field in _UINT_FIELDS.items()]
-               + [f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} AS engine_ids",
-                  f"toUInt8({_ident(semconv.USAGE_FRONTEND_BILLED)}) AS frontend_billed",
-                  f"fromUnixTimestamp64Nano(toInt64({_ident(semconv.USAGE_TIME)}), 'UTC') AS ts",
-                  f"{_ident(semconv.USAGE_TRACE_ID)} AS trace_id"])
-    return (f"SELECT {', '.join(columns)} FROM file({_literal(pattern)}, 'JSONEachRow', {_literal(structure)})")
+        + [
+            f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} Array(String)",
+            f"{_ident(semconv.USAGE_FRONTEND_BILLED)} Bool",
+            f"{_ident(semconv.USAGE_TIME)} UInt64",
+            f"{_ident(semconv.USAGE_TRACE_ID)} String",
+        ]
+    )
+    columns = (
+        [f"{_ident(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
+        + [f"{_ident(field)} AS {name}" for name, field in _UINT_FIELDS.items()]
+        + [
+            f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} AS engine_ids",
+            f"toUInt8({_ident(semconv.USAGE_FRONTEND_BILLED)}) AS frontend_billed",
+            f"fromUnixTimestamp64Nano(toInt64({_ident(semconv.USAGE_TIME)}), 'UTC') AS ts",
+            f"{_ident(semconv.USAGE_TRACE_ID)} AS trace_id",
+        ]
+    )
+    return f"SELECT {', '.join(columns)} FROM file({_literal(pattern)}, 'JSONEachRow', {_literal(structure)})"
 
 
 def otel_logs_source(table: str = "otel_logs") -> str:
     """The records in the collector ClickHouse exporter's logs table (LogAttributes are strings; an
     array is its JSON text)."""
     attr = lambda field: f"LogAttributes[{_literal(field)}]"  # noqa: E731
-    columns = ([f"{attr(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
-               + [f"toUInt64OrZero({attr(field)}) AS {name}" for name, field in _UINT_FIELDS.items()]
-               + [f"JSONExtract({attr(semconv.USAGE_ENGINE_REQUEST_IDS)}, 'Array(String)') AS engine_ids",
-                  f"toUInt8(lower({attr(semconv.USAGE_FRONTEND_BILLED)}) IN ('true', '1')) AS frontend_billed",
-                  "Timestamp AS ts", "TraceId AS trace_id"])
-    return (f"SELECT {', '.join(columns)} FROM {table} "
-            f"WHERE mapContains(LogAttributes, {_literal(semconv.USAGE_ID)})")
+    columns = (
+        [f"{attr(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
+        + [f"toUInt64OrZero({attr(field)}) AS {name}" for name, field in _UINT_FIELDS.items()]
+        + [
+            f"JSONExtract({attr(semconv.USAGE_ENGINE_REQUEST_IDS)}, 'Array(String)') AS engine_ids",
+            f"toUInt8(lower({attr(semconv.USAGE_FRONTEND_BILLED)}) IN ('true', '1')) AS frontend_billed",
+            "Timestamp AS ts",
+            "TraceId AS trace_id",
+        ]
+    )
+    return f"SELECT {', '.join(columns)} FROM {table} WHERE mapContains(LogAttributes, {_literal(semconv.USAGE_ID)})"
 
 
 def _ended(start: float, end: float) -> str:
-    return (f"ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
-            f"AND ts < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC')")
+    return (
+        f"ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') "
+        f"AND ts < fromUnixTimestamp64Nano({int(end * 1e9)}, 'UTC')"
+    )
 
 
 def _deduplicated(source: str, start: float, end: float, kinds: str) -> str:
     """One row per idempotency key among the records of `kinds` (a condition), ended inside [start, end)."""
     keep = ", ".join(f"any({c}) AS {c}" for c in COLUMNS)
     # grouping by a 128-bit hash of the key, not the key string, takes 40 % less memory
-    inside = (f"SELECT *, sipHash128(key) AS key_hash FROM ({source}) "
-              f"WHERE {_ended(start, end)} AND key != '' AND {kinds}")
+    inside = (
+        f"SELECT *, sipHash128(key) AS key_hash FROM ({source}) WHERE {_ended(start, end)} AND key != '' AND {kinds}"
+    )
     return f"SELECT {keep} FROM ({inside}) GROUP BY key_hash"
 
 
@@ -167,24 +195,37 @@ def _bills(source: str, start: float, end: float) -> str:
     Rows are grouped by engine request id (`eid`: an API server's record has one row per id it lists,
     or its key when it lists none), then by the bill's key. `costed`: the bill has engine figures."""
     eid = "arrayJoin(if(is_api, if(empty(engine_ids), [key], engine_ids), [if(engine_id = '', key, engine_id)]))"
-    rows = (f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external FROM ({source}) "
-            f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
-            f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}")
+    rows = (
+        f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external FROM ({source}) "
+        f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
+        f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}"
+    )
     own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
     figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
     # (raw_external: the column under another name, as `own` redefines external_cached_input)
     figures += ", anyIf(raw_external, NOT is_api) AS engine_external"
-    per_engine_request = (f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
-                          f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
-                          f"FROM ({rows}) GROUP BY eid")
+    per_engine_request = (
+        f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
+        f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
+        f"FROM ({rows}) GROUP BY eid"
+    )
     per_engine_request = f"SELECT *, sipHash128(key) AS bill_hash FROM ({per_engine_request})"
     # the connector's part of the hit: the engine's figure where the API server's record missed it (it
     # came after the final output), but a P/D decode leg's is the prefill node's hits, as its frontend says
-    external = (f"if(pd_role = {_literal(semconv.PD_ROLE_DECODE)}, {_EXTERNAL}, "
-                f"greatest({_EXTERNAL}, engine_external)) AS {_EXTERNAL}")
-    keep = ", ".join([*(f"any({c}) AS {c}" for c in _BILL_COLUMNS), "sum(engine_external) AS engine_external",
-                      *(f"sum({c}) AS {c}" for c in COST_FIELDS),
-                      "max(engine_instance) AS engine_instance", "max(costed) AS costed", "max(orphan) AS orphan"])
+    external = (
+        f"if(pd_role = {_literal(semconv.PD_ROLE_DECODE)}, {_EXTERNAL}, "
+        f"greatest({_EXTERNAL}, engine_external)) AS {_EXTERNAL}"
+    )
+    keep = ", ".join(
+        [
+            *(f"any({c}) AS {c}" for c in _BILL_COLUMNS),
+            "sum(engine_external) AS engine_external",
+            *(f"sum({c}) AS {c}" for c in COST_FIELDS),
+            "max(engine_instance) AS engine_instance",
+            "max(costed) AS costed",
+            "max(orphan) AS orphan",
+        ]
+    )
     bills = f"SELECT {keep} FROM ({per_engine_request}) GROUP BY bill_hash"
     return f"SELECT * EXCEPT (engine_external) REPLACE ({external}) FROM ({bills}) WHERE {_ended(start, end)}"
 
@@ -205,8 +246,10 @@ def _sums(columns) -> str:
 def usage_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    return (f"SELECT {dims}, {_sums([*TOKEN_TYPES, *DETAIL_FIELDS, *COST_FIELDS])}, count() AS requests, "
-            f"sum(orphan) AS orphans FROM ({_bills(source, start, end)}) GROUP BY {groups} ORDER BY {groups}")
+    return (
+        f"SELECT {dims}, {_sums([*TOKEN_TYPES, *DETAIL_FIELDS, *COST_FIELDS])}, count() AS requests, "
+        f"sum(orphan) AS orphans FROM ({_bills(source, start, end)}) GROUP BY {groups} ORDER BY {groups}"
+    )
 
 
 def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
@@ -215,10 +258,11 @@ def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    per_request = (f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi "
-                   f"FROM ({_bills(source, start, end)})")
-    return (f"SELECT {dims}, {sums}, sum(extra) AS extra_choice_prompts, sum(multi) AS multi_choice_requests, "
-            f"count() AS requests FROM ({per_request}) GROUP BY {groups} ORDER BY {groups}")
+    per_request = f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi FROM ({_bills(source, start, end)})"
+    return (
+        f"SELECT {dims}, {sums}, sum(extra) AS extra_choice_prompts, sum(multi) AS multi_choice_requests, "
+        f"count() AS requests FROM ({per_request}) GROUP BY {groups} ORDER BY {groups}"
+    )
 
 
 def records_sql(source: str, start: float, end: float) -> str:
@@ -231,48 +275,62 @@ def windows_sql(source: str, start: float, end: float, by: list[str]) -> str:
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     groups = ", ".join(f"d{i}" for i in range(len(by)))
     wall = "(toUnixTimestamp64Nano(ts) - window_start)"
-    windows = (f"SELECT *, {wall} AS wall_ns, toUInt128(kv_capacity_blocks) * {wall} AS kv_capacity_block_ns "
-               f"FROM ({_deduplicated(source, start, end, _WINDOW)}) WHERE window_start > 0 AND {wall} >= 0")
-    return (f"SELECT {dims}, any(instance) AS service_instance, any(model) AS model, "
-            f"{_sums(['wall_ns', 'busy_ns', 'idle_ns', 'kv_capacity_block_ns', 'window_kv_block_ns'])} "
-            f"FROM ({windows}) GROUP BY {groups} ORDER BY {groups}")
+    windows = (
+        f"SELECT *, {wall} AS wall_ns, toUInt128(kv_capacity_blocks) * {wall} AS kv_capacity_block_ns "
+        f"FROM ({_deduplicated(source, start, end, _WINDOW)}) WHERE window_start > 0 AND {wall} >= 0"
+    )
+    return (
+        f"SELECT {dims}, any(instance) AS service_instance, any(model) AS model, "
+        f"{_sums(['wall_ns', 'busy_ns', 'idle_ns', 'kv_capacity_block_ns', 'window_kv_block_ns'])} "
+        f"FROM ({windows}) GROUP BY {groups} ORDER BY {groups}"
+    )
 
 
 def engine_check_sql(source: str, start: float, end: float) -> str:
     """Per engine instance: its engine_window records ended inside [start, end) (their count and busy_ns),
     and the compute_ns of its engine records ended inside it up to its last window's end (`pending`: how
     many ended later: an engine writes its window when it is next busy, or at shutdown)."""
-    rows = (f"SELECT *, {_ENGINE} AS is_engine, max(if(is_engine, toDateTime64(0, 9, 'UTC'), ts)) "
-            f"OVER (PARTITION BY engine_instance) AS covered "
-            f"FROM ({_deduplicated(source, start, end, f'({_ENGINE} OR {_WINDOW})')})")
-    return (f"SELECT {_dimension('engine_instance')} AS engine_instance, "
-            f"countIf(is_engine AND ts <= covered) AS engine_records, countIf(is_engine AND ts > covered) AS pending, "
-            f"countIf(NOT is_engine) AS windows, "
-            f"sum(toUInt128(if(is_engine AND ts <= covered, compute_ns, 0))) AS compute_ns, "
-            f"sum(toUInt128(if(is_engine, 0, busy_ns))) AS busy_ns "
-            f"FROM ({rows}) GROUP BY engine_instance ORDER BY engine_instance")
+    rows = (
+        f"SELECT *, {_ENGINE} AS is_engine, max(if(is_engine, toDateTime64(0, 9, 'UTC'), ts)) "
+        f"OVER (PARTITION BY engine_instance) AS covered "
+        f"FROM ({_deduplicated(source, start, end, f'({_ENGINE} OR {_WINDOW})')})"
+    )
+    return (
+        f"SELECT {_dimension('engine_instance')} AS engine_instance, "
+        f"countIf(is_engine AND ts <= covered) AS engine_records, countIf(is_engine AND ts > covered) AS pending, "
+        f"countIf(NOT is_engine) AS windows, "
+        f"sum(toUInt128(if(is_engine AND ts <= covered, compute_ns, 0))) AS compute_ns, "
+        f"sum(toUInt128(if(is_engine, 0, busy_ns))) AS busy_ns "
+        f"FROM ({rows}) GROUP BY engine_instance ORDER BY engine_instance"
+    )
 
 
 def hourly_bills_sql(source: str, start: float, end: float) -> str:
     """The budget tracker's first read: token sums of the bills ended in [start, end) per tenant, scene,
     model and hour (`hour`: its start, Unix seconds)."""
-    return (f"SELECT tenant, scene, model, toUnixTimestamp(toStartOfHour(ts)) AS hour, "
-            f"{', '.join(f'sum({t}) AS {t}' for t in TOKEN_TYPES)} FROM ({_bills(source, start, end)}) "
-            f"GROUP BY tenant, scene, model, hour ORDER BY hour")
+    return (
+        f"SELECT tenant, scene, model, toUnixTimestamp(toStartOfHour(ts)) AS hour, "
+        f"{', '.join(f'sum({t}) AS {t}' for t in TOKEN_TYPES)} FROM ({_bills(source, start, end)}) "
+        f"GROUP BY tenant, scene, model, hour ORDER BY hour"
+    )
 
 
 def recent_records_sql(source: str, start: float) -> str:
     """The budget tracker's polls: the records (bills, engine records, progress) written since start,
     each as it arrived (duplicates included: the tracker skips those it counted)."""
-    kinds = ", ".join(_literal(k) for k in ("", semconv.USAGE_KIND_REQUEST, semconv.USAGE_KIND_ENGINE,
-                                              semconv.USAGE_KIND_PROGRESS))
-    return (f"SELECT key, kind, tenant, scene, model, {', '.join(TOKEN_TYPES)}, frontend_billed, pd_role, "
-            f"toUnixTimestamp64Nano(ts) AS t FROM ({source}) "
-            f"WHERE ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') AND key != '' AND kind IN ({kinds}) "
-            f"ORDER BY ts")
+    kinds = ", ".join(
+        _literal(k) for k in ("", semconv.USAGE_KIND_REQUEST, semconv.USAGE_KIND_ENGINE, semconv.USAGE_KIND_PROGRESS)
+    )
+    return (
+        f"SELECT key, kind, tenant, scene, model, {', '.join(TOKEN_TYPES)}, frontend_billed, pd_role, "
+        f"toUnixTimestamp64Nano(ts) AS t FROM ({source}) "
+        f"WHERE ts >= fromUnixTimestamp64Nano({int(start * 1e9)}, 'UTC') AND key != '' AND kind IN ({kinds}) "
+        f"ORDER BY ts"
+    )
 
 
 # --- executors ------------------------------------------------------------------------------------
+
 
 class ChdbExecutor:
     """Runs SQL in the embedded ClickHouse engine (chDB), in this process.
@@ -286,8 +344,9 @@ class ChdbExecutor:
         try:
             from chdb import session
         except ImportError:
-            raise ReportError("reading the ledger needs the embedded ClickHouse engine: "
-                              "pip install 'otel-llm[ledger]' (chdb)") from None
+            raise ReportError(
+                "reading the ledger needs the embedded ClickHouse engine: pip install 'otel-llm[ledger]' (chdb)"
+            ) from None
         opened = ChdbExecutor._open
         if opened and session_path is not None and opened[0][0] != session_path:
             opened.pop()[1].close()
@@ -341,6 +400,7 @@ class ClickHouseHTTP:
 
 # --- a ledger: source + executor --------------------------------------------------------------------
 
+
 @dataclass
 class Ledger:
     source: str
@@ -353,8 +413,9 @@ class Ledger:
         disk); the report skips them and says how many."""
         if self.spool_pattern is None:
             return 0
-        rows = self.executor.rows(f"SELECT count() AS n FROM file({_literal(self.spool_pattern)}, 'LineAsString') "
-                                  f"WHERE NOT isValidJSON(line)")
+        rows = self.executor.rows(
+            f"SELECT count() AS n FROM file({_literal(self.spool_pattern)}, 'LineAsString') WHERE NOT isValidJSON(line)"
+        )
         return int(rows[0]["n"]) if rows else 0
 
     def usage(self, start: float, end: float, by: list[str]) -> dict[tuple[str, ...], Row]:
@@ -366,14 +427,17 @@ class Ledger:
             row.tokens.update((d, int(item[d])) for d in DETAIL_FIELDS if int(item[d]))  # absent: 0
             row.requests = int(item["requests"])
             row.compute_ns, row.prefill_compute_ns, row.kv_block_ns = (
-                int(item[c]) for c in ("compute_ns", "prefill_compute_ns", "kv_block_ns"))
+                int(item[c]) for c in ("compute_ns", "prefill_compute_ns", "kv_block_ns")
+            )
             row.orphans = int(item["orphans"])
             rows[key] = row
         return rows
 
     def reconcile_totals(self, start: float, end: float, by: list[str]) -> dict[tuple[str, ...], dict]:
-        return {tuple(str(item[f"d{i}"]) for i in range(len(by))): item
-                for item in self.executor.rows(reconcile_sql(self.source, start, end, by))}
+        return {
+            tuple(str(item[f"d{i}"]) for i in range(len(by))): item
+            for item in self.executor.rows(reconcile_sql(self.source, start, end, by))
+        }
 
     def records(self, start: float, end: float) -> list[dict]:
         return self.executor.rows(records_sql(self.source, start, end))
@@ -382,14 +446,19 @@ class Ledger:
         """Per `by` key: wall_ns, busy_ns, idle_ns, kv_capacity_block_ns, window_kv_block_ns (ints),
         service_instance and model of the engine_window records (windows_sql)."""
         dims = [f"d{i}" for i in range(len(by))]
-        return {tuple(str(item[d]) for d in dims): {k: (v if k in ("service_instance", "model") else int(v))
-                                                    for k, v in item.items() if k not in dims}
-                for item in self.executor.rows(windows_sql(self.source, start, end, by))}
+        return {
+            tuple(str(item[d]) for d in dims): {
+                k: (v if k in ("service_instance", "model") else int(v)) for k, v in item.items() if k not in dims
+            }
+            for item in self.executor.rows(windows_sql(self.source, start, end, by))
+        }
 
     def engine_check(self, start: float, end: float) -> list[dict]:
         """Per engine instance: engine_records, compute_ns and busy_ns (engine_check_sql)."""
-        return [{k: (v if k == "engine_instance" else int(v)) for k, v in item.items()}
-                for item in self.executor.rows(engine_check_sql(self.source, start, end))]
+        return [
+            {k: (v if k == "engine_instance" else int(v)) for k, v in item.items()}
+            for item in self.executor.rows(engine_check_sql(self.source, start, end))
+        ]
 
 
 def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
@@ -412,8 +481,12 @@ def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
         raise ReportError(f"--ledger {where}: no such directory (the OTEL_LLM_USAGE_DIR of the servers)")
     if not glob.glob(os.path.join(where, SPOOL_GLOB)):
         raise ReportError(f"--ledger {where}: no usage-*.jsonl files (is OTEL_LLM_USAGE_DIR set on the servers?)")
-    return Ledger(spool_source(where), ChdbExecutor(), f"spool {os.path.abspath(where)}",
-                  spool_pattern=os.path.join(os.path.abspath(where), SPOOL_GLOB))
+    return Ledger(
+        spool_source(where),
+        ChdbExecutor(),
+        f"spool {os.path.abspath(where)}",
+        spool_pattern=os.path.join(os.path.abspath(where), SPOOL_GLOB),
+    )
 
 
 def load_otel_logs(session_path: str, records: list[dict], table: str = "otel_logs") -> Ledger:
@@ -473,15 +546,19 @@ def insert_records_sql(records: list[dict], table: str = "otel_logs") -> str:
     end time as Timestamp, trace context in TraceId/SpanId, every other field a LogAttributes string."""
     values = []
     for record in records:
-        attrs = {k: (json.dumps(v) if isinstance(v, list) else str(v)) for k, v in record.items()
-                 if k not in (semconv.USAGE_TIME, semconv.USAGE_TRACE_ID, semconv.USAGE_SPAN_ID)}
+        attrs = {
+            k: (json.dumps(v) if isinstance(v, list) else str(v))
+            for k, v in record.items()
+            if k not in (semconv.USAGE_TIME, semconv.USAGE_TRACE_ID, semconv.USAGE_SPAN_ID)
+        }
         attr_sql = "map(" + ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in attrs.items()) + ")"
-        values.append(f"(fromUnixTimestamp64Nano({int(record[semconv.USAGE_TIME])}, 'UTC'), "
-                      f"{_literal(record.get(semconv.USAGE_TRACE_ID, ''))}, "
-                      f"{_literal(record.get(semconv.USAGE_SPAN_ID, ''))}, "
-                      f"{_literal(str(record.get(semconv.SERVICE_NAME, '')))}, {attr_sql})")
-    return (f"INSERT INTO {table} (Timestamp, TraceId, SpanId, ServiceName, LogAttributes) VALUES "
-            + ", ".join(values))
+        values.append(
+            f"(fromUnixTimestamp64Nano({int(record[semconv.USAGE_TIME])}, 'UTC'), "
+            f"{_literal(record.get(semconv.USAGE_TRACE_ID, ''))}, "
+            f"{_literal(record.get(semconv.USAGE_SPAN_ID, ''))}, "
+            f"{_literal(str(record.get(semconv.SERVICE_NAME, '')))}, {attr_sql})"
+        )
+    return f"INSERT INTO {table} (Timestamp, TraceId, SpanId, ServiceName, LogAttributes) VALUES " + ", ".join(values)
 
 
 def read_spool(directory: str, kinds: tuple[str, ...] | None = (semconv.USAGE_KIND_REQUEST,)) -> list[dict]:

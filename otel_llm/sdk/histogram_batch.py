@@ -86,7 +86,8 @@ def _aggregations(histogram, attributes: dict):
     for match in matches:
         with match._lock:  # (made by the value just recorded, unless a collection with reset_on_collect came between)
             aggregation = match._attributes_aggregation.get(key) or match._get_or_create_aggregation(
-                key, dict(attributes))
+                key, dict(attributes)
+            )
         lock = match._lock if match._reset_on_collect else None  # collect() discards these aggregations
         if type(aggregation) is not _ExplicitBucketHistogramAggregation:
             return None
@@ -114,8 +115,11 @@ def _self_check() -> bool:
         points = []
         for merged in (False, True):
             reader = InMemoryMetricReader()
-            histogram = MeterProvider(metric_readers=[reader]).get_meter("check").create_histogram(
-                "check", unit="s", explicit_bucket_boundaries_advisory=[0.001, 0.01, 0.1, 1.0, 10.0])
+            histogram = (
+                MeterProvider(metric_readers=[reader])
+                .get_meter("check")
+                .create_histogram("check", unit="s", explicit_bucket_boundaries_advisory=[0.001, 0.01, 0.1, 1.0, 10.0])
+            )
             for _ in range(2):  # a series made by the first call, then one that exists
                 if merged:
                     if not _merge(histogram, values, attributes):
@@ -123,11 +127,13 @@ def _self_check() -> bool:
                 else:
                     for value in values:
                         histogram.record(value, attributes)
-            (metric,) = [m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
-                         for m in sm.metrics]
+            (metric,) = [
+                m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            ]
             (point,) = metric.data.data_points
-            points.append((point.count, point.sum, tuple(point.bucket_counts), point.min, point.max,
-                           dict(point.attributes)))
+            points.append(
+                (point.count, point.sum, tuple(point.bucket_counts), point.min, point.max, dict(point.attributes))
+            )
         return points[0] == points[1]
     except Exception:  # noqa: BLE001
         return False

