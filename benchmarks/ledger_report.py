@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from otel_llm import semconv  # noqa: E402
-from otel_llm.billing.report import TOKEN_METRIC  # noqa: E402
+from otel_llm.billing.promql import TOKEN_METRIC  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench-ledger"
 DAY = 86400
@@ -691,7 +691,7 @@ def main() -> int:
         STEPS[args.step](*json.loads(args.step_args))
         return 0
 
-    from otel_llm.billing.report import parse_time
+    from otel_llm.billing.rows import parse_time
 
     end = parse_time(args.end)
     params = {

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from otel_llm import semconv  # noqa: E402
 from otel_llm.config import Settings  # noqa: E402
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request  # noqa: E402
+from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry  # noqa: E402
 
 INFO = RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True, tenant="acme", scene="s", cost_center="cc")
@@ -47,7 +48,7 @@ def engine_state(i: int, generated: list) -> SimpleNamespace:
 
 def telemetry(spool: str, interval: float) -> Telemetry:
     return Telemetry(
-        TracerProvider().get_tracer("bench"),
+        InProcessSink(TracerProvider().get_tracer("bench"), MeterProvider().get_meter("bench")),
         MeterProvider().get_meter("bench"),
         Settings(usage_dir=spool, usage_fsync_interval_s=0, live_interval_s=interval),
         {semconv.SERVICE_INSTANCE_ID: "host:8000"},

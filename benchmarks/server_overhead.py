@@ -735,7 +735,7 @@ def part_inprocess(
                     # the SDK keeps one Tracer per scope, made with the sampler of its first get_tracer():
                     # today's path gets the same Tracer object on every instrument(), so set it here
                     tel.tracer.sampler = sampler
-                    channel = tel.channel
+                    channel = getattr(tel.sink, "channel", None)
                     if (channel is None) != (path == "today"):
                         raise RuntimeError(f"{variant}: instrument() chose the wrong path (channel {channel!r})")
                     if channel is not None:
@@ -910,21 +910,24 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
 
     from otel_llm import __version__
     from otel_llm.config import Settings
-    from otel_llm.vllm import http, offload
+    from otel_llm.vllm import http
+    from otel_llm.vllm.export import channel as export_channel
+    from otel_llm.vllm.export import deferred
+    from otel_llm.vllm.export import http as export_http
     from otel_llm.vllm.http import instrument_app
 
     receiver, endpoint = start_receiver_process()
     tracer_provider, meter_provider = configure_sdk(endpoint)
     drops: list[str] = []
-    channel = offload.ExportChannel(
-        {**offload.plan(Settings.from_env(), tracer_provider, False), "version": __version__},
+    channel = export_channel.ExportChannel(
+        {**export_channel.plan(Settings.from_env(), tracer_provider, False), "version": __version__},
         on_drop=drops.append,
         shutdown_timeout_s=10,
     )
     channel.start()
     child_cpu0 = quiet_cpu_seconds(channel.process.pid, min_threads=2)
-    deferred = offload.DeferredTracerProvider(
-        offload.DeferredTracer(tracer_provider), lambda span: offload.hand_over(span, channel)
+    deferred_provider = deferred.DeferredTracerProvider(
+        deferred.DeferredTracer(tracer_provider), lambda span: deferred.hand_over(span, channel)
     )
 
     def make_app():
@@ -960,12 +963,12 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
             app,
             excluded_urls=settings.http_excluded_urls,
             exclude_spans=["receive", "send"],
-            tracer_provider=deferred,
+            tracer_provider=deferred_provider,
             server_request_hook=http.redacting_hold_nothing_hook,
         ),
         "lean, SDK in process": lambda app: instrument_app(app, settings),
-        "ours, export process replays it (default)": lambda app: instrument_app(
-            app, settings, deferred, offload_metrics=True
+        "ours, export process replays it (default)": lambda app: export_http.instrument_app(
+            app, settings, deferred_provider, offload_metrics=True
         ),
     }
     apps = {"bare": make_app(), "bare (A/A)": make_app()}
@@ -1180,7 +1183,7 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
         instrumentor.instrument()
         tel = VLLMInstrumentor._patcher.telemetry
-        if tel.channel is None:
+        if getattr(tel.sink, "channel", None) is None:
             raise RuntimeError(f"{variant}: instrument() did not choose the export process")
         hook = wrappers.handler_wrapper(semconv.OP_CHAT)(tel)  # what the chat handler hook applies
         if variant == API_NO_HTTP:
@@ -1191,9 +1194,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             )
         finally:
             os.environ.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
-        if tel.channel.process is None:
+        if tel.sink.channel.process is None:
             raise RuntimeError(f"{variant}: the export process did not start")
-        return app, tel.channel
+        return app, tel.sink.channel
 
     def tear_down(variant: str, app) -> None:
         if variant == API_FASTAPI:

@@ -160,6 +160,32 @@ def basic_credentials(value: str) -> bool:
 
 # ---- the table ---------------------------------------------------------------------------------
 
+
+def _flag_rule(name: str, names: str, value: str, value_json: str, check, source: str) -> SecretRule:
+    """A secret-looking name as a command-line flag: --name value, --name=value."""
+    flag = "--" + _NAME.format(names)
+    return SecretRule(
+        name,
+        flag + r"(?:[ \t]+|=)[\"']?" + f"(?P<secret>{value})",
+        source,
+        left=WORD + "-",
+        check=check,
+        collector=flag + r"(?:[ ]+|=)(?:\\\"|')?" + f"(?P<secret>{value_json})",
+    )
+
+
+def _xml_rule(name: str, names: str, min_length: int, check, source: str) -> SecretRule:
+    """A secret-looking name as an XML element: <name>value</name>."""
+    tag = "<" + _NAME.format(names) + ">"
+    return SecretRule(
+        name,
+        tag + rf"(?P<secret>[^<\r\n]{{{min_length},}})</",
+        source,
+        check=check,
+        collector=tag + f"(?P<secret>[^<\\\\]{{{min_length},}})</",
+    )
+
+
 _PEM_JSON = (
     r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----"
     r"(?:[A-Za-z0-9+/= :,.]|\\[nrt\\]|-[A-Za-z0-9+/= :,.]|-\\[nrt\\])*"
@@ -466,42 +492,30 @@ RULES: tuple[SecretRule, ...] = (
         check=password_value,
         collector=_NAME.format(PASSWORD_NAMES) + _SEP_JSON + f"(?P<secret>{_VALUE_JSON})",
     ),
-    SecretRule(
+    _flag_rule(
         "password_assignment",
-        "--" + _NAME.format(PASSWORD_NAMES) + r"(?:[ \t]+|=)[\"']?"
-        f"(?P<secret>{_VALUE})",
+        PASSWORD_NAMES,
+        _VALUE,
+        _VALUE_JSON,
+        password_value,
         "the same as a command-line flag: --password value, --db-password=value",
-        left=WORD + "-",
-        check=password_value,
-        collector="--" + _NAME.format(PASSWORD_NAMES) + r"(?:[ ]+|=)(?:\\\"|')?" f"(?P<secret>{_VALUE_JSON})",
     ),
-    SecretRule(
+    _xml_rule(
         "password_assignment",
-        "<" + _NAME.format(PASSWORD_NAMES) + r">(?P<secret>[^<\r\n]{4,})</",
+        PASSWORD_NAMES,
+        4,
+        password_value,
         "the same in XML (Maven settings.xml, ...): <password>value</password>",
-        check=password_value,
-        collector="<" + _NAME.format(PASSWORD_NAMES) + r">(?P<secret>[^<\\]{4,})</",
     ),
-    SecretRule(
+    _flag_rule(
         "secret_assignment",
-        "--" + _NAME.format(SECRET_NAMES) + r"(?:[ \t]+|=)[\"']?"
-        f"(?P<secret>{_VALUE8})",
+        SECRET_NAMES,
+        _VALUE8,
+        _FIRST_JSON + r"[^ \"'`,;{}\\)\]<>]{7,}",
+        secret_value,
         "the same as a command-line flag: --api-key value, --token=value",
-        left=WORD + "-",
-        check=secret_value,
-        collector="--"
-        + _NAME.format(SECRET_NAMES)
-        + r"(?:[ ]+|=)(?:\\\"|')?(?P<secret>"
-        + _FIRST_JSON
-        + r"[^ \"'`,;{}\\)\]<>]{7,})",
     ),
-    SecretRule(
-        "secret_assignment",
-        "<" + _NAME.format(SECRET_NAMES) + r">(?P<secret>[^<\r\n]{8,})</",
-        "the same in XML: <secret>value</secret>",
-        check=secret_value,
-        collector="<" + _NAME.format(SECRET_NAMES) + r">(?P<secret>[^<\\]{8,})</",
-    ),
+    _xml_rule("secret_assignment", SECRET_NAMES, 8, secret_value, "the same in XML: <secret>value</secret>"),
     SecretRule(
         "secret_assignment",
         _NAME.format(SECRET_NAMES) + _SEP + f"(?P<secret>{_VALUE8})",

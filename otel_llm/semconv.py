@@ -269,6 +269,10 @@ USER_ID = _attribute("user.id", STRING, VLLM, USAGE, convention=True)
 GEN_AI_CONVERSATION_ID = _attribute("gen_ai.conversation.id", STRING, VLLM, USAGE, convention=True)
 
 SERVICE_NAME_DEFAULT = "vllm"
+# instrumentation scopes of our tracers and meters (server layer, client layer)
+VLLM_SCOPE = "otel_llm.vllm"
+CLIENT_SCOPE = "otel_llm.openai"
+SCOPES = (VLLM_SCOPE, CLIENT_SCOPE)
 
 # requests by outcome (no convention exists): finished, aborted (client gone), error
 REQUEST_OUTCOME = _attribute("otel_llm.request.outcome", STRING, METRIC, USAGE)

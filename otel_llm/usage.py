@@ -323,10 +323,10 @@ class UsageLedger:
 
 def _event_logger():
     """The global OTel logger, or None (with one info line) when no SDK LoggerProvider is set."""
-    from opentelemetry import _logs
+    from otel_llm.sdk import internals
 
-    provider = _logs.get_logger_provider()
-    if type(provider).__module__.startswith("opentelemetry._logs"):  # the API's no-op/proxy
+    provider = internals.global_logger_provider()
+    if internals.is_api_logger_provider(provider):  # the API's no-op/proxy
         _log.warning(
             "otel-llm: OTEL_LLM_USAGE_EVENTS is on but no OTel LoggerProvider is configured "
             "(set OTEL_LOGS_EXPORTER=otlp); usage events are not sent"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otel_llm.billing.promql import ReportError, read_config
-from otel_llm.billing.report import UNSET, Row
+from otel_llm.billing.rows import UNSET, Row
 
 IDLE = "idle"  # the dimension values of an instance's idle row
 ALLOCATIONS = ("compute", "kv")

@@ -27,8 +27,8 @@ import hashlib
 import io
 import json
 
-from otel_llm.billing.promql import read_config
-from otel_llm.billing.report import UNSET, ReportError
+from otel_llm.billing.promql import ReportError, read_config
+from otel_llm.billing.rows import UNSET
 
 FORMATS = ("lago", "stripe", "csv")
 STRIPE_IDENTIFIER_MAX = 100

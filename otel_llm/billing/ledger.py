@@ -27,7 +27,8 @@ import urllib.request
 from dataclasses import dataclass
 
 from otel_llm import semconv
-from otel_llm.billing.report import SPEC_DECODE_COLUMNS, UNSET, ReportError, Row
+from otel_llm.billing.promql import ReportError
+from otel_llm.billing.rows import SPEC_DECODE_COLUMNS, UNSET, Row
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
@@ -63,7 +64,7 @@ _STRING_FIELDS = {
     "engine_instance": semconv.VLLM_ENGINE_INSTANCE,
     "pd_role": semconv.VLLM_PD_ROLE,
 }
-# a bill's token breakdowns and speculative-decoding counts (report.TOKEN_DETAILS: absent is 0), from the
+# a bill's token breakdowns and speculative-decoding counts (rows.TOKEN_DETAILS: absent is 0), from the
 # API server's record like its tokens
 DETAIL_FIELDS = {
     **{column: field for field, column in semconv.USAGE_DETAIL_TOKEN_FIELDS},
@@ -123,30 +124,23 @@ _WINDOW = f"kind = {_literal(semconv.USAGE_KIND_ENGINE_WINDOW)}"
 # --- sources: a subquery with the normalized COLUMNS -----------------------------------------------
 
 
+# normalized column -> (spool record field, its type in the spool's JSON, the column's SQL over it: {} is the field)
+_SPOOL_COLUMNS = {
+    **{name: (field, "String", "{}") for name, field in _STRING_FIELDS.items()},
+    **{name: (field, "UInt64", "{}") for name, field in _UINT_FIELDS.items()},
+    "engine_ids": (semconv.USAGE_ENGINE_REQUEST_IDS, "Array(String)", "{}"),
+    "frontend_billed": (semconv.USAGE_FRONTEND_BILLED, "Bool", "toUInt8({})"),
+    "ts": (semconv.USAGE_TIME, "UInt64", "fromUnixTimestamp64Nano(toInt64({}), 'UTC')"),
+    "trace_id": (semconv.USAGE_TRACE_ID, "String", "{}"),
+}
+
+
 def spool_source(directory: str) -> str:
     """The records of a spool directory, through ClickHouse's file() table function."""
     pattern = os.path.join(os.path.abspath(directory), SPOOL_GLOB)
-    structure = ", ".join(
-        [f"{_ident(field)} String" for field in _STRING_FIELDS.values()]
-        + [f"{_ident(field)} UInt64" for field in _UINT_FIELDS.values()]
-        + [
-            f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} Array(String)",
-            f"{_ident(semconv.USAGE_FRONTEND_BILLED)} Bool",
-            f"{_ident(semconv.USAGE_TIME)} UInt64",
-            f"{_ident(semconv.USAGE_TRACE_ID)} String",
-        ]
-    )
-    columns = (
-        [f"{_ident(field)} AS {name}" for name, field in _STRING_FIELDS.items()]
-        + [f"{_ident(field)} AS {name}" for name, field in _UINT_FIELDS.items()]
-        + [
-            f"{_ident(semconv.USAGE_ENGINE_REQUEST_IDS)} AS engine_ids",
-            f"toUInt8({_ident(semconv.USAGE_FRONTEND_BILLED)}) AS frontend_billed",
-            f"fromUnixTimestamp64Nano(toInt64({_ident(semconv.USAGE_TIME)}), 'UTC') AS ts",
-            f"{_ident(semconv.USAGE_TRACE_ID)} AS trace_id",
-        ]
-    )
-    return f"SELECT {', '.join(columns)} FROM file({_literal(pattern)}, 'JSONEachRow', {_literal(structure)})"
+    structure = ", ".join(f"{_ident(field)} {kind}" for field, kind, _ in _SPOOL_COLUMNS.values())
+    columns = ", ".join(f"{sql.format(_ident(field))} AS {name}" for name, (field, _, sql) in _SPOOL_COLUMNS.items())
+    return f"SELECT {columns} FROM file({_literal(pattern)}, 'JSONEachRow', {_literal(structure)})"
 
 
 def otel_logs_source(table: str = "otel_logs") -> str:
@@ -486,6 +480,16 @@ def open_ledger(where: str, timeout: float = 60.0) -> Ledger:
         ChdbExecutor(),
         f"spool {os.path.abspath(where)}",
         spool_pattern=os.path.join(os.path.abspath(where), SPOOL_GLOB),
+    )
+
+
+def add_ledger_argument(parser) -> None:
+    """--ledger, as `reconcile` and `export` take it (for open_ledger)."""
+    parser.add_argument(
+        "--ledger",
+        required=True,
+        metavar="DIR|URL",
+        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR",
     )
 
 

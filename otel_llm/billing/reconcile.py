@@ -33,8 +33,9 @@ import sys
 
 from otel_llm import semconv
 from otel_llm.billing import ledger as ledger_module
-from otel_llm.billing import report
-from otel_llm.billing.report import UNSET, Prometheus, ReportError, _iso, time_range
+from otel_llm.billing.promql import ReportError
+from otel_llm.billing.report import Prometheus, exact_increase
+from otel_llm.billing.rows import UNSET, add_window_arguments, time_range, utc_iso
 
 ENGINE_COUNTERS = (  # (ledger token type, vLLM counter)
     ("input", semconv.VLLM_METRIC_PROMPT_TOKENS_TOTAL),
@@ -67,8 +68,7 @@ def reconcile(
     ours = ledger.reconcile_totals(start, end, by)
     engine_by = ["instance", semconv.VLLM_LABEL_MODEL] if by_instance else [semconv.VLLM_LABEL_MODEL]
     engine = {
-        token_type: report.exact_increase(prom, counter, start, end, engine_by)
-        for token_type, counter in ENGINE_COUNTERS
+        token_type: exact_increase(prom, counter, start, end, engine_by) for token_type, counter in ENGINE_COUNTERS
     }
     if by_instance:
         mapping = _match_instances({k[0] for k in ours}, {k[0] for c in engine.values() for k in c})
@@ -142,16 +142,16 @@ def engine_check(ledger: ledger_module.Ledger, start: float, end: float) -> list
 def render(rows: list[dict], by: list[str], fmt: str, start: float, end: float, engines: list[dict] = ()) -> str:
     if fmt == "json":
         return json.dumps(
-            {"start": _iso(start), "end": _iso(end), "rows": rows, **({"engines": engines} if engines else {})},
+            {"start": utc_iso(start), "end": utc_iso(end), "rows": rows, **({"engines": engines} if engines else {})},
             indent=2,
         )
     columns = [*by, "tokens", "ledger", "engine", "explained", "unexplained", "state", "note"]
-    lines = [f"ledger vs engine counters {_iso(start)} .. {_iso(end)}", *_table(columns, rows)]
+    lines = [f"ledger vs engine counters {utc_iso(start)} .. {utc_iso(end)}", *_table(columns, rows)]
     if engines:
         columns = ["engine_instance", "engine_records", "compute_s", "busy_s", "difference_s", "state", "note"]
         lines += [
             "",
-            f"engine records' compute vs engine_window busy time {_iso(start)} .. {_iso(end)}",
+            f"engine records' compute vs engine_window busy time {utc_iso(start)} .. {utc_iso(end)}",
             *_table(
                 columns, [{**r, **{c: f"{r[c]:.3f}" for c in ("compute_s", "busy_s", "difference_s")}} for r in engines]
             ),
@@ -166,17 +166,10 @@ def _table(columns: list[str], rows: list[dict]) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--ledger",
-        required=True,
-        metavar="DIR|URL",
-        help="spool directory, clickhouse://HOST:8123/DB or chdb://SESSION_DIR",
-    )
+    ledger_module.add_ledger_argument(parser)
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus scraping vLLM's /metrics")
     parser.add_argument("--by", choices=BY_CHOICES, default="instance,model")
-    parser.add_argument("--range", dest="range_", metavar="DURATION", help="window ending at --end (default 24h)")
-    parser.add_argument("--start")
-    parser.add_argument("--end")
+    add_window_arguments(parser)
     parser.add_argument(
         "--tolerance",
         type=int,

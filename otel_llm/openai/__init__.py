@@ -101,8 +101,8 @@ class OpenAIInstrumentor(BaseInstrumentor):
         if importlib.util.find_spec("openai") is None:
             _log.debug("otel-llm: openai is not installed; nothing to instrument")
             return
-        tracer = trace.get_tracer("otel_llm.openai", __version__, kwargs.get("tracer_provider"))
-        meter = metrics.get_meter("otel_llm.openai", __version__, kwargs.get("meter_provider"))
+        tracer = trace.get_tracer(semconv.CLIENT_SCOPE, __version__, kwargs.get("tracer_provider"))
+        meter = metrics.get_meter(semconv.CLIENT_SCOPE, __version__, kwargs.get("meter_provider"))
         telemetry = ClientTelemetry(tracer, meter, ClientSettings.from_env(**kwargs))
         # Patched when the app imports each openai module (importing openai here would cost every
         # process that `opentelemetry-instrument` starts, vLLM servers included).

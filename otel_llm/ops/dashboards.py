@@ -92,6 +92,11 @@ def panel(
     return out
 
 
+def grouped(expr: str, *labels: str, op: str = "sum") -> dict:
+    """A target of `op by (labels) (expr)`: a series per value of the labels, named by them."""
+    return target(f"{op} by ({', '.join(labels)}) ({expr})", " ".join(f"{{{{{label}}}}}" for label in labels))
+
+
 def quantiles(metric: str, filters: str, exemplar: bool = True) -> list[dict]:
     return [
         target(
@@ -190,7 +195,7 @@ def overview() -> dict:
         [
             panel(
                 "Requests/s by outcome",
-                [target(f"sum by ({OUTCOME}) (rate({REQUESTS}{{{OURS}}}[{RI}]))", f"{{{{{OUTCOME}}}}}")],
+                [grouped(f"rate({REQUESTS}{{{OURS}}}[{RI}])", OUTCOME)],
                 "reqps",
             ),
             panel(
@@ -205,7 +210,7 @@ def overview() -> dict:
             ),
             panel(
                 "Tokens/s by type",
-                [target(f"sum by ({TOKEN_TYPE}) (rate({TOKENS}{{{OURS}}}[{RI}]))", f"{{{{{TOKEN_TYPE}}}}}")],
+                [grouped(f"rate({TOKENS}{{{OURS}}}[{RI}])", TOKEN_TYPE)],
                 "short",
                 description="input includes cached_input",
             ),
@@ -223,23 +228,18 @@ def overview() -> dict:
             ),
             panel(
                 "KV cache usage",
-                [
-                    target(
-                        f"max by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_KV_CACHE_USAGE}{{{ENGINE}}})",
-                        f"{{{{{VLLM_MODEL}}}}}",
-                    )
-                ],
+                [grouped(f"{semconv.VLLM_METRIC_KV_CACHE_USAGE}{{{ENGINE}}}", VLLM_MODEL, op="max")],
                 "percentunit",
                 w=8,
             ),
             panel(
                 "Requests waiting (queue)",
-                [target(f"sum by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_WAITING}{{{ENGINE}}})", f"{{{{{VLLM_MODEL}}}}}")],
+                [grouped(f"{semconv.VLLM_METRIC_WAITING}{{{ENGINE}}}", VLLM_MODEL)],
                 w=8,
             ),
             panel(
                 "Requests running",
-                [target(f"sum by ({VLLM_MODEL}) ({semconv.VLLM_METRIC_RUNNING}{{{ENGINE}}})", f"{{{{{VLLM_MODEL}}}}}")],
+                [grouped(f"{semconv.VLLM_METRIC_RUNNING}{{{ENGINE}}}", VLLM_MODEL)],
                 w=8,
             ),
             panel("Time to first token", quantiles(TTFT, OURS), "s", w=8),
@@ -247,23 +247,13 @@ def overview() -> dict:
             panel("Request duration (e2e)", quantiles(DURATION, OURS), "s", w=8),
             panel(
                 "Preemptions/s",
-                [
-                    target(
-                        f"sum by ({VLLM_MODEL}) (rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}]))",
-                        f"{{{{{VLLM_MODEL}}}}}",
-                    )
-                ],
+                [grouped(f"rate({semconv.VLLM_METRIC_PREEMPTIONS}{{{ENGINE}}}[{RI}])", VLLM_MODEL)],
                 "short",
                 description="Requests the scheduler preempted (KV cache too small)",
             ),
             panel(
                 "Telemetry dropped/s",
-                [
-                    target(
-                        f"sum by (instance, {rules.ERROR_TYPE}) (rate({rules.EXPORT_DROPPED}[{RI}]))",
-                        f"{{{{instance}}}} {{{{{rules.ERROR_TYPE}}}}}",
-                    )
-                ],
+                [grouped(f"rate({rules.EXPORT_DROPPED}[{RI}])", "instance", rules.ERROR_TYPE)],
                 "reqps",
                 description="Requests whose spans, metrics and usage event the API server could not hand to its "
                 "export process (queue_full: it does not keep up; exporter_down: it is restarting). "
@@ -462,12 +452,7 @@ def cost() -> dict:
             ),
             panel(
                 "Tokens/s by tenant and type",
-                [
-                    target(
-                        f"sum by ({TENANT}, {TOKEN_TYPE}) (rate({TOKENS}{{{COSTS}}}[{RI}]))",
-                        f"{{{{{TENANT}}}}} {{{{{TOKEN_TYPE}}}}}",
-                    )
-                ],
+                [grouped(f"rate({TOKENS}{{{COSTS}}}[{RI}])", TENANT, TOKEN_TYPE)],
                 w=12,
             ),
             panel(
@@ -477,12 +462,7 @@ def cost() -> dict:
             ),
             panel(
                 "Requests/s by tenant and outcome",
-                [
-                    target(
-                        f"sum by ({TENANT}, {OUTCOME}) (rate({REQUESTS}{{{COSTS}}}[{RI}]))",
-                        f"{{{{{TENANT}}}}} {{{{{OUTCOME}}}}}",
-                    )
-                ],
+                [grouped(f"rate({REQUESTS}{{{COSTS}}}[{RI}])", TENANT, OUTCOME)],
                 "reqps",
                 w=12,
             ),
@@ -539,7 +519,7 @@ def cost() -> dict:
             ),
             panel(
                 "Engine busy seconds per second by tenant",
-                [target(f"sum by ({TENANT}) (rate({COMPUTE}{{{COSTS}}}[{RI}]))", f"{{{{{TENANT}}}}}")],
+                [grouped(f"rate({COMPUTE}{{{COSTS}}}[{RI}])", TENANT)],
                 w=24,
                 description="1 = one engine busy all the time on this tenant's requests",
             ),

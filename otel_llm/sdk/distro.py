@@ -18,7 +18,6 @@ import socket
 import sys
 
 from opentelemetry.instrumentation.distro import BaseDistro
-from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
 from otel_llm import config, semconv
 from otel_llm.config import (
@@ -28,7 +27,7 @@ from otel_llm.config import (
     ENV_SERVICE_NAME,
     ENV_TRACES_EXPORTER,
 )
-from otel_llm.sdk import shutdown
+from otel_llm.sdk import internals, shutdown
 
 
 class OtelLLMDistro(BaseDistro):
@@ -49,7 +48,7 @@ def configured_from_environment() -> bool:
     return _configured_from_environment
 
 
-class OtelLLMConfigurator(_OTelSDKConfigurator):
+class OtelLLMConfigurator(internals.sdk_configurator_class()):
     def _configure(self, **kwargs):
         global _configured_from_environment
         from_environment = not os.environ.get(ENV_CONFIG_FILE) and not any(

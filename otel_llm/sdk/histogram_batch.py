@@ -8,7 +8,7 @@ applies views, enablement and exemplars as usual) and adds the others to the sam
 aggregations in one step: bucket counts, sum, min and max exactly as recording each would make
 them, at about 0.1 us per value.
 
-That step reads SDK internals. It is used only after a self-check on a private MeterProvider
+That step reads SDK internals (otel_llm/sdk/internals.py). It is used only after a self-check on a private MeterProvider
 finds it produces exactly the points per-value recording does; otherwise, and for any aggregation
 it does not recognise (a view choosing another aggregation or filtering attributes), every value
 is recorded through the API.
@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Sequence
-from contextlib import nullcontext
+
+from otel_llm.sdk import internals
 
 _usable: bool | None = None
 _check_lock = threading.Lock()
@@ -47,49 +48,29 @@ def _merge(histogram, values: Sequence[float], attributes: dict) -> bool:
             histogram.record(value, attributes)
         return False
     for aggregation, lock in aggregations:
-        boundaries = aggregation._boundaries
+        boundaries = internals.histogram_boundaries(aggregation)
         counts = [0] * (len(boundaries) + 1)
         for value in rest:
             counts[bisect_left(boundaries, value)] += 1
-        low, high = min(rest), max(rest)
-        with lock or nullcontext(), aggregation._lock:
-            if aggregation._value is None:
-                aggregation._value = [0] * len(counts)
-            buckets = aggregation._value
-            for i, n in enumerate(counts):
-                if n:
-                    buckets[i] += n
-            total = aggregation._sum
-            for value in rest:  # in order, as recording each adds it: the same float sum
-                total += value
-            aggregation._sum = total
-            if aggregation._record_min_max:
-                aggregation._min = min(aggregation._min, low)
-                aggregation._max = max(aggregation._max, high)
+        internals.add_to_histogram(aggregation, counts, rest, min(rest), max(rest), lock)
     return True
 
 
 def _aggregations(histogram, attributes: dict):
     """The (aggregation, lock to hold) pairs a value just recorded with `attributes` went to; None
     when one of them is not an explicit-bucket histogram this module can merge into."""
-    from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
-    from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
-
-    if not histogram._is_enabled():
+    if not internals.instrument_enabled(histogram):
         return None
-    storages = list(histogram._measurement_consumer._reader_storages.values())
-    matches = [m for s in storages for m in s._get_or_init_view_instrument_match(histogram)]
-    if any(m._view._attribute_keys is not None for m in matches):
+    matches = internals.view_instrument_matches(histogram)
+    if any(internals.match_filters_attributes(m) for m in matches):
         return None
-    key = _hash_attributes(dict(attributes))
+    key = internals.aggregation_key(attributes)
     found = []
     for match in matches:
-        with match._lock:  # (made by the value just recorded, unless a collection with reset_on_collect came between)
-            aggregation = match._attributes_aggregation.get(key) or match._get_or_create_aggregation(
-                key, dict(attributes)
-            )
-        lock = match._lock if match._reset_on_collect else None  # collect() discards these aggregations
-        if type(aggregation) is not _ExplicitBucketHistogramAggregation:
+        # (made by the value just recorded, unless a collection with reset_on_collect came between)
+        aggregation = internals.match_aggregation(match, key, attributes)
+        lock = internals.match_collect_lock(match)  # collect() discards these aggregations
+        if not internals.is_explicit_bucket_histogram(aggregation):
             return None
         found.append((aggregation, lock))
     return found  # empty: no reader takes this instrument, the values go nowhere as recorded ones would

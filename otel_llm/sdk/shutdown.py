@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from otel_llm.config import ENV_SHUTDOWN_TIMEOUT
+from otel_llm.sdk import internals
 
 _log = logging.getLogger("otel_llm.sdk.shutdown")
 
@@ -138,10 +139,10 @@ class AccountedExporter:
 
 def _failure(exporter):
     """The FAILURE result of the exporter's kind (callers ignore it, but keep the type)."""
-    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+    LogRecordExporter, LogRecordExportResult = internals.log_record_export_types()
     for base, result in (
         (SpanExporter, SpanExportResult),
         (LogRecordExporter, LogRecordExportResult),
@@ -161,13 +162,18 @@ def span_processor_factory(exporter):
 
 def log_record_processor_factory(exporter):
     """For the configurator's `export_log_record_processor`: the SDK's default, accounted."""
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-
-    return BatchLogRecordProcessor(AccountedExporter(exporter))
+    return internals.batch_log_record_processor(AccountedExporter(exporter))
 
 
-def _processors(container, attr: str) -> tuple:
-    return tuple(getattr(container, attr, ()) or ()) if container is not None else ()
+def _processors(read: Callable[[Any], tuple], provider) -> tuple:
+    """What `read` (an otel_llm.sdk.internals function) finds in the provider; () without a
+    provider, or where this SDK keeps no such thing."""
+    if provider is None:
+        return ()
+    try:
+        return tuple(read(provider) or ())
+    except (AttributeError, TypeError):
+        return ()
 
 
 class _Signal:
@@ -177,9 +183,8 @@ class _Signal:
         self.queues: list[Callable[[], int]] = []
         self.exporters: list[AccountedExporter] = []
         for processor in processors:
-            batch = getattr(processor, "_batch_processor", None)
-            queue = getattr(batch, "_queue", None)
-            exporter = getattr(batch, "_exporter", None)
+            queue = internals.batch_processor_queue(processor)
+            exporter = internals.batch_processor_exporter(processor)
             if queue is not None:
                 self.queues.append(lambda q=queue: len(q))
             if isinstance(exporter, AccountedExporter):
@@ -200,21 +205,21 @@ class BoundedShutdown:
         self.meter_provider = meter_provider
         self.logger_provider = logger_provider
         self._done = False
-        accounted = (self._account_metric_reader(r) for r in _processors(meter_provider, "_metric_readers"))
+        accounted = (self._account_metric_reader(r) for r in _processors(internals.metric_readers, meter_provider))
         self.metric_exporters = [e for e in accounted if e is not None]
 
     @classmethod
     def from_globals(cls, timeout_s: float) -> "BoundedShutdown":
-        from opentelemetry import _logs, metrics, trace
+        from opentelemetry import metrics, trace
 
-        def sdk(provider, module: str):
-            return provider if type(provider).__module__.startswith(module) else None
+        def sdk(provider, is_sdk: Callable[[Any], bool]):
+            return provider if is_sdk(provider) else None
 
         return cls(
             timeout_s,
-            sdk(trace.get_tracer_provider(), "opentelemetry.sdk.trace"),
-            sdk(metrics.get_meter_provider(), "opentelemetry.sdk.metrics"),
-            sdk(_logs.get_logger_provider(), "opentelemetry.sdk._logs"),
+            sdk(trace.get_tracer_provider(), internals.is_sdk_tracer_provider),
+            sdk(metrics.get_meter_provider(), internals.is_sdk_meter_provider),
+            sdk(internals.global_logger_provider(), internals.is_sdk_logger_provider),
         )
 
     def _providers(self) -> list:
@@ -224,28 +229,26 @@ class BoundedShutdown:
     def _account_metric_reader(reader) -> AccountedExporter | None:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        exporter = getattr(reader, "_exporter", None)
+        exporter = internals.reader_exporter(reader)
         if not isinstance(reader, PeriodicExportingMetricReader) or exporter is None:
             return None
         if not isinstance(exporter, AccountedExporter):
             exporter = AccountedExporter(exporter)
-            reader._exporter = exporter  # no knob for the reader's exporter; guarded above
+            internals.set_reader_exporter(reader, exporter)  # no knob for the reader's exporter; guarded above
         return exporter
 
     def install(self) -> "BoundedShutdown":
         """Take the providers' own atexit hooks over (they are bound methods: unregister works)."""
         for provider in self._providers():
-            atexit.unregister(provider.shutdown)
+            internals.unregister_exit_hook(provider)
         atexit.register(self.run)
         return self
 
     def _spans(self) -> _Signal:
-        multi = getattr(self.tracer_provider, "_active_span_processor", None)
-        return _Signal(_processors(multi, "_span_processors"))
+        return _Signal(_processors(internals.span_processors, self.tracer_provider))
 
     def _logs(self) -> _Signal:
-        multi = getattr(self.logger_provider, "_multi_log_record_processor", None)
-        return _Signal(_processors(multi, "_log_record_processors"))
+        return _Signal(_processors(internals.log_record_processors, self.logger_provider))
 
     def run(self, warn: bool = True) -> dict | None:
         """Shut everything down within the bound; one warning if telemetry was lost (with what the
@@ -267,7 +270,7 @@ class BoundedShutdown:
 
         threads = []
         for provider in self._providers():
-            if getattr(provider, "_shutdown", False) is True:  # already shut down by its owner
+            if internals.provider_shut_down(provider):  # already shut down by its owner
                 continue
             if provider is self.meter_provider:
 

@@ -33,38 +33,16 @@ class VLLMInstrumentor(BaseInstrumentor):
         if importlib.util.find_spec("vllm") is None:
             _log.debug("otel-llm: vLLM is not installed; nothing to instrument")
             return
-        from otel_llm.vllm.export import channel as offload
         from otel_llm.vllm.hooks import patcher as make_patcher
         from otel_llm.vllm.telemetry import Telemetry
 
-        tracer = trace.get_tracer("otel_llm.vllm", __version__, kwargs.get("tracer_provider"))
-        meter = metrics.get_meter("otel_llm.vllm", __version__, kwargs.get("meter_provider"))
+        meter = metrics.get_meter(semconv.VLLM_SCOPE, __version__, kwargs.get("meter_provider"))
         provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         resource = getattr(provider, "resource", None)
         settings = Settings.from_env()
-        plan = None
-        try:
-            plan = offload.plan(settings, provider, bool(kwargs.get("tracer_provider") or kwargs.get("meter_provider")))
-        except Exception:  # noqa: BLE001 - the SDK in this process exports, as without the export process
-            _log.warning("otel-llm: could not set the telemetry export process up; exporting in process", exc_info=True)
-        channel = None
-        if plan is not None:
-            tracer = offload.DeferredTracer(provider)
-            channel = offload.ExportChannel(
-                {**plan, "version": __version__},
-                on_drop=lambda reason: telemetry.count_export_drop(reason),
-                shutdown_timeout_s=shutdown_timeout(),
-            )
-            if not shutdown.join_shutdown(channel.close):
-                atexit.register(channel.close)
+        sink = _sink(settings, provider, meter, kwargs)
         telemetry = Telemetry(
-            tracer,
-            meter,
-            settings,
-            resource_attributes=resource.attributes if resource is not None else None,
-            channel=channel,
-            offload_metrics=bool(plan and plan["metrics"]),
-            usage_events=offload.UsageEvents() if plan and plan["usage_events"] else None,
+            sink, meter, settings, resource_attributes=resource.attributes if resource is not None else None
         )
         _warn_unknown_service(provider)
         _warn_untraced_frontends(sys.argv, os.environ)
@@ -76,10 +54,31 @@ class VLLMInstrumentor(BaseInstrumentor):
         patcher, VLLMInstrumentor._patcher = VLLMInstrumentor._patcher, None
         if patcher is not None:
             patcher.uninstall()
-            channel = patcher.telemetry.channel
-            if channel is not None:
-                channel.close()
-                shutdown.leave_shutdown(channel.close)
+            sink = patcher.telemetry.sink
+            sink.close()
+            shutdown.leave_shutdown(sink.close)
+
+
+def _sink(settings: Settings, provider, meter, kwargs):
+    """Where the requests' telemetry goes (otel_llm/vllm/sink.py): the export process where our
+    configurator set the SDK up from the environment alone, else the SDK in this process."""
+    from otel_llm.vllm.sink import InProcessSink
+
+    plan = None
+    try:
+        from otel_llm.vllm.export import channel
+
+        plan = channel.plan(settings, provider, bool(kwargs.get("tracer_provider") or kwargs.get("meter_provider")))
+        if plan is not None:
+            from otel_llm.vllm.export.sink import ExportProcessSink
+
+            sink = ExportProcessSink(provider, meter, plan, __version__, shutdown_timeout())
+            if not shutdown.join_shutdown(sink.close):
+                atexit.register(sink.close)
+            return sink
+    except Exception:  # noqa: BLE001 - the SDK in this process exports, as without the export process
+        _log.warning("otel-llm: could not set the telemetry export process up; exporting in process", exc_info=True)
+    return InProcessSink(trace.get_tracer(semconv.VLLM_SCOPE, __version__, kwargs.get("tracer_provider")), meter)
 
 
 def _warn_untraced_frontends(argv, environ) -> None:

@@ -16,7 +16,7 @@ from opentelemetry import baggage
 
 from otel_llm import semconv
 from otel_llm.config import ENV_API_KEYS_FILE, ENV_ATTRIBUTION_MAX_LENGTH, Settings
-from otel_llm.warn import WarnOnce, warn_once
+from otel_llm.warn import WarnOnce, failed, warn_once
 
 
 class ApiKey(NamedTuple):
@@ -34,12 +34,17 @@ KEY_ID_LENGTH = 12
 
 
 class Caller(NamedTuple):
-    """Who a request is billed to: its tenant, scene, cost center, and the id of its API key."""
+    """Who a request is billed to: its tenant, scene, cost center, the id of its API key, and the end
+    user it names (below the tenant)."""
 
     tenant: str | None
     scene: str | None
     cost_center: str | None
     api_key_id: str | None
+    user: str | None = None
+
+
+NO_CALLER = Caller(None, None, None, None)
 
 
 class Attribution:
@@ -88,6 +93,27 @@ class Attribution:
                     if found[index] is None:
                         found[index] = self._valid(_first_baggage(entries, keys), limit)
         return Caller(found[0], found[1], found[2], None)
+
+    def request_caller(self, headers, fields=None, *, lenient: bool = False) -> Caller:
+        """The Caller of one request: caller(headers), with the end user its fields name (fields(name)
+        gives each; None: no fields, no end user). A failure here fails the caller's own guard, or,
+        `lenient` (a route's span, made whatever fails), is counted and leaves that part out."""
+        try:
+            caller = self.caller(headers)
+        except Exception:
+            if not lenient:
+                raise
+            failed("reading a request's tenant")  # the request still gets its span and bill, with no tenant
+            caller = NO_CALLER
+        if fields is None:
+            return caller
+        try:
+            return caller._replace(user=self.end_user(fields))
+        except Exception:
+            if not lenient:
+                raise
+            failed("reading a request's end user")  # the request still gets its span and bill, without it
+            return caller
 
     def end_user(self, get) -> str | None:
         """The end user a request names, get(name) giving its fields: OpenAI's `safety_identifier`, else

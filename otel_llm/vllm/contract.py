@@ -1,6 +1,7 @@
 """The fields of vLLM objects otel-llm reads: declared (FIELDS, next to the hook table), read (the
-`read_*` functions below are the only code that reads vLLM's request state, stats, detokenizer and
-response metadata), and checked against vLLM's Python sources: the installed vLLM (`otel-llm
+functions below are the only code of otel-llm that reads a vLLM object: the engine's request state,
+stats and detokenizer, the engine core's scheduler and requests, a handler's request, response and
+metadata), and checked against vLLM's Python sources: the installed vLLM (`otel-llm
 doctor`) or any release unpacked from its wheel (`otel-llm doctor --source DIR`, `make compat`),
 without importing vLLM or needing a GPU.
 
@@ -12,6 +13,7 @@ property, or inherits it from a base class it can follow (same module or a `from
 from __future__ import annotations
 
 import ast
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,8 @@ class Fields:
 _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor",)
 _CHAT_PROTOCOL = ("vllm.entrypoints.openai.chat_completion.protocol", "vllm.entrypoints.openai.protocol")
 _COMPLETION_PROTOCOL = ("vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.openai.protocol")
+_RESPONSES_PROTOCOL = ("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol")
+_SERVE_PROTOCOL = ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol")
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 
 FIELDS: tuple[Fields, ...] = (
@@ -114,11 +118,25 @@ FIELDS: tuple[Fields, ...] = (
         why="the engine request OutputProcessor.add_request gets; its session id: gen_ai.conversation.id",
     ),
     Fields(
-        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        _SERVE_PROTOCOL,
         "UsageInfo",
-        ("prompt_tokens",),
-        ("completion_tokens_details",),
-        why="the usage vLLM reports: reasoning tokens (with a reasoning parser), streamed or not",
+        ("prompt_tokens", "completion_tokens"),
+        ("prompt_tokens_details", "completion_tokens_details"),
+        why="the usage vLLM reports: beam search's tokens; reasoning tokens (with a reasoning parser)",
+    ),
+    Fields(
+        _SERVE_PROTOCOL,
+        "PromptTokenUsageInfo",
+        ("cached_tokens",),
+        optional_class=True,
+        why="beam search's cached prompt tokens, as vLLM reports them",
+    ),
+    Fields(
+        _SERVE_PROTOCOL,
+        "CompletionTokenUsageInfo",
+        ("reasoning_tokens",),
+        optional_class=True,
+        why="gen_ai.usage.reasoning.output_tokens",
     ),
     Fields(
         ("vllm.sampling_params",),
@@ -136,13 +154,13 @@ FIELDS: tuple[Fields, ...] = (
         why="gen_ai.request.model of AsyncLLM / offline requests",
     ),
     Fields(
-        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        _SERVE_PROTOCOL,
         "ErrorResponse",
         ("error",),
         why="error.type of a handler that answered with an error",
     ),
     Fields(
-        ("vllm.entrypoints.serve.engine.protocol", "vllm.entrypoints.openai.protocol"),
+        _SERVE_PROTOCOL,
         "ErrorInfo",
         ("type", "code", "message"),
         why="error.type and status message",
@@ -151,14 +169,31 @@ FIELDS: tuple[Fields, ...] = (
         _CHAT_PROTOCOL,
         "ChatCompletionRequest",
         ("model", "messages", "stream", "n", "max_completion_tokens", *_SAMPLING, "use_beam_search"),
-        why="gen_ai.request.* of chat",
+        ("user",),
+        why="gen_ai.request.* of chat; the end user it names",
     ),
     Fields(
         _COMPLETION_PROTOCOL,
         "CompletionRequest",
         ("model", "prompt", "stream", "n", *_SAMPLING, "use_beam_search"),
-        why="gen_ai.request.* of completions",
+        ("user",),
+        why="gen_ai.request.* of completions; the end user it names",
     ),
+    # a handler's (non-streamed) result: read when it has choices (read_response_*)
+    Fields(
+        _CHAT_PROTOCOL,
+        "ChatCompletionResponse",
+        ("id", "model", "choices", "usage"),
+        why="gen_ai.response.id / model / finish_reasons of chat; its usage's reasoning tokens",
+    ),
+    Fields(_CHAT_PROTOCOL, "ChatCompletionResponseChoice", ("finish_reason",), why="gen_ai.response.finish_reasons"),
+    Fields(
+        _COMPLETION_PROTOCOL,
+        "CompletionResponse",
+        ("id", "model", "choices", "usage"),
+        why="gen_ai.response.id / model / finish_reasons of completions",
+    ),
+    Fields(_COMPLETION_PROTOCOL, "CompletionResponseChoice", ("finish_reason",), why="gen_ai.response.finish_reasons"),
     # the engine core (engine_cost.py)
     Fields(
         ("vllm.v1.engine.core",),
@@ -234,10 +269,19 @@ FIELDS: tuple[Fields, ...] = (
         why="the frontend hands the engine its bill marker, traceparent and tenant",
     ),
     Fields(
-        ("vllm.entrypoints.openai.responses.protocol", "vllm.entrypoints.openai.protocol"),
+        _RESPONSES_PROTOCOL,
         "ResponsesRequest",
         ("model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p"),
-        why="gen_ai.request.* of the Responses API",
+        ("top_k", "seed", "frequency_penalty", "presence_penalty", "user", "safety_identifier"),
+        why="gen_ai.request.* of the Responses API; the end user it names",
+    ),
+    Fields(
+        ("vllm.entrypoints.pooling.embed.protocol", "vllm.entrypoints.openai.protocol"),
+        "EmbeddingCompletionRequest",
+        ("model",),
+        ("user",),
+        optional_class=True,
+        why="gen_ai.request.model of embeddings; the end user it names",
     ),
 )
 
@@ -416,10 +460,81 @@ def read_reported_usage(metadata) -> tuple[int, int, int] | None:
     return prompt, getattr(info, "completion_tokens", None) or 0, cached if isinstance(cached, int) else 0
 
 
-def read_response_id(metadata) -> str | None:
+def read_metadata_id(metadata) -> str | None:
     """RequestResponseMetadata.request_id: the id vLLM puts in the response and every chunk."""
     response_id = getattr(metadata, "request_id", None)
     return response_id if isinstance(response_id, str) else None
+
+
+# --- the serving layer: a handler's request, the HTTP request it came with, its result ----------
+
+
+def request_fields(request):
+    """get(name) over a handler's request (ChatCompletionRequest, CompletionRequest, ResponsesRequest,
+    an embeddings request): the field, or None where its type has none. Read from its __dict__:
+    getattr warns on deprecated fields (max_tokens), per request."""
+    fields = getattr(request, "__dict__", None) or {}
+
+    def get(name):
+        return fields[name] if name in fields else getattr(request, name, None)
+
+    return get
+
+
+def read_request_content(request) -> dict:
+    """The content of a handler's request (opt-in capture): its messages, prompt, input and
+    instructions, None where its type has none."""
+    return {name: getattr(request, name, None) for name in ("messages", "prompt", "input", "instructions")}
+
+
+def read_headers(raw_request):
+    """The headers of the HTTP request a handler got; None without one (a background response)."""
+    return getattr(raw_request, "headers", None)
+
+
+def read_request_metadata(raw_request):
+    """The RequestResponseMetadata vLLM's handler keeps on raw_request.state, or None."""
+    return getattr(getattr(raw_request, "state", None), "request_metadata", None)
+
+
+def is_stream(result) -> bool:
+    """A handler answered with a stream (an async generator of SSE chunks)."""
+    return hasattr(result, "__anext__")
+
+
+def generation_response(result):
+    """A handler's result when it is a ChatCompletionResponse or CompletionResponse (it has choices),
+    else None: nothing else of a result (embeddings, Responses API) is read."""
+    return result if hasattr(result, "choices") else None
+
+
+def read_response_id(response) -> str | None:
+    """The id of a generation_response; None without one."""
+    return getattr(response, "id", None)
+
+
+def read_response_model(response) -> str | None:
+    """The model a generation_response names (the served name it was asked for); None without one."""
+    return getattr(response, "model", None)
+
+
+def read_finish_reasons(response) -> list[str]:
+    """The finish_reason of each choice of a generation_response ("error" where vLLM set none); []
+    without choices."""
+    choices = getattr(response, "choices", None)
+    if not choices:
+        return []
+    return [str(c.finish_reason) if c.finish_reason is not None else "error" for c in choices]
+
+
+def read_rejection_type(response) -> str:
+    """error.type of the response vLLM's exception handler made for a request it rejected (an
+    ErrorResponse as JSON), else its HTTP status ("400" without one)."""
+    status = str(getattr(response, "status_code", "400"))
+    try:
+        return json.loads(response.body)["error"]["type"] or status
+    except Exception:  # not vLLM's error body
+        return status
 
 
 # --- the engine core (otel_llm/vllm/engine_cost.py): read per step, so each reader loops itself -------
@@ -751,10 +866,9 @@ class Finding:
     detail: str
 
 
-def check(root: str | Path, hooks: tuple | None = None, fields: tuple[Fields, ...] = FIELDS) -> list[Finding]:
-    """Every hook (otel_llm.vllm.hooks.HOOKS by default) and field against the sources under root."""
-    if hooks is None:
-        from otel_llm.vllm.hooks import HOOKS as hooks
+def check(root: str | Path, hooks: tuple, fields: tuple[Fields, ...] = FIELDS) -> list[Finding]:
+    """Every hook (otel_llm.vllm.hooks.HOOKS: the caller's, as hooks.py imports this module) and field
+    against the sources under root."""
     source = Source(root)
     findings = []
     for hook in hooks:

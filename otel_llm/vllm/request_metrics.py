@@ -15,11 +15,21 @@ from opentelemetry.metrics import Observation
 from otel_llm import semconv, warn
 
 
-class Measurement(NamedTuple):
-    """What one request adds to the metrics (label values already guarded)."""
+class MetricKey(NamedTuple):
+    """A request's metric series: its label values (already guarded)."""
 
-    # (operation, request model, response model, tenant, scene, cost center)
-    key: tuple
+    operation: str
+    request_model: str | None
+    response_model: str | None
+    tenant: str | None
+    scene: str | None
+    cost_center: str | None
+
+
+class Measurement(NamedTuple):
+    """What one request adds to the metrics."""
+
+    key: MetricKey
     error_type: str | None
     ttft: float | None
     tpot: float | None
@@ -85,7 +95,7 @@ class RequestMetrics:
             totals[1] += m.spec_decode[1]
         self.request_duration.record(m.duration, attrs, context=context)
 
-    def metric_attributes(self, key: tuple) -> dict[str, Any]:
+    def metric_attributes(self, key: MetricKey) -> dict[str, Any]:
         """Attributes of an (operation, request model, response model, tenant, scene, cost center)
         series, cached."""
         attrs = self._metric_attributes.get(key)
@@ -106,7 +116,7 @@ class RequestMetrics:
             self._metric_attributes[key] = attrs
         return attrs
 
-    def add_tokens(self, key: tuple, tokens: tuple[int, int, int]) -> None:
+    def add_tokens(self, key: MetricKey, tokens: tuple[int, int, int]) -> None:
         totals = self._token_totals
         for token_type, value in zip(_TOKEN_TYPES, tokens):
             series = (key, token_type)

@@ -21,8 +21,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import content, redaction, semconv
 from otel_llm.vllm import contract
-from otel_llm.vllm.export.channel import DeferredSpan
-from otel_llm.vllm.request_metrics import Measurement, outcome
+from otel_llm.vllm.attribution import NO_CALLER, Caller
+from otel_llm.vllm.request_metrics import Measurement, MetricKey, outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
 from otel_llm.warn import failed, guarded, warn_once
 
@@ -105,22 +105,23 @@ class RequestInfo:
         return attrs
 
 
+def _no_fields(name: str) -> None:
+    return None
+
+
 def request_info(
     operation: str,
-    get,
+    get=_no_fields,
     *,
-    tenant=None,
-    scene=None,
-    cost_center=None,
-    api_key_id=None,
-    user=None,
-    api_type=None,
-    request=None,
-    conversation_id=None,
+    caller: Caller = NO_CALLER,
+    api_type: str | None = None,
+    request: Any = None,
+    conversation_id: str | None = None,
 ) -> RequestInfo:
-    """RequestInfo from a request's parameters, get(name) giving each or None: a handler's request
-    object, or a route's JSON body. The first of max_completion_tokens / max_tokens /
-    max_output_tokens (Responses API) is the request's max tokens."""
+    """The RequestInfo of every kind of request: get(name) gives each of its parameters or None (a
+    handler's request: contract.request_fields; a route's JSON body; an engine request's sampling
+    params; none for a rejected request), caller who it is billed to. The first of
+    max_completion_tokens / max_tokens / max_output_tokens (Responses API) is its max tokens."""
     max_tokens = get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = get("max_tokens")
@@ -141,11 +142,11 @@ def request_info(
         seed=get("seed"),
         frequency_penalty=get("frequency_penalty"),
         presence_penalty=get("presence_penalty"),
-        tenant=tenant,
-        scene=scene,
-        cost_center=cost_center,
-        api_key_id=api_key_id,
-        user=user,
+        tenant=caller.tenant,
+        scene=caller.scene,
+        cost_center=caller.cost_center,
+        api_key_id=caller.api_key_id,
+        user=caller.user,
         conversation_id=conversation_id,
         api_type=api_type,
         beam_search=get("use_beam_search") is True,
@@ -289,38 +290,75 @@ class RequestTelemetry:
                 pass
 
     def _end(self, error_type, error_message, aborted, response) -> None:
-        end_ns = time.time_ns()
-        span = self.span
+        """The steps of a request's end, in order; the phases, content, usage record, metrics and hand-over
+        each fail alone (counted), so the rest still arrives."""
+        ending = self._read_engines(error_type, aborted, response)
+        self._usage_attributes(ending)
+        self._response_attributes(ending)
+        self._engine_attributes(ending, aborted)
+        timing = guarded("reading a request's phase timing", self._phases, ending.end_ns, ending.engines)
+        ending.timing = timing or _Timing()
+        ending.attrs.update(ending.timing.attributes)
+        guarded("reading a request's engine cost", _engine_cost, self.span, ending.attrs, ending.engines)
+        self._error_attributes(ending, error_message)
+        if self.telemetry.capture is not None and self.info.request is not None:
+            guarded("capturing a request's content", self._capture, ending)
+        # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
+        if ending.engines and self.telemetry.ledger.enabled and not ending.prefill_leg:
+            # before the span ends, and whether or not the trace is sampled
+            guarded("writing a request's usage record", self._write_usage, ending)
+        self.span.set_attributes(ending.attrs)
+        self.span.end(end_time=ending.end_ns)
+        guarded("recording a request's metrics", self._record_metrics, ending)
+        guarded("handing a request's telemetry to the export process", self.telemetry.finish, self.span)
+
+    def _read_engines(self, error_type, aborted: bool, response) -> "_Ending":
+        """The end time, the engine requests read once (and forgotten by the registry), the usage and
+        the finish reasons."""
+        ending = _Ending()
+        ending.end_ns = time.time_ns()
         for state in self.engine_states:
             self.telemetry.untrack_engine_request(contract.read_state_id(state))
-        if aborted and error_type is None:
-            error_type = semconv.ERROR_CLIENT_ABORTED
-        engines = [contract.read_engine_request(state) for state in self.engine_states]
+        ending.error_type = semconv.ERROR_CLIENT_ABORTED if aborted and error_type is None else error_type
+        ending.response = response
+        ending.engines = engines = [contract.read_engine_request(state) for state in self.engine_states]
+        ending.usage = self._usage(engines)
+        ending.finish_reasons = self._finish_reasons(response, aborted or ending.error_type is not None, engines)
+        ending.prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
+        ending.request_model = self.info.model
+        ending.response_model = None
+        ending.spec = None
+        ending.attrs = {}
+        return ending
 
-        usage = self._usage(engines)
-        finish_reasons = self._finish_reasons(response, aborted or error_type is not None, engines)
-        attrs: dict[str, Any] = {}
-        generates = self.info.generates
-        if engines or response is not None:
+    def _usage_attributes(self, ending: "_Ending") -> None:
+        usage, attrs = ending.usage, ending.attrs
+        if ending.engines or ending.response is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
             attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
             if usage.cache_creation_input_tokens:  # where vLLM's request state tells them
                 attrs[self.telemetry.cache_write_attribute] = usage.cache_creation_input_tokens
             if usage.external_cached_input_tokens:
                 attrs[semconv.VLLM_EXTERNAL_CACHED_TOKENS] = usage.external_cached_input_tokens
-            if generates:
+            if self.info.generates:
                 attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
-        response_id = self.response_id or getattr(response, "id", None)
+
+    def _response_attributes(self, ending: "_Ending") -> None:
+        """Response id, model and finish reasons, vLLM's request id, the conversation."""
+        attrs, engines, response, generates = ending.attrs, ending.engines, ending.response, self.info.generates
+        response_id = self.response_id or contract.read_response_id(response)
         if response_id is None and engines and generates:
             response_id = engines[0].external_id
         if response_id:
             attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
         # vLLM answers with the served name it was asked for; a failed request has no response model
-        response_model = getattr(response, "model", None) or (self.info.model if error_type is None else None)
-        if response_model:
-            attrs[semconv.GEN_AI_RESPONSE_MODEL] = response_model
-        if finish_reasons and generates:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = finish_reasons
+        ending.response_model = contract.read_response_model(response) or (
+            self.info.model if ending.error_type is None else None
+        )
+        if ending.response_model:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = ending.response_model
+        if ending.finish_reasons and generates:
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = ending.finish_reasons
         if engines:
             attrs[semconv.VLLM_REQUEST_ID] = engines[0].external_id
             if len(engines) > 1:
@@ -328,10 +366,14 @@ class RequestTelemetry:
         conversation_id = self.session_id or self.info.conversation_id
         if conversation_id:
             attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
-        reasoning = contract.read_reasoning_tokens(response, self.metadata)
-        if reasoning and generates:  # breakdowns only when non-zero
+
+    def _engine_attributes(self, ending: "_Ending", aborted: bool) -> None:
+        """Reasoning tokens, speculative decoding, the abort, the P/D role, the stream's wire TTFT."""
+        attrs = ending.attrs
+        reasoning = contract.read_reasoning_tokens(ending.response, self.metadata)
+        if reasoning and self.info.generates:  # breakdowns only when non-zero
             attrs[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
-        spec = _spec_decode(engines)
+        ending.spec = spec = _spec_decode(ending.engines)
         if spec is not None:
             drafts, accepted, steps = spec
             attrs[semconv.VLLM_SPEC_DRAFT_TOKENS] = drafts
@@ -340,92 +382,42 @@ class RequestTelemetry:
             attrs[semconv.VLLM_SPEC_ACCEPTANCE_LENGTH] = 1.0 + accepted / steps if steps else 1.0
         if aborted:
             attrs[semconv.VLLM_ABORTED] = True
-        prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
         if self.pd_role is not None:
             attrs[semconv.VLLM_PD_ROLE] = self.pd_role
         if self.first_chunk_ns is not None:
-            wire_ttft = (self.first_chunk_ns - self.start_ns) / 1e9
-            attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = wire_ttft
+            attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = (self.first_chunk_ns - self.start_ns) / 1e9
 
-        # the phases, the usage record and the metrics each fail alone: the rest still arrives
-        timing = guarded("reading a request's phase timing", self._phases, end_ns, engines) or _Timing()
-        attrs.update(timing.attributes)
-        guarded("reading a request's engine cost", _engine_cost, span, attrs, engines)
-        request_model = self.info.model
-        if error_type is not None:
-            # the error path only: the error's text and the model name the client sent are redacted
-            # (a request that succeeded named a model vLLM serves)
-            redact = redaction.default().redact
-            error_type = redact(error_type)
-            attrs[semconv.ERROR_TYPE] = error_type
-            span.set_status(Status(StatusCode.ERROR, redacted_error(error_message) if error_message else error_type))
-            if request_model:
-                request_model = redact(request_model)
-                if request_model != self.info.model:
-                    attrs[semconv.GEN_AI_REQUEST_MODEL] = request_model
-                    span.update_name(semconv.genai_span_name(self.info.operation, request_model))
-        if self.telemetry.capture is not None and self.info.request is not None:
-            guarded("capturing a request's content", self._capture, attrs, finish_reasons, engines)
-        # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
-        if engines and self.telemetry.ledger.enabled and not prefill_leg:
-            # before the span ends, and whether or not the trace is sampled
-            guarded(
-                "writing a request's usage record",
-                self._write_usage,
-                usage,
-                finish_reasons,
-                error_type,
-                response,
-                response_model,
-                end_ns,
-                engines,
-                request_model,
-                attrs,
-            )
-        span.set_attributes(attrs)
-        span.end(end_time=end_ns)
-        compute_ns = attrs.get(semconv.COST_COMPUTE_NS)
-        guarded(
-            "recording a request's metrics",
-            self._record_metrics,
-            None if prefill_leg else usage,
-            timing,
-            error_type,
-            response_model,
-            (end_ns - self.start_ns) / 1e9,
-            request_model,
-            None if compute_ns is None else compute_ns / 1e9,
-            None if prefill_leg else spec,
-        )
-        guarded("handing a request's telemetry to the export process", self.telemetry.finish, span)
+    def _error_attributes(self, ending: "_Ending", error_message: str | None) -> None:
+        """The error path only: the error's text and the model name the client sent are redacted (a
+        request that succeeded named a model vLLM serves)."""
+        if ending.error_type is None:
+            return
+        span, attrs = self.span, ending.attrs
+        redact = redaction.default().redact
+        ending.error_type = error_type = redact(ending.error_type)
+        attrs[semconv.ERROR_TYPE] = error_type
+        span.set_status(Status(StatusCode.ERROR, redacted_error(error_message) if error_message else error_type))
+        if ending.request_model:
+            ending.request_model = request_model = redact(ending.request_model)
+            if request_model != self.info.model:
+                attrs[semconv.GEN_AI_REQUEST_MODEL] = request_model
+                span.update_name(semconv.genai_span_name(self.info.operation, request_model))
 
-    def _capture(self, attrs: dict, finish_reasons: list[str], engines: list[contract.EngineRequest]) -> None:
+    def _capture(self, ending: "_Ending") -> None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
         choice (the detokenizer's whole text: assembled once here, never per chunk)."""
-        request = self.info.request
-        fields = {name: getattr(request, name, None) for name in ("messages", "prompt", "input", "instructions")}
-        inputs = content.input_messages(self.info.operation, fields)
+        inputs = content.input_messages(self.info.operation, contract.read_request_content(self.info.request))
         if inputs is None:
             return
         outputs: dict[int, list] = {}
-        for engine in engines:
+        for engine in ending.engines:
             if engine.output_text is not None:
                 outputs.setdefault(engine.index, []).append(engine.output_text)
-        self.telemetry.capture.set_attributes(attrs, inputs, outputs, dict(enumerate(finish_reasons)))
+        self.telemetry.capture.set_attributes(ending.attrs, inputs, outputs, dict(enumerate(ending.finish_reasons)))
 
-    def _write_usage(
-        self,
-        usage: Usage,
-        finish_reasons,
-        error_type,
-        response,
-        response_model,
-        end_ns: int,
-        engines: list[contract.EngineRequest],
-        request_model: str | None,
-        attrs: dict,
-    ) -> None:
+    def _write_usage(self, ending: "_Ending") -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
+        usage, engines, attrs, response_model = ending.usage, ending.engines, ending.attrs, ending.response_model
         first = engines[0]
         info = self.info
         ledger = self.telemetry.ledger
@@ -436,8 +428,8 @@ class RequestTelemetry:
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
             semconv.VLLM_REQUEST_ID: first.external_id,
             semconv.GEN_AI_OPERATION_NAME: info.operation,
-            semconv.REQUEST_OUTCOME: outcome(error_type),
-            semconv.USAGE_DURATION: (end_ns - self.start_ns) / 1e9,
+            semconv.REQUEST_OUTCOME: outcome(ending.error_type),
+            semconv.USAGE_DURATION: (ending.end_ns - self.start_ns) / 1e9,
             semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
@@ -446,17 +438,17 @@ class RequestTelemetry:
         }
         served = first.lora_name
         optional = (
-            (semconv.GEN_AI_REQUEST_MODEL, request_model),
-            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or request_model),
+            (semconv.GEN_AI_REQUEST_MODEL, ending.request_model),
+            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or ending.request_model),
             (semconv.VLLM_LORA_NAME, served),
-            (semconv.GEN_AI_RESPONSE_ID, self.response_id or getattr(response, "id", None)),
+            (semconv.GEN_AI_RESPONSE_ID, self.response_id or contract.read_response_id(ending.response)),
             (semconv.TENANT_ID, info.tenant),
             (semconv.TENANT_SCENE, info.scene),
             (semconv.TENANT_COST_CENTER, info.cost_center),
             (semconv.API_KEY_ID, info.api_key_id),
             (semconv.USER_ID, info.user),
             (semconv.GEN_AI_CONVERSATION_ID, attrs.get(semconv.GEN_AI_CONVERSATION_ID)),
-            (semconv.ERROR_TYPE, error_type),
+            (semconv.ERROR_TYPE, ending.error_type),
             # the breakdowns (semconv.USAGE_DETAIL_TOKEN_FIELDS: inclusive), only when non-zero
             (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
             (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens or None),
@@ -467,9 +459,9 @@ class RequestTelemetry:
         for key, value in optional:
             if value is not None:
                 fields[key] = value
-        if finish_reasons and info.generates:
-            fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
-        ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
+        if ending.finish_reasons and info.generates:
+            fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(ending.finish_reasons)
+        ledger.write(fields, ending.end_ns, self.span.get_span_context(), self.context)
 
     def _usage(self, engines: list[contract.EngineRequest]) -> Usage:
         if self.info.beam_search:
@@ -501,9 +493,9 @@ class RequestTelemetry:
         return usage
 
     def _finish_reasons(self, response, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
-        choices = getattr(response, "choices", None)
-        if choices:
-            return [str(c.finish_reason) if c.finish_reason is not None else "error" for c in choices]
+        answered = contract.read_finish_reasons(response)  # a non-streamed response's choices
+        if answered:
+            return answered
         reasons = []
         for engine in sorted(engines, key=lambda e: e.index):
             reason = self.finish_reasons.get(engine.request_id)
@@ -586,8 +578,7 @@ class RequestTelemetry:
         q0, q1, p1, d1 = bounds
         lo, hi = self.start_ns, end_ns
         attrs = {semconv.VLLM_REQUEST_ID: engine.request_id} if tag else None
-        tracer = self.telemetry.tracer
-        deferred = isinstance(self.span, DeferredSpan)
+        sink = self.telemetry.sink
         prev_end = lo
         first = semconv.SPAN_KV_TRANSFER_WAIT if self.pd_role == semconv.PD_ROLE_DECODE else semconv.SPAN_QUEUE
         phases = [(first, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
@@ -598,30 +589,17 @@ class RequestTelemetry:
                 break
             start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
             stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
-            if deferred:  # exported with this request (otel_llm/vllm/export/channel.py)
-                self.span.add_child(name, start_ns, stop_ns, attrs)
-            else:
-                tracer.start_span(
-                    name, context=self.context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attrs
-                ).end(end_time=stop_ns)
+            sink.child_span(self.span, self.context, name, start_ns, stop_ns, attrs)
             prev_end = stop_ns
             if not stop:
                 break
 
-    def _record_metrics(
-        self,
-        usage: Usage,
-        timing: "_Timing",
-        error_type,
-        response_model,
-        duration: float,
-        request_model: str | None,
-        compute: float | None = None,
-        spec=None,
-    ) -> None:
+    def _record_metrics(self, ending: "_Ending") -> None:
+        # (usage and spec None for a P/D prefill leg: counted on its decode node)
+        usage, spec = (None, None) if ending.prefill_leg else (ending.usage, ending.spec)
+        timing, compute_ns = ending.timing, ending.attrs.get(semconv.COST_COMPUTE_NS)
         tel = self.telemetry
-        key = self._metric_key(error_type, request_model, response_model)
-        # (usage None: a P/D prefill leg, counted on its decode node)
+        key = self._metric_key(ending.error_type, ending.request_model, ending.response_model)
         tokens = (
             (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens)
             if self.engine_states and usage is not None
@@ -634,24 +612,24 @@ class RequestTelemetry:
             self.context,
             Measurement(
                 key,
-                error_type,
+                ending.error_type,
                 timing.ttft,
                 timing.tpot,
-                duration,
+                (ending.end_ns - self.start_ns) / 1e9,
                 tokens,
-                compute,
+                None if compute_ns is None else compute_ns / 1e9,
                 timing.scheduled_ttft,
                 None if spec is None else spec[:2],
             ),
         )
 
-    def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> tuple:
-        """The request's metric series (request_metrics.Measurement.key), label values guarded."""
+    def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> MetricKey:
+        """The request's metric series, label values guarded."""
         tel = self.telemetry
         info = self.info
         # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
         model = request_model if error_type is None else tel.label_failed_model(request_model)
-        return (
+        return MetricKey(
             info.operation,
             model,
             response_model,
@@ -753,6 +731,25 @@ _COST_FIELDS = (
     semconv.COST_PREEMPTED_NS,
     semconv.COST_SCHEDULED_TOKENS,
 )
+
+
+class _Ending:
+    """What the steps of a request's end (RequestTelemetry._end) share."""
+
+    __slots__ = (
+        "end_ns",
+        "error_type",
+        "response",
+        "engines",
+        "usage",
+        "finish_reasons",
+        "prefill_leg",
+        "request_model",
+        "response_model",
+        "spec",
+        "timing",
+        "attrs",
+    )
 
 
 class _Timing:

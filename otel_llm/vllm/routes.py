@@ -218,27 +218,12 @@ def record_for_engine_request(tel: Telemetry) -> RequestTelemetry | None:
 def _start(state: RouteScope, tel: Telemetry, engine_owned: bool = False) -> RequestTelemetry:
     from starlette.datastructures import Headers
 
-    try:
-        tenant, scene, cost_center, api_key_id = tel.attribution.caller(Headers(scope=state.scope))
-    except Exception:  # the request still gets its span and bill, attributed to no tenant
-        failed("reading a request's tenant")
-        tenant = scene = cost_center = api_key_id = None
     route = state.route
     body = _json_body(state)
-    try:
-        user = tel.attribution.end_user(body.get)
-    except Exception:  # the request still gets its span and bill, without its end user
-        failed("reading a request's end user")
-        user = None
+    # lenient: what cannot be read of the caller is left out, the request still gets its span and bill
+    caller = tel.attribution.request_caller(Headers(scope=state.scope), body.get, lenient=True)
     info = request_info(
-        route.operation or semconv.OP_TEXT_COMPLETION,
-        _body_params(body),
-        tenant=tenant,
-        scene=scene,
-        cost_center=cost_center,
-        api_key_id=api_key_id,
-        user=user,
-        api_type=route.api_type,
+        route.operation or semconv.OP_TEXT_COMPLETION, _body_params(body), caller=caller, api_type=route.api_type
     )
     return start_request(tel, info, start_ns=state.start_ns, engine_owned=engine_owned)
 

@@ -1,6 +1,12 @@
-"""The stream proxy: wraps the async generator a streaming handler (or AsyncLLM.generate) returns,
-so the request's record is current while vLLM adds its engine request, the first chunk is timed, and
-the span ends exactly once: on the final SSE chunk, exhaustion, error, cancellation or close.
+"""The request's span around vLLM's code, and the stream proxy.
+
+`current_span(record)`: the context manager every path that runs vLLM's code for a request uses (a
+handler, AsyncLLM.generate's first step, LLMEngine.add_request): the record is current while vLLM adds
+its engine request, an exception of vLLM's ends it, and the context is restored after.
+
+`_StreamTelemetry` wraps the async generator a streaming handler (or AsyncLLM.generate) returns, so
+the first chunk is timed and the span ends exactly once: on the final SSE chunk, exhaustion, error,
+cancellation or close.
 """
 
 from __future__ import annotations
@@ -10,6 +16,29 @@ from otel_llm.vllm.request_telemetry import attach, detach, end_with_exception
 from otel_llm.warn import guard as _safe
 
 _SSE_DONE = "data: [DONE]\n\n"  # the last chunk of every OpenAI-style SSE stream vLLM sends
+
+
+class current_span:
+    """`with current_span(record):` runs vLLM's code with `record` current (its span in the OTel
+    context, the record in CURRENT for the engine hooks); an exception from the block ends the record
+    and goes on unchanged; the context is restored after. Our part runs under the guards below: a
+    failure of ours never fails the request."""
+
+    __slots__ = ("_record", "_tokens")
+
+    def __init__(self, record):
+        self._record = record
+        self._tokens = None
+
+    def __enter__(self):
+        self._tokens = _make_current(self._record)
+        return self._record
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if exc is not None:
+            _end_on_exception(self._record, exc)
+        _restore_context(self._tokens)
+        return False  # the exception, if any, is vLLM's: it goes on as it was
 
 
 class _StreamTelemetry:
@@ -45,16 +74,12 @@ class _StreamTelemetry:
                 # so a server killed before the generator's own end loses no usage record
                 record.end()
             return chunk
-        # first chunk: the engine request is added now, in whatever task iterates us
-        tokens = _make_current(record)
         try:
-            chunk = await self._inner.__anext__()
-        except BaseException as exc:
-            _end_on_exception(record, exc)
+            with current_span(record):  # first chunk: the engine request is added now, in whatever task iterates us
+                chunk = await self._inner.__anext__()
+        except BaseException:
             _end_if_not_ended(record)
             raise
-        finally:
-            _restore_context(tokens)
         self._started = True
         if self._sse:
             _first_chunk(record)
@@ -75,23 +100,30 @@ class _StreamTelemetry:
             finalizer.defer(record.end, aborted=True)
 
 
-_first_chunk = _safe("recording a stream's first chunk")(lambda record: record.on_first_chunk())
+@_safe("recording a stream's first chunk")
+def _first_chunk(record) -> None:
+    record.on_first_chunk()
+
 
 # Making a record current and restoring the context around vLLM's code are our calls on every
 # request path too: a fault there leaves the span without its engine request (no tokens), and never
-# fails the request. The lambdas look the functions up at call time.
-_make_current = _safe("making a request's span current")(lambda record: attach(record))
+# fails the request. Each looks up what it calls (attach, detach, _end_with_exception) at call time.
+@_safe("making a request's span current")
+def _make_current(record):
+    return attach(record)
 
 
-_restore_context = _safe("restoring the context after a request")(
-    lambda tokens: detach(tokens) if tokens is not None else None
-)
+@_safe("restoring the context after a request")
+def _restore_context(tokens) -> None:
+    if tokens is not None:
+        detach(tokens)
+
 
 # Called while vLLM's exception (or the end of a stream) propagates: a fault here must not
 # replace that exception with ours.
-_end_on_exception = _safe("ending a request's span on an exception")(
-    lambda record, exc: _end_with_exception(record, exc)
-)
+@_safe("ending a request's span on an exception")
+def _end_on_exception(record, exc) -> None:
+    _end_with_exception(record, exc)
 
 
 _end_with_exception = end_with_exception  # (a name here: the fault-injection suite targets it)

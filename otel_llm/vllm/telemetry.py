@@ -1,7 +1,6 @@
-"""What all requests of one API-server process share: tracer, settings, the usage ledger, content
-capture, the request metrics (otel_llm/vllm/request_metrics.py) or the export process's channel
-(otel_llm/vllm/export/channel.py), metric label guards, tenant attribution and the registry of engine
-requests in flight.
+"""What all requests of one API-server process share: settings, the sink their telemetry goes to
+(otel_llm/vllm/sink.py: the SDK here, or the export process), the usage ledger, content capture, metric
+label guards, tenant attribution and the registry of engine requests in flight.
 """
 
 from __future__ import annotations
@@ -10,16 +9,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.metrics import Observation
 
 from otel_llm import content, semconv, warn
 from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
-from otel_llm.vllm.export.channel import DeferredSpan, DeferredTracer, DeferredTracerProvider, ExportChannel, hand_over
 from otel_llm.vllm.live import LiveCounter
-from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+from otel_llm.vllm.request_metrics import Measurement
 
 
 @warn.entry("observe_failures", fallback=())
@@ -39,20 +36,11 @@ class Usage:
 
 
 class Telemetry:
-    """Tracer, instruments and settings shared by all requests of one process."""
+    """The sink, instruments and settings shared by all requests of one process."""
 
-    def __init__(
-        self,
-        tracer: trace.Tracer,
-        meter,
-        settings: Settings,
-        resource_attributes=None,
-        *,
-        channel: ExportChannel | None = None,
-        offload_metrics: bool = False,
-        usage_events=None,
-    ):
-        self.tracer = tracer
+    def __init__(self, sink, meter, settings: Settings, resource_attributes=None):
+        self.sink = sink
+        self.tracer = sink.tracer
         self.settings = settings
         resource_attributes = resource_attributes or {}
         self.ledger = UsageLedger(
@@ -64,7 +52,7 @@ class Telemetry:
             fsync_interval_s=settings.usage_fsync_interval_s,
             max_bytes=settings.usage_max_bytes,
             max_age_s=settings.usage_max_age_s,
-            event_logger=usage_events,
+            event_logger=sink.usage_events,
         )
         # opt-in prompt / completion capture, redacted and capped (otel_llm/content.py)
         self.capture = content.Capture(meter) if settings.capture_content else None
@@ -81,11 +69,6 @@ class Telemetry:
         self.label_scene = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[1])
         self.label_cost_center = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[2])
         self.label_failed_model = LabelGuard(limit=20)
-        # in process, or (None) recorded by the export process from each request's Measurement
-        self.metrics = RequestMetrics(meter) if channel is None or not offload_metrics else None
-        # the export process's socket (otel_llm/vllm/export/channel.py), or None: the SDK exports in process
-        self.channel = channel
-        self._export_dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
         # failures of our own code this process caught (otel_llm/warn.py), by where they happened
         semconv.create_instrument(meter, semconv.INSTRUMENTATION_FAILURES, [observe_failures])
         # set when the hook that reads the engine's figures off a request's final output is in place
@@ -93,50 +76,14 @@ class Telemetry:
         # internal engine request id -> its RequestTelemetry, while the engine holds the request
         self._by_engine_id: dict[str, Any] = {}
         # long requests' tokens so far, every OTEL_LLM_LIVE_INTERVAL (otel_llm/vllm/live.py)
-        self.live = LiveCounter(settings.live_interval_s, self.count_progress)
+        self.live = LiveCounter(settings.live_interval_s, sink.count_progress)
 
     def record_request(self, span, context, measurement: Measurement) -> None:
-        """A request's metrics: recorded now, or handed over with its spans."""
-        if self.metrics is not None:
-            self.metrics.record(measurement, context=context)
-        elif isinstance(span, DeferredSpan):
-            span.outbox.measurement = tuple(measurement)
-
-    def count_progress(self, increments: list[tuple]) -> None:
-        """A live sweep's token counter increments, (metric key, (input, cached input, output)) each:
-        added here, or sent to the export process in one message."""
-        if self.metrics is not None:
-            for key, tokens in increments:
-                self.metrics.add_tokens(key, tokens)
-        elif self.channel is not None:
-            self.channel.send_progress(increments)
+        self.sink.record_request(span, context, measurement)
 
     def finish(self, span) -> None:
-        """The request is done: hand what it exports to the export process (when there is one),
-        along with its HTTP server span's when that is still open."""
-        if self.channel is not None and isinstance(span, DeferredSpan):
-            hand_over(span, self.channel)
-
-    def http_tracer_provider(self) -> DeferredTracerProvider | None:
-        """With the export process: the tracer provider for the HTTP server span, whose spans it
-        exports (an HTTP request's span and its GenAI telemetry in one message). None: the global one."""
-        if self.channel is None or not isinstance(self.tracer, DeferredTracer):
-            return None
-        channel = self.channel
-        return DeferredTracerProvider(self.tracer, lambda span: hand_over(span, channel))
-
-    def start_export_process(self) -> None:
-        """In a process that serves (vLLM built its app): start the export process now, and make the
-        drop counter's series exist at 0, so an alert's increase() sees the first drop. (Not at
-        instrument time: vLLM's engine core, spawned and instrumented too, serves nothing.)"""
-        if self.channel is None:
-            return
-        self.channel.start()
-        for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
-            self._export_dropped.add(0, {semconv.ERROR_TYPE: reason})
-
-    def count_export_drop(self, reason: str) -> None:
-        self._export_dropped.add(1, {semconv.ERROR_TYPE: reason})
+        """The request is done: its telemetry goes to the sink."""
+        self.sink.finish(span)
 
     # --- engine requests in flight (the registry engine hooks find a request's record by) ------
     def track_engine_request(self, engine_id: str, record) -> None:

@@ -1,11 +1,11 @@
 """The wrappers the hook table (hooks.py) applies to vLLM: each factory takes the process-wide
-Telemetry and returns a wrapt wrapper. Our own bookkeeping inside them runs under `_safe` guards
-(otel_llm/warn.py): a failure there is logged once and never reaches vLLM.
+Telemetry and returns a wrapt wrapper. Our own bookkeeping inside them runs in named functions under
+`_safe` guards (otel_llm/warn.py): a failure there is logged once, counted under the guard's `what`,
+and never reaches vLLM. What they read of vLLM's objects, contract.py reads.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from urllib.parse import quote
 
@@ -15,48 +15,46 @@ from opentelemetry import trace
 from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
-from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry
+from otel_llm.vllm.streams import _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
 from otel_llm.warn import entry
 from otel_llm.warn import guard as _safe
 
 
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
-    caller = tel.attribution.caller(getattr(raw_request, "headers", None))
-    # a pydantic request's fields from its __dict__: getattr warns on deprecated ones (max_tokens), per request
-    fields = getattr(request, "__dict__", None) or {}
-
-    def get(name):
-        return fields[name] if name in fields else getattr(request, name, None)
-
+    """A handler's request (raw_request: the HTTP request it came with, None for a background response)."""
+    get = contract.request_fields(request)
     return request_info(
         operation,
         get,
-        tenant=caller.tenant,
-        scene=caller.scene,
-        cost_center=caller.cost_center,
-        api_key_id=caller.api_key_id,
-        user=tel.attribution.end_user(get),
+        caller=tel.attribution.request_caller(contract.read_headers(raw_request), get),
         api_type=api_type,
         request=request if tel.capture is not None else None,
         conversation_id=_conversation(tel, raw_request),
     )
 
 
+def _engine_request_info(engine, params) -> RequestInfo:
+    """An AsyncLLM / LLMEngine request: its engine's model and its SamplingParams (PoolingParams: none)."""
+    sampling = contract.read_sampling_params(params)
+    fields = {**sampling, "model": contract.read_engine_model(engine)}
+    return request_info(semconv.OP_TEXT_COMPLETION if sampling else semconv.OP_EMBEDDINGS, fields.get)
+
+
 @_safe("reading a request's conversation header")
 def _conversation(tel: Telemetry, raw_request) -> str | None:
     if not tel.settings.conversation_headers:
         return None
-    return tel.attribution.conversation(getattr(raw_request, "headers", None))
+    return tel.attribution.conversation(contract.read_headers(raw_request))
 
 
 def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
-        start = _safe(f"starting the {operation} span")(
-            lambda request, raw_request: _claimed(
-                start_request(tel, _request_info(operation, request, tel, raw_request, api_type))
-            )
-        )
+        @_safe(f"starting the {operation} span")
+        def start(request, raw_request):
+            record = start_request(tel, _request_info(operation, request, tel, raw_request, api_type))
+            _claim(record)  # the route this request came by adds no span of its own
+            return record
 
         async def wrapper(wrapped, instance, args, kwargs):
             request = args[0] if args else kwargs.get("request")
@@ -65,7 +63,8 @@ def handler_wrapper(operation: str, api_type: str | None = None):
             if record is None:
                 return await wrapped(*args, **kwargs)
             _mark_traced(raw_request)
-            result = await _run_current(record, wrapped, args, kwargs)
+            with current_span(record):
+                result = await wrapped(*args, **kwargs)
             return _finish_handler(record, result, raw_request)
 
         return wrapper
@@ -73,24 +72,9 @@ def handler_wrapper(operation: str, api_type: str | None = None):
     return factory
 
 
-async def _run_current(record, wrapped, args, kwargs):
-    """await vLLM's coroutine with `record` current; an exception ends the record and goes on."""
-    tokens = _make_current(record)
-    try:
-        return await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        _end_on_exception(record, exc)
-        raise
-    finally:
-        _restore_context(tokens)
-
-
-def _claimed(record):
-    _claim(record)  # the route this request came by adds no span of its own
-    return record
-
-
-_claim = _safe("claiming a request for its route")(lambda record: routes.claim(record))
+@_safe("claiming a request for its route")
+def _claim(record) -> None:
+    routes.claim(record)
 
 
 @_safe("marking a request as traced")
@@ -104,18 +88,18 @@ def _mark_traced(raw_request) -> None:
 @_safe("reading a vLLM response")
 def _read_response(record, result, raw_request):
     # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
-    metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
+    metadata = contract.read_request_metadata(raw_request)
     record.metadata = metadata
-    response_id = contract.read_response_id(metadata)
+    response_id = contract.read_metadata_id(metadata)
     if response_id is not None:
         record.response_id = response_id
     error = contract.read_error(result)
     if error is not None:
         record.end(error_type=error[0], error_message=error[1])
         return result
-    if hasattr(result, "__anext__"):
+    if contract.is_stream(result):
         return _StreamTelemetry(result, record)
-    record.end(response=result if hasattr(result, "choices") else None)
+    record.end(response=contract.generation_response(result))
     return result
 
 
@@ -128,7 +112,9 @@ def _finish_handler(record, result, raw_request):
 
 
 def attach_engine_request(tel: Telemetry):
-    on_attach = _safe("attaching an engine request")(lambda instance, request: _attach(tel, instance, request))
+    @_safe("attaching an engine request")
+    def on_attach(output_processor, request) -> None:
+        _attach(tel, output_processor, request)
 
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
@@ -260,9 +246,10 @@ def native_tracing_off(tel: Telemetry):
 
 def async_llm_generate(tel: Telemetry):
     """AsyncLLM used directly (no OpenAI handler around it): the generate() call is the request."""
-    start = _safe("starting an AsyncLLM span")(
-        lambda engine, params: start_request(tel, _engine_request_info(engine, params))
-    )
+
+    @_safe("starting an AsyncLLM span")
+    def start(engine, params):
+        return start_request(tel, _engine_request_info(engine, params))
 
     def wrapper(wrapped, instance, args, kwargs):
         if CURRENT.get() is not None or routes.SCOPE.get() is not None:  # a handler's or a route's span
@@ -277,25 +264,12 @@ def async_llm_generate(tel: Telemetry):
     return wrapper
 
 
-def _engine_request_info(engine, params) -> RequestInfo:
-    sampling = contract.read_sampling_params(params)
-    return RequestInfo(
-        operation=semconv.OP_TEXT_COMPLETION if sampling else semconv.OP_EMBEDDINGS,
-        model=contract.read_engine_model(engine),
-        choice_count=sampling.get("n"),
-        max_tokens=sampling.get("max_tokens"),
-        temperature=sampling.get("temperature"),
-        top_p=sampling.get("top_p"),
-        top_k=sampling.get("top_k"),
-        seed=sampling.get("seed"),
-    )
-
-
 def llm_engine_add_request(tel: Telemetry):
     """Offline LLMEngine (vllm.LLM): one span per engine request, ended when the engine finishes."""
-    start = _safe("starting an LLMEngine span")(
-        lambda engine, params: start_request(tel, _engine_request_info(engine, params), engine_owned=True)
-    )
+
+    @_safe("starting an LLMEngine span")
+    def start(engine, params):
+        return start_request(tel, _engine_request_info(engine, params), engine_owned=True)
 
     def wrapper(wrapped, instance, args, kwargs):
         if CURRENT.get() is not None:
@@ -303,14 +277,8 @@ def llm_engine_add_request(tel: Telemetry):
         record = start(instance, args[2] if len(args) > 2 else kwargs.get("params"))
         if record is None:
             return wrapped(*args, **kwargs)
-        tokens = _make_current(record)
-        try:
+        with current_span(record):
             return wrapped(*args, **kwargs)
-        except BaseException as exc:
-            _end_on_exception(record, exc)
-            raise
-        finally:
-            _restore_context(tokens)
 
     return wrapper
 
@@ -334,27 +302,14 @@ def validation_rejection(tel: Telemetry, by_exception: bool = False):
         route = routes.ROUTES.get(request.url.path)
         if route is None or getattr(request.state, "otel_llm_traced", False):
             return
-        operation = route.operation or semconv.OP_TEXT_COMPLETION
-        tenant, scene, cost_center, api_key_id = tel.attribution.caller(request.headers)
+        caller = tel.attribution.request_caller(request.headers)
         record = start_request(
-            tel,
-            RequestInfo(
-                operation=operation,
-                tenant=tenant,
-                scene=scene,
-                cost_center=cost_center,
-                api_key_id=api_key_id,
-                api_type=route.api_type,
-            ),
+            tel, request_info(route.operation or semconv.OP_TEXT_COMPLETION, caller=caller, api_type=route.api_type)
         )
-        error_type = str(getattr(response, "status_code", "400"))
         if by_exception and exc is not None:
             error_type = type(exc).__qualname__
         else:
-            try:
-                error_type = json.loads(response.body)["error"]["type"] or error_type
-            except Exception:
-                pass
+            error_type = contract.read_rejection_type(response)
         record.end(error_type=error_type, error_message="request rejected before reaching the engine")
         request.state.otel_llm_traced = True  # the route (routes.py) adds no error span of its own
 
@@ -379,29 +334,31 @@ def vllm_error_rejection(tel: Telemetry):
 def background_response(tel: Telemetry):
     """Responses API with background=true: the handler answers `queued` and a task generates later.
     That work is its own request (span, tokens, usage record), linked to the request that started it."""
-    start = _safe("starting a background response span")(
-        lambda request, origin: start_request(
-            tel,
-            _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES)
-            if origin is None
-            else origin.info,
-            links=[trace.Link(origin.span.get_span_context())] if origin is not None else None,
-            context=otel_context.Context(),
-        )  # a trace of its own: the first one may be decided already
-    )
+
+    @_safe("starting a background response span")
+    def start(request, origin):
+        if origin is None:
+            info, links = _request_info(semconv.OP_CHAT, request, tel, None, semconv.OPENAI_API_TYPE_RESPONSES), None
+        else:
+            info, links = origin.info, [trace.Link(origin.span.get_span_context())]
+        # a trace of its own: the first one may be decided already
+        return start_request(tel, info, links=links, context=otel_context.Context())
 
     async def wrapper(wrapped, instance, args, kwargs):
         record = start(args[0] if args else kwargs.get("request"), CURRENT.get())
         if record is None:
             return await wrapped(*args, **kwargs)
-        result = await _run_current(record, wrapped, args, kwargs)
+        with current_span(record):
+            result = await wrapped(*args, **kwargs)
         _end_background(record)
         return result
 
     return wrapper
 
 
-_end_background = _safe("ending a background response span")(lambda record: record.end())
+@_safe("ending a background response span")
+def _end_background(record) -> None:
+    record.end()
 
 
 class RedactingLogFilter(logging.Filter):
@@ -457,4 +414,6 @@ def redacting_loggers(tel: Telemetry):
     return wrapper
 
 
-_add_log_filter = _safe("redacting a vLLM logger's warnings")(lambda logger: logger.addFilter(_LOG_FILTER))
+@_safe("redacting a vLLM logger's warnings")
+def _add_log_filter(logger) -> None:
+    logger.addFilter(_LOG_FILTER)

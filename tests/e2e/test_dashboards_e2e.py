@@ -18,7 +18,7 @@ from helpers import LONG_PROMPT, start_server
 from devkit.devserver import PrometheusServer
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
-from otel_llm.billing.report import load_prices
+from otel_llm.billing.prices import load_prices
 from otel_llm.ops import dashboards, price_rules, rules
 
 VALUES = {

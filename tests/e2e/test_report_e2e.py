@@ -18,6 +18,7 @@ from devkit.devserver import write_keys_file
 from devkit.tiny_model import MODEL_NAME
 from otel_llm import semconv
 from otel_llm.billing import report
+from otel_llm.ops import budget_view
 
 DELTA_KEY = f"sk-delta-{secrets.token_hex(12)}"  # mapped to tenant delta by OTEL_LLM_API_KEYS_FILE
 
@@ -127,7 +128,7 @@ def run_report(prometheus, *argv, now=None):
     report.add_arguments(sub.add_parser("report"))
     args = parser.parse_args(parser_args)
     out, err = io.StringIO(), io.StringIO()
-    code = report.run(args, now=now or time.time(), out=out, err=err)
+    code = budget_view.run_report(args, now=now or time.time(), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from otel_llm import semconv
 from otel_llm.billing import costs, ledger, reconcile, report
-from otel_llm.billing.report import ReportError
+from otel_llm.billing.promql import ReportError
 
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
 WINDOW = (T0, T0 + 3600)  # the report window

@@ -14,7 +14,7 @@ import pytest
 
 from otel_llm import semconv, usage
 from otel_llm.billing import exports, ledger, reconcile
-from otel_llm.billing.report import ReportError
+from otel_llm.billing.promql import ReportError
 
 DAY = 86400
 T0 = 1_796_169_600  # 2026-12-02T00:00:00Z
@@ -318,6 +318,7 @@ def test_budgets_and_prices_read_the_ledger_too(spool_dir, tmp_path):
     import io
 
     from otel_llm.billing import report
+    from otel_llm.ops import budget_view
 
     budgets = tmp_path / "budgets.json"
     budgets.write_text(
@@ -330,7 +331,7 @@ def test_budgets_and_prices_read_the_ledger_too(spool_dir, tmp_path):
 
     def run(*argv):
         out, err = io.StringIO(), io.StringIO()
-        code = report.run(
+        code = budget_view.run_report(
             parser.parse_args(["--ledger", str(spool_dir), "--format", "json", *argv]),
             now=T0 + 2 * DAY,
             out=out,

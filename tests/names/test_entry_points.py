@@ -280,9 +280,9 @@ def test_the_classes_other_libraries_call_are_found():
     names = {f"{c.__module__}.{c.__qualname__}" for c in CLASSES}
     # (a sanity check of the search, not the list it checks: that is every class found)
     assert {
-        "otel_llm.vllm.export.channel.DeferredSpan",
-        "otel_llm.vllm.export.channel.DeferredTracer",
-        "otel_llm.vllm.export.channel.DeferredTracerProvider",
+        "otel_llm.vllm.export.deferred.DeferredSpan",
+        "otel_llm.vllm.export.deferred.DeferredTracer",
+        "otel_llm.vllm.export.deferred.DeferredTracerProvider",
         "otel_llm.vllm.http._AccessLogQueryFilter",
         "otel_llm.vllm.stat_logger.KeepRequestStats",
     } <= names, names

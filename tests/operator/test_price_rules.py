@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from otel_llm import semconv
-from otel_llm.billing.report import load_prices
+from otel_llm.billing.prices import load_prices
 from otel_llm.ops import dashboards, price_rules
 
 PROMTOOL = shutil.which("promtool")

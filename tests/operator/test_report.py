@@ -18,6 +18,7 @@ import pytest
 from devkit.devserver import PrometheusServer
 from otel_llm import semconv
 from otel_llm.billing import report
+from otel_llm.ops import budget_view
 
 NOW = 1_764_700_000.0  # 2025-12-02T18:26:40Z
 
@@ -420,7 +421,9 @@ def run_report(prom, *argv):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
     out, err = io.StringIO(), io.StringIO()
-    code = report.run(parser.parse_args(["--prometheus", prom.url, *argv]), now=END / 1000 + 60, out=out, err=err)
+    code = budget_view.run_report(
+        parser.parse_args(["--prometheus", prom.url, *argv]), now=END / 1000 + 60, out=out, err=err
+    )
     return code, out.getvalue(), err.getvalue()
 
 

@@ -10,6 +10,7 @@ from otel_llm import semconv
 from otel_llm.config import Settings
 from otel_llm.vllm.attribution import KEY_ID_LENGTH, Attribution, Caller, load_api_keys
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry
 
 KEY_A, KEY_B, KEY_C = "sk-a-" + "1" * 24, "sk-b-" + "2" * 24, "sk-c-" + "3" * 24
@@ -80,7 +81,7 @@ def test_the_end_user_is_checked_like_a_tenant_value(fields, expected):
 
 def test_key_id_and_user_are_on_the_span_and_never_metric_labels(memory_otel, keys_file):
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("t"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("t"), memory_otel.meter_provider.get_meter("t")),
         memory_otel.meter_provider.get_meter("t"),
         Settings(api_keys_file=str(keys_file)),
     )
@@ -102,3 +103,30 @@ def test_key_id_and_user_are_on_the_span_and_never_metric_labels(memory_otel, ke
     }
     assert semconv.TENANT_ID in labels  # the points are there, with the tenant
     assert not labels & {semconv.API_KEY_ID, semconv.USER_ID}
+
+
+def test_one_caller_per_request_from_its_headers_and_fields(keys_file):
+    attribution = Attribution(Settings(api_keys_file=str(keys_file)))
+    headers = {"authorization": f"Bearer {KEY_A}"}
+    fields = {"user": "end-user-7"}.get
+    assert attribution.request_caller(headers, fields) == Caller("acme", "support", None, "acme-prod", "end-user-7")
+    assert attribution.request_caller(headers) == Caller("acme", "support", None, "acme-prod")  # no fields: no user
+
+
+def test_a_lenient_caller_leaves_out_what_fails(monkeypatch):
+    from otel_llm import warn
+
+    attribution = Attribution(Settings())
+
+    def boom(*args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(attribution, "caller", boom)
+    with pytest.raises(RuntimeError):
+        attribution.request_caller({}, {}.get)  # a handler's: its guard loses the span
+    before = warn.failures().get("reading a request's tenant", 0)
+    assert attribution.request_caller({}, {"user": "u"}.get, lenient=True) == Caller(None, None, None, None, "u")
+    assert warn.failures()["reading a request's tenant"] == before + 1
+    monkeypatch.setattr(attribution, "end_user", boom)
+    monkeypatch.setattr(attribution, "caller", lambda headers: Caller("t", None, None, None))
+    assert attribution.request_caller({}, {}.get, lenient=True) == Caller("t", None, None, None)

@@ -23,14 +23,14 @@ def failures(findings):
 
 
 def test_installed_vllm_offers_every_hook_and_field():
-    findings = contract.check(contract.installed_root())
+    findings = contract.check(contract.installed_root(), hooks.HOOKS)
     assert failures(findings) == []
     assert {f.name for f in findings if f.kind == "fields"} == {spec.cls for spec in contract.FIELDS}
 
 
 @pytest.mark.parametrize("version_file", COMPAT_SOURCES, ids=lambda p: p.parent.parent.name)
 def test_unpacked_release_offers_every_hook_and_field(version_file):
-    assert failures(contract.check(version_file.parent.parent)) == []
+    assert failures(contract.check(version_file.parent.parent, hooks.HOOKS)) == []
 
 
 def write(root: Path, module: str, text: str) -> None:
@@ -306,3 +306,60 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
     assert contract.read_reasoning_tokens(response, metadata) == 7
     metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9)  # no reasoning parser
     assert contract.read_reasoning_tokens(None, metadata) is None
+
+
+def test_the_serving_layer_readers_on_vllms_own_objects():
+    """A handler's request, its response and the metadata on its HTTP request, read from the installed
+    vLLM's own pydantic classes: the fields contract.FIELDS declares for them."""
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatMessage,
+    )
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionResponseChoice
+    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5, user="u-1"
+    )
+    get = contract.request_fields(request)
+    assert (get("model"), get("max_completion_tokens"), get("user"), get("no_such_field")) == ("m", 5, "u-1", None)
+    assert contract.read_request_content(request)["messages"] == [{"role": "user", "content": "hi"}]
+    assert contract.read_request_content(request)["input"] is None
+
+    chat = ChatCompletionResponse(
+        id="chatcmpl-1",
+        model="served",
+        choices=[
+            ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content="a")),
+            ChatCompletionResponseChoice(index=1, message=ChatMessage(role="assistant"), finish_reason=None),
+        ],
+        usage=UsageInfo(),
+    )
+    assert contract.generation_response(chat) is chat and not contract.is_stream(chat)
+    assert (contract.read_response_id(chat), contract.read_response_model(chat)) == ("chatcmpl-1", "served")
+    assert contract.read_finish_reasons(chat) == ["stop", "error"]
+    completion = CompletionResponse(
+        model="served", choices=[CompletionResponseChoice(index=0, text="a", finish_reason="length")], usage=UsageInfo()
+    )
+    assert contract.read_finish_reasons(completion) == ["length"]
+    assert contract.read_response_id(None) is None and contract.read_finish_reasons(None) == []
+    assert contract.generation_response(SimpleNamespace(data=[])) is None  # embeddings: not read
+
+    raw_request = SimpleNamespace(headers={"x": "1"}, state=SimpleNamespace(request_metadata="metadata"))
+    assert contract.read_headers(raw_request) == {"x": "1"} and contract.read_headers(None) is None
+    assert contract.read_request_metadata(raw_request) == "metadata"
+    assert contract.read_request_metadata(SimpleNamespace(state=SimpleNamespace())) is None
+
+
+def test_a_rejected_requests_error_type():
+    """vLLM's exception handler answers with its ErrorResponse as JSON: its error.type, else the status."""
+    from types import SimpleNamespace
+
+    rejected = SimpleNamespace(status_code=400, body=b'{"error": {"type": "BadRequestError", "code": 400}}')
+    assert contract.read_rejection_type(rejected) == "BadRequestError"
+    assert contract.read_rejection_type(SimpleNamespace(status_code=422, body=b"not json")) == "422"
+    assert contract.read_rejection_type(None) == "400"

@@ -18,6 +18,7 @@ from otel_llm.billing import ledger
 from otel_llm.config import Settings
 from otel_llm.vllm import contract, hooks
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, start_request
+from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry
 
 _OUTPUT_HOOKS = ("engine request added", "engine request finished", "engine request aborted", "native tracing")
@@ -27,7 +28,7 @@ COST = "1000,400,0,0,0,7"  # an engine_cost summary: compute ns, prefill ns, KV,
 @pytest.fixture
 def env(memory_otel, tmp_path):
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("test"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test")),
         memory_otel.meter_provider.get_meter("test"),
         Settings(usage_dir=str(tmp_path)),
     )

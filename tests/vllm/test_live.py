@@ -16,8 +16,10 @@ from devkit.otlp_receiver import Receiver
 from otel_llm import __version__, semconv
 from otel_llm.billing import ledger
 from otel_llm.config import Settings
-from otel_llm.vllm.export import channel as offload
+from otel_llm.vllm.export import wire
+from otel_llm.vllm.export.sink import ExportProcessSink
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry
 
 S = 1_000_000_000
@@ -48,7 +50,7 @@ def settings(spool, interval=1.0) -> Settings:
 @pytest.fixture
 def env(memory_otel, tmp_path):
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("test"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test")),
         memory_otel.meter_provider.get_meter("test"),
         settings(tmp_path),
         {semconv.SERVICE_INSTANCE_ID: "host:8000"},
@@ -213,7 +215,7 @@ def test_a_request_ended_on_another_thread_gets_no_progress_after_its_bill(env):
 
 def test_zero_turns_it_off(memory_otel, tmp_path):
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("test"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test")),
         memory_otel.meter_provider.get_meter("test"),
         settings(tmp_path, interval=0),
     )
@@ -228,7 +230,7 @@ def test_zero_turns_it_off(memory_otel, tmp_path):
 
 def test_one_timer_on_the_event_loop_sweeps_while_requests_are_in_flight(memory_otel, tmp_path):
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("test"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test")),
         memory_otel.meter_provider.get_meter("test"),
         settings(tmp_path, interval=0.05),
     )
@@ -274,23 +276,12 @@ def test_progress_reaches_the_export_process_and_the_total_is_the_usage(monkeypa
             "OTEL_LLM_SHUTDOWN_TIMEOUT": "5",
         }.items():
             monkeypatch.setenv(name, value)
-        link = offload.ExportChannel(
-            {
-                "traces": True,
-                "metrics": True,
-                "usage_events": False,
-                "resource": dict(RESOURCE.attributes),
-                "schema_url": None,
-                "version": __version__,
-            },
-            on_drop=lambda reason: None,
-            shutdown_timeout_s=5,
-        )
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
-        tel = Telemetry(
-            tracer, MeterProvider().get_meter("test"), settings(tmp_path), channel=link, offload_metrics=True
-        )
-        assert tel.metrics is None
+        meter = MeterProvider().get_meter("test")
+        plan = {"traces": True, "metrics": True, "usage_events": False, "resource": dict(RESOURCE.attributes)}
+        sink = ExportProcessSink(TracerProvider(resource=RESOURCE), meter, {**plan, "schema_url": None}, __version__, 5)
+        link = sink.channel
+        tel = Telemetry(sink, meter, settings(tmp_path))
+        assert tel.sink.metrics is None
         record = start_request(tel, RequestInfo(operation=semconv.OP_CHAT, model="m", stream=True, tenant="acme"))
         state = EngineState()
         record.attach_engine_request(state)
@@ -323,7 +314,7 @@ def test_a_new_event_loop_gets_its_own_timer(memory_otel, tmp_path):
     """A loop closed while a request was in flight (its timer pending) does not keep the next
     loop's requests from being swept."""
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("test"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), memory_otel.meter_provider.get_meter("test")),
         memory_otel.meter_provider.get_meter("test"),
         settings(tmp_path, interval=0.05),
         {semconv.SERVICE_INSTANCE_ID: "host:8000"},
@@ -356,10 +347,10 @@ def test_a_label_of_a_str_subclass_still_travels_to_the_export_process():
     class Tenant(str, enum.Enum):
         ACME = "acme"
 
-    message = (offload.PROGRESS, [((semconv.OP_CHAT, "m", "m", Tenant.ACME, None, None), (10, 4, 7))])
+    message = (wire.PROGRESS, [((semconv.OP_CHAT, "m", "m", Tenant.ACME, None, None), (10, 4, 7))])
     with pytest.raises(ValueError):
         marshal.dumps(message)
-    assert marshal.loads(marshal.dumps(offload._plain(message))) == (
-        offload.PROGRESS,
+    assert marshal.loads(marshal.dumps(wire.plain(message))) == (
+        wire.PROGRESS,
         [((semconv.OP_CHAT, "m", "m", "acme", None, None), (10, 4, 7))],
     )

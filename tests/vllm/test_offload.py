@@ -28,7 +28,9 @@ from opentelemetry.trace.status import Status, StatusCode
 from devkit.otlp_receiver import Receiver
 from otel_llm import __version__, semconv
 from otel_llm.sdk import shutdown
-from otel_llm.vllm.export import channel as offload
+from otel_llm.vllm.export import channel as export_channel
+from otel_llm.vllm.export import deferred, wire
+from otel_llm.vllm.export import http as export_http
 
 T0 = 1_700_000_000_000_000_000
 RESOURCE = Resource({"service.name": "vllm", "service.instance.id": "node-1:8000", "process.pid": 4242})
@@ -82,7 +84,7 @@ def request_tree(tracer) -> trace.Span:
     context = trace.set_span_in_context(root)
     for i, name in enumerate(semconv.PHASE_SPANS):
         attributes = {semconv.VLLM_REQUEST_ID: "cmpl-1"} if i else None
-        if isinstance(root, offload.DeferredSpan):  # as RequestTelemetry makes them
+        if isinstance(root, deferred.DeferredSpan):  # as RequestTelemetry makes them
             root.add_child(name, T0 + 10 * i, T0 + 10 * i + 5, attributes)
         else:
             tracer.start_span(name, context=context, start_time=T0 + 10 * i, attributes=attributes).end(T0 + 10 * i + 5)
@@ -122,7 +124,7 @@ def export_env(monkeypatch):
     return configure
 
 
-def channel(metrics=False, events=False, drops=None) -> offload.ExportChannel:
+def channel(metrics=False, events=False, drops=None) -> export_channel.ExportChannel:
     config = {
         "traces": True,
         "metrics": metrics,
@@ -131,12 +133,12 @@ def channel(metrics=False, events=False, drops=None) -> offload.ExportChannel:
         "schema_url": None,
         "version": __version__,
     }
-    return offload.ExportChannel(
+    return export_channel.ExportChannel(
         config, on_drop=(drops.append if drops is not None else lambda reason: None), shutdown_timeout_s=5
     )
 
 
-def deferred_request(tracer: offload.DeferredTracer) -> offload.Outbox:
+def deferred_request(tracer: deferred.DeferredTracer) -> wire.Outbox:
     return request_tree(tracer).outbox
 
 
@@ -149,7 +151,7 @@ def test_exported_spans_equal_the_sdks(export_env):
         provider.shutdown()
 
         export_env(our_receiver.endpoint)
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
         outbox = deferred_request(tracer)
         link = channel()
         assert link.send(outbox.message())
@@ -207,8 +209,8 @@ def http_request(http_tracer, tracer, hand_over=None) -> tuple:
 
 def test_an_exception_recorded_on_a_deferred_span_is_redacted():
     key = "sk-proj-Q3v8Xk2Lm9Tz4Rb7Yw1Nc6Hd0Jf5Gp_Aa-Ss8Dd7Ff6Gg5Hh4Jj3Kk2"
-    tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
-    http_tracer = offload.DeferredTracerProvider(tracer, None).get_tracer(*FASTAPI_SCOPE)
+    tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+    http_tracer = deferred.DeferredTracerProvider(tracer, None).get_tracer(*FASTAPI_SCOPE)
     span = http_tracer.start_span("POST /v1/chat/completions", kind=SpanKind.SERVER)
     try:
         raise RuntimeError(f"upstream said: invalid api key {key}")
@@ -233,10 +235,10 @@ def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(exp
 
         export_env(our_receiver.endpoint)
         link = channel()
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
-        http_tracers = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link))
+        tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence()))
+        http_tracers = deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link))
         server, genai = http_request(
-            http_tracers.get_tracer(*FASTAPI_SCOPE), tracer, lambda span: offload.hand_over(span, link)
+            http_tracers.get_tracer(*FASTAPI_SCOPE), tracer, lambda span: deferred.hand_over(span, link)
         )
         assert genai.holder is server
         assert link.sent == 1  # the GenAI span went along with the HTTP span
@@ -254,19 +256,21 @@ def test_an_http_server_span_and_its_requests_telemetry_leave_in_one_message(exp
 
 
 def test_a_websocket_span_takes_nothing_along(export_env):
+    from otel_llm.vllm.http import hold_nothing_hook
+
     with Receiver(grpc=False) as receiver:
         export_env(receiver.endpoint)
         link = channel()
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
-        http_tracer = offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)).get_tracer(
+        tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE))
+        http_tracer = deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link)).get_tracer(
             *FASTAPI_SCOPE
         )
         socket_span = http_tracer.start_span("/v1/realtime websocket", kind=SpanKind.SERVER)
-        offload.hold_nothing(socket_span)  # (http.py's server request hook, for a websocket scope)
+        hold_nothing_hook(socket_span, {"type": "websocket"})  # (the server request hook)
         with trace.use_span(socket_span, end_on_exit=False):
             genai = tracer.start_span("transcription tiny")
             genai.end()
-            offload.hand_over(genai, link)
+            deferred.hand_over(genai, link)
         assert link.sent == 1  # at once, not when the connection closes
         receiver.wait_for(lambda r: _spans_named(r, "transcription tiny"))
         socket_span.end()
@@ -278,7 +282,7 @@ def test_vllms_app_marks_websocket_spans_as_holding_nothing():
     from starlette.testclient import TestClient
 
     from otel_llm.config import Settings
-    from otel_llm.vllm.http import instrument_app
+    from otel_llm.vllm.export.http import instrument_app
 
     seen = {}
     app = FastAPI()
@@ -294,8 +298,8 @@ def test_vllms_app_marks_websocket_spans_as_holding_nothing():
         seen["http"] = trace.get_current_span()
         return {}
 
-    tracer = offload.DeferredTracer(TracerProvider())
-    instrument_app(app, Settings(), offload.DeferredTracerProvider(tracer, lambda span: None))
+    tracer = deferred.DeferredTracer(TracerProvider())
+    instrument_app(app, Settings(), deferred.DeferredTracerProvider(tracer, lambda span: None))
     with TestClient(app) as client:
         with client.websocket_connect("/v1/realtime"):
             pass
@@ -306,14 +310,14 @@ def test_vllms_app_marks_websocket_spans_as_holding_nothing():
 
 
 def test_an_unsampled_http_span_takes_nothing_along():
-    tracer = offload.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
-    http_tracers = offload.DeferredTracerProvider(tracer, lambda span: None)
+    tracer = deferred.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
+    http_tracers = deferred.DeferredTracerProvider(tracer, lambda span: None)
     server, genai = http_request(http_tracers.get_tracer(*FASTAPI_SCOPE), tracer)
     assert not server.is_recording() and genai.holder is None  # (the middleware never ends an unsampled span)
 
 
 def test_a_span_started_under_another_requests_span_is_exported_on_its_own():
-    tracer = offload.DeferredTracer(TracerProvider())
+    tracer = deferred.DeferredTracer(TracerProvider())
     outer = tracer.start_span("chat outer")
     inner = tracer.start_span("chat inner", context=trace.set_span_in_context(outer))
     phase = outer.start_child("queue", T0)
@@ -326,13 +330,13 @@ def test_a_span_started_under_another_requests_span_is_exported_on_its_own():
 
 
 def test_the_users_sampler_decides():
-    off = offload.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
+    off = deferred.DeferredTracer(TracerProvider(sampler=ALWAYS_OFF))
     span = off.start_span("chat", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
     assert not span.is_recording() and not span.get_span_context().trace_flags.sampled
     span.end()
     assert span.outbox.spans == [] and span.outbox.exemplar[0] == span.get_span_context().trace_id
 
-    parent_based = offload.DeferredTracer(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
+    parent_based = deferred.DeferredTracer(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
     sampled_parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
     kept = parent_based.start_span("chat", context=sampled_parent)
     assert kept.is_recording() and kept.get_span_context().trace_id == REMOTE_PARENT.trace_id
@@ -349,11 +353,11 @@ def test_the_users_sampler_decides():
 def test_metrics_and_usage_events_are_recorded_with_exemplars(export_env):
     with Receiver(grpc=False) as receiver:
         export_env(receiver.endpoint)
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE))
+        tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE))
         span = tracer.start_span("chat tiny")
         key = ("chat", "tiny", "tiny", "acme", None, None)
         span.outbox.measurement = (key, None, 0.25, 0.01, 1.5, (12, 4, 3))
-        offload.UsageEvents().emit(
+        deferred.UsageEvents().emit(
             timestamp=T0,
             context=trace.set_span_in_context(span),
             attributes={semconv.GEN_AI_USAGE_INPUT_TOKENS: 12, semconv.TENANT_ID: "acme"},
@@ -390,13 +394,13 @@ def _spans_named(receiver, name):
     return [s for s in receiver.spans if s.name == name]
 
 
-def _one(name: str) -> offload.Outbox:
-    span = offload.DeferredTracer(TracerProvider()).start_span(name)
+def _one(name: str) -> wire.Outbox:
+    span = deferred.DeferredTracer(TracerProvider()).start_span(name)
     span.end()
     return span.outbox
 
 
-def exporting_channel(receiver, first: str) -> tuple[offload.ExportChannel, list]:
+def exporting_channel(receiver, first: str) -> tuple[export_channel.ExportChannel, list]:
     """A channel whose export process has exported a first span (named `first`), and its drops."""
     drops = []
     link = channel(drops=drops)
@@ -429,7 +433,7 @@ def test_a_stalled_export_process_costs_drops_not_waits(export_env):
 
 
 def test_a_dead_export_process_is_restarted(export_env, monkeypatch):
-    monkeypatch.setattr(offload, "RESTART_BACKOFF_S", (3.0, 3.0))  # a margin for a busy machine
+    monkeypatch.setattr(export_channel, "RESTART_BACKOFF_S", (3.0, 3.0))  # a margin for a busy machine
     with Receiver(grpc=False) as receiver:
         export_env(receiver.endpoint)
         link, drops = exporting_channel(receiver, "before")
@@ -454,16 +458,18 @@ import os, sys
 from types import SimpleNamespace
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from otel_llm.vllm.export import channel as offload
+from otel_llm.vllm.export import channel as export_channel
+from otel_llm.vllm.export import deferred
 
 def one(name):
-    span = offload.DeferredTracer(SimpleNamespace(sampler=ALWAYS_ON, id_generator=RandomIdGenerator())).start_span(name)
+    tracer = deferred.DeferredTracer(SimpleNamespace(sampler=ALWAYS_ON, id_generator=RandomIdGenerator()))
+    span = tracer.start_span(name)
     span.end()
     return span.outbox.message()
 
 config = {"traces": True, "metrics": False, "usage_events": False, "resource": {"service.name": "fork"},
           "schema_url": None, "version": "0"}
-link = offload.ExportChannel(config, on_drop=print, shutdown_timeout_s=5)
+link = export_channel.ExportChannel(config, on_drop=print, shutdown_timeout_s=5)
 assert link.send(one("parent"))
 parent_export = link.process.pid
 pid = os.fork()
@@ -511,7 +517,7 @@ def test_large_messages_go_in_frames(export_env):
 
 def test_the_export_process_is_not_instrumented_itself():
     auto = os.path.join("site-packages", "opentelemetry", "instrumentation", "auto_instrumentation")
-    env = offload.child_environment({"PYTHONPATH": f"/x/{auto}:/app", "OTEL_SERVICE_NAME": "vllm"})
+    env = export_channel.child_environment({"PYTHONPATH": f"/x/{auto}:/app", "OTEL_SERVICE_NAME": "vllm"})
     assert env == {"PYTHONPATH": "/app", "OTEL_SERVICE_NAME": "vllm"}
 
 
@@ -559,7 +565,7 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
 
     link = channel()
     link._closed = True  # (sends are dropped and counted: no export process here)
-    tracer = offload.DeferredTracer(TracerProvider())
+    tracer = deferred.DeferredTracer(TracerProvider())
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -569,8 +575,8 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
         span.set_attribute(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 5)
         span.set_status(StatusCode.OK)
         span.end()
-        if isinstance(span, offload.DeferredSpan):  # (Telemetry.finish)
-            offload.hand_over(span, link)
+        if isinstance(span, deferred.DeferredSpan):  # (Telemetry.finish)
+            deferred.hand_over(span, link)
         return {"choices": [{"text": "x"}]}
 
     @app.post("/v1/completions")
@@ -580,7 +586,7 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
     http_module.instrument_app(
         app,
         Settings(),
-        offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)),
+        deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link)),
         offload_metrics=replayed,
         meter_provider=MeterProvider() if replayed else None,
     )
@@ -598,7 +604,11 @@ def _http_entry_points():
     from otel_llm.vllm import http
     from otel_llm.warn import entry_points
 
-    return [(f"{m.__name__}:{name}", fn) for m in (offload, http) for name, fn in entry_points(m)]
+    return [
+        (f"{m.__name__}:{name}", fn)
+        for m in (deferred, export_channel, http, export_http)
+        for name, fn in entry_points(m)
+    ]
 
 
 @pytest.mark.parametrize("replayed", [False, True], ids=["maintained call", "replayed"])
@@ -608,9 +618,8 @@ def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn, r
     inside its guard as the real-server fault test does: the responses are those without it, the
     failure is counted (otel_llm.instrumentation.failures), nothing escapes."""
     from otel_llm import warn
-    from otel_llm.vllm import http
 
-    expected = _serve_the_requests(http, replayed)
+    expected = _serve_the_requests(export_http, replayed)
     injector = _fault_injector()
     hits = []
 
@@ -621,7 +630,7 @@ def test_a_fault_in_an_entry_point_loses_telemetry_never_the_request(name, fn, r
     before = warn.failures().get(fn.what, 0)
     undo = injector.inject(fn, name, check)
     try:
-        got = _serve_the_requests(http, replayed)
+        got = _serve_the_requests(export_http, replayed)
     finally:
         undo()
     assert got == expected
@@ -759,18 +768,18 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
         fake_clock()
         link = channel(metrics=True)
-        tracer = offload.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence(), sampler=sampler))
+        tracer = deferred.DeferredTracer(TracerProvider(resource=RESOURCE, id_generator=Sequence(), sampler=sampler))
         meters = meter_provider()  # (the API server's: the active requests)
         app = _http_app()
-        http.instrument_app(
+        export_http.instrument_app(
             app,
             Settings(),
-            offload.DeferredTracerProvider(tracer, lambda span: offload.hand_over(span, link)),
+            deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link)),
             offload_metrics=True,
             meter_provider=meters,
         )
         assert _http_requests(app) == expected_status == [200, 200, 500, 404, 400, 400, 200, 404, 200]
-        assert isinstance(app.middleware_stack.app, http.HeldUntilRecorded)
+        assert isinstance(app.middleware_stack.app, export_http.HeldUntilRecorded)
         assert app.middleware_stack.app.app.replayed  # (made in the export process: http.HttpReplay)
         assert link.sent == 8  # one message per traced request: its span with its metrics
         link.close()
@@ -835,10 +844,10 @@ def _lean():
     from otel_llm.vllm import http
 
     app = FastAPI()
-    http.instrument_app(
+    export_http.instrument_app(
         app,
         Settings(),
-        offload.DeferredTracerProvider(offload.DeferredTracer(TracerProvider()), lambda span: None),
+        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), lambda span: None),
         offload_metrics=True,
         meter_provider=MeterProvider(),
     )
@@ -889,7 +898,7 @@ def test_credentials_stay_in_the_api_server():
         (b"api-key", b"sk-5"),
     )
     scope = _scope(extra=credentials)
-    span = offload.DeferredTracer(TracerProvider()).start_span("POST")
+    span = deferred.DeferredTracer(TracerProvider()).start_span("POST")
     lean = _lean()
     record = lean._replay_record(
         span,
@@ -927,7 +936,7 @@ def test_the_header_getter_answers_as_the_asgi_getter():
     instrumentation's asgi_getter (values decoded alike, names matched lowercased, repeats kept)."""
     from opentelemetry.instrumentation.asgi import asgi_getter
 
-    from otel_llm.vllm.http import _header_getter
+    from otel_llm.vllm.export.http import _header_getter
 
     scopes = [
         {

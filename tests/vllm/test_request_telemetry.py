@@ -9,13 +9,16 @@ from otel_llm import semconv
 from otel_llm.config import Settings
 from otel_llm.vllm.attribution import LabelGuard
 from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry
 
 
 @pytest.fixture
 def env(memory_otel):
     meter = memory_otel.meter_provider.get_meter("test")
-    tel = Telemetry(memory_otel.tracer_provider.get_tracer("test"), meter, Settings(label_limit=2))
+    tel = Telemetry(
+        InProcessSink(memory_otel.tracer_provider.get_tracer("test"), meter), meter, Settings(label_limit=2)
+    )
     return SimpleNamespace(tel=tel, exporter=memory_otel.spans, reader=memory_otel.reader)
 
 
@@ -269,7 +272,7 @@ def test_with_an_api_key_map_only_the_tenants_it_names_get_metric_labels(tmp_pat
         json.dumps({"keys": [{"sha256": hashlib.sha256(b"sk-a").hexdigest(), "tenant": "acme", "scene": "support"}]})
     )
     tel = Telemetry(
-        memory_otel.tracer_provider.get_tracer("t"),
+        InProcessSink(memory_otel.tracer_provider.get_tracer("t"), memory_otel.meter_provider.get_meter("t")),
         memory_otel.meter_provider.get_meter("t"),
         Settings(api_keys_file=str(keys), label_limit=50),
     )
@@ -345,9 +348,9 @@ def test_a_huge_error_text_is_read_within_a_bound():
 def test_the_export_process_path_redacts_the_same(env):
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_llm.vllm.export import channel as offload
+    from otel_llm.vllm.export import deferred
 
-    env.tel.tracer = offload.DeferredTracer(TracerProvider())
+    env.tel.tracer = deferred.DeferredTracer(TracerProvider())
     record = start_request(env.tel, RequestInfo(operation="chat", model=LEAKED_KEY))
     record.end(error_type="NotFoundError", error_message=f"The model `{LEAKED_KEY}` does not exist.")
     (sent,) = record.span.outbox.spans

@@ -147,3 +147,33 @@ def test_a_collected_stream_ends_its_span_off_the_collecting_thread():
         assert not done.is_set()  # not ended inline
     assert done.wait(10)
     assert seen == {"thread": "otel-llm-finalizer", "got_lock": True, "kwargs": {"aborted": True}}
+
+
+def test_current_span_ends_the_record_on_an_exception_and_lets_it_go_on(monkeypatch):
+    calls = []
+    monkeypatch.setattr(streams, "attach", lambda record: calls.append("attach") or "tokens")
+    monkeypatch.setattr(streams, "detach", lambda tokens: calls.append(("detach", tokens)))
+    record, error = FakeRecord(), ValueError("vLLM's")
+    with pytest.raises(ValueError) as raised:
+        with streams.current_span(record):
+            raise error
+    assert raised.value is error
+    assert record.calls == [{"error_type": "ValueError", "error_message": "vLLM's"}]
+    assert calls == ["attach", ("detach", "tokens")]
+
+
+def test_a_failure_of_ours_in_current_span_never_fails_the_block(monkeypatch):
+    def boom(*args):
+        raise RuntimeError("ours")
+
+    monkeypatch.setattr(streams, "attach", boom)
+    monkeypatch.setattr(streams, "_end_with_exception", boom)
+    record = FakeRecord()
+    with streams.current_span(record):
+        ran = True
+    assert ran
+    error = KeyError("vLLM's")
+    with pytest.raises(KeyError) as raised:
+        with streams.current_span(record):
+            raise error
+    assert raised.value is error and not record.ended

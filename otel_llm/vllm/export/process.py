@@ -34,13 +34,24 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import config, semconv
-from otel_llm.sdk import shutdown
-from otel_llm.vllm.export.channel import BYE, CONFIG, FIRST, HTTP_HISTOGRAMS, LAST, PROGRESS, REPORT, REQUEST, WHOLE
+from otel_llm.sdk import internals, shutdown
+from otel_llm.vllm.export.wire import (
+    BYE,
+    CONFIG,
+    FIRST,
+    HTTP_HISTOGRAMS,
+    LAST,
+    PROGRESS,
+    REPORT,
+    REQUEST,
+    WHOLE,
+    Part,
+    SpanRecord,
+)
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.warn import failed
 
 _log = logging.getLogger("otel_llm.vllm.export")
-SCOPE = "otel_llm.vllm"
 
 
 class _Stop(Exception):
@@ -82,21 +93,18 @@ class Exporter:
     """The SDK providers of this process, and how one request's message becomes their input."""
 
     def __init__(self, settings: dict, environ=None):
-        from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
-
         self.resource = Resource(settings["resource"], settings.get("schema_url"))
-        self.scope = InstrumentationScope(SCOPE, settings["version"])
+        self.scope = InstrumentationScope(semconv.VLLM_SCOPE, settings["version"])
         self._scopes: dict[tuple, InstrumentationScope] = {}  # other instrumentations' (FastAPI's)
         self._http: dict[tuple, object] = {}  # meter scope -> the ASGI middleware whose HTTP instruments record
-        span_names = _get_exporter_names("traces") if settings["traces"] else []
-        metric_names = _get_exporter_names("metrics") if settings["metrics"] else []
-        log_names = _get_exporter_names("logs") if settings["usage_events"] else []
-        span_exporters, metric_exporters, log_exporters = _import_exporters(span_names, metric_names, log_names)
+        span_exporters, metric_exporters, log_exporters = internals.exporters_from_environment(
+            traces=settings["traces"], metrics=settings["metrics"], logs=settings["usage_events"]
+        )
 
         self.tracer_provider = TracerProvider(resource=self.resource)
         for exporter in span_exporters.values():
             self.tracer_provider.add_span_processor(shutdown.span_processor_factory(exporter()))
-        self._processors = [*self.tracer_provider._active_span_processor._span_processors]
+        self._processors = [*internals.span_processors(self.tracer_provider)]
         self._limits = SpanLimits()
 
         self.meter_provider = self.metrics = None
@@ -109,13 +117,11 @@ class Exporter:
                 for cls in metric_exporters.values()
             ]
             self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers)
-            self.metrics = RequestMetrics(self.meter_provider.get_meter(SCOPE, settings["version"]))
+            self.metrics = RequestMetrics(self.meter_provider.get_meter(semconv.VLLM_SCOPE, settings["version"]))
 
         self.logger_provider = self.usage_logger = None
         if log_exporters:
-            from opentelemetry.sdk._logs import LoggerProvider
-
-            self.logger_provider = LoggerProvider(resource=self.resource)
+            self.logger_provider = internals.sdk_logger_provider(self.resource)
             for exporter in log_exporters.values():
                 self.logger_provider.add_log_record_processor(shutdown.log_record_processor_factory(exporter()))
             self.usage_logger = self.logger_provider.get_logger(semconv.USAGE_EVENT, settings["version"])
@@ -123,12 +129,18 @@ class Exporter:
     def handle(self, parts) -> None:
         """One message: one request's parts (an HTTP server span, the GenAI requests in it)."""
         for part in parts:
-            self.handle_part(*part)
+            self.handle_part(Part(*part))
 
-    def handle_part(
-        self, spans, measurement, usage_event, exemplar, scope, http_metrics=None, http_replay=None
-    ) -> None:
-        scope = self.scope if scope is None else self._scope(scope)
+    def handle_part(self, part: Part) -> None:
+        spans, measurement, usage_event, exemplar, http_metrics, http_replay = (
+            part.spans,
+            part.measurement,
+            part.usage_event,
+            part.exemplar,
+            part.http_metrics,
+            part.http_replay,
+        )
+        scope = self.scope if part.scope is None else self._scope(part.scope)
         if http_replay is not None:
             spans = self.replay_http(spans, http_replay)
         for span in spans:
@@ -170,16 +182,20 @@ class Exporter:
 
     def replay_http(self, spans: list, record: tuple) -> list:
         """An HTTP request whose span attributes and metrics the maintained ASGI middleware makes here
-        (otel_llm/vllm/http.py `HttpReplay`): its metrics recorded, its span completed."""
+        (otel_llm/vllm/export/http.py `HttpReplay`): its metrics recorded, its span completed."""
+        from otel_llm.vllm.export.http import ReplayRecord, merge_replayed
+
         try:
-            captured = self._http_replay(tuple(record[0])).run(record)
+            record = ReplayRecord(*record)
+            captured = self._http_replay(tuple(record.meter_scope)).run(record)
         except Exception:  # noqa: BLE001
             failed("replaying an HTTP request's middleware", "its span goes without its HTTP attributes and metrics")
             return spans
-        from otel_llm.vllm.http import merge_replayed
-
-        span_id, start = record[3], record[10]
-        return [merge_replayed(span, captured, start) if span[2] == span_id else span for span in spans]
+        merged = []
+        for span in spans:
+            span = SpanRecord(*span)
+            merged.append(merge_replayed(span, captured, record.start) if span.span_id == record.span_id else span)
+        return merged
 
     def _http_replay(self, meter_scope: tuple):
         """The ASGI instrumentation's middleware for the HTTP requests of one meter scope (the API
@@ -189,7 +205,7 @@ class Exporter:
         if found is None:
             from opentelemetry.metrics import NoOpMeter
 
-            from otel_llm.vllm.http import HttpReplay
+            from otel_llm.vllm.export.http import HttpReplay
 
             name, version, schema_url = meter_scope
             meter = (
@@ -207,7 +223,7 @@ class Exporter:
             found = self._scopes[scope[:3]] = InstrumentationScope(name, version, schema_url, attributes)
         return found
 
-    def readable_span(self, span: tuple, scope: InstrumentationScope | None = None) -> ReadableSpan:
+    def readable_span(self, span: SpanRecord, scope: InstrumentationScope | None = None) -> ReadableSpan:
         (
             name,
             trace_id,

@@ -200,17 +200,17 @@ ENTRY = "entry:"
 ENTRIES_OFF_THIS_PATH = {
     "otel_llm.vllm.stat_logger:KeepRequestStats.__init__": "when vLLM starts its engine",
     "otel_llm.vllm.stat_logger:KeepRequestStats.log_engine_initialized": "once, when the engine is up",
-    "otel_llm.vllm.export.channel:DeferredTracerProvider.get_tracer": (
+    "otel_llm.vllm.export.deferred:DeferredTracerProvider.get_tracer": (
         "when Starlette builds the app's middleware, at the server's first request (its readiness probe)"
     ),
     "otel_llm.vllm.export.channel:ExportChannel._after_fork": "in a process forked from the API server",
-    "otel_llm.vllm.export.channel:DeferredTracer.start_as_current_span": "no caller on this server",
-    "otel_llm.vllm.export.channel:DeferredSpan.name": (
+    "otel_llm.vllm.export.deferred:DeferredTracer.start_as_current_span": "no caller on this server",
+    "otel_llm.vllm.export.deferred:DeferredSpan.name": (
         "no caller on this server (read by other instrumentations' hooks)"
     ),
-    "otel_llm.vllm.export.channel:DeferredSpan.update_name": "no caller on this server",
-    "otel_llm.vllm.export.channel:DeferredSpan.add_event": "no caller on this server",
-    "otel_llm.vllm.export.channel:DeferredSpan.record_exception": "an exception escaping the app (none here)",
+    "otel_llm.vllm.export.deferred:DeferredSpan.update_name": "no caller on this server",
+    "otel_llm.vllm.export.deferred:DeferredSpan.add_event": "no caller on this server",
+    "otel_llm.vllm.export.deferred:DeferredSpan.record_exception": "an exception escaping the app (none here)",
     "otel_llm.vllm.wrappers:RedactingLogFilter.filter": "a warning or error of vLLM's loggers (none here)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_tokens": "the metric reader's thread, in the export "
     "process here (it records the request metrics)",
@@ -220,19 +220,21 @@ ENTRIES_OFF_THIS_PATH = {
     "process here",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_spec_accepted": "the metric reader's thread, in the "
     "export process here",
-    "otel_llm.vllm.http:_InstrumentConflict.filter": "once, when Starlette builds the app's middleware (the SDK's "
-    "warning about the active-requests counter made again)",
+    "otel_llm.vllm.export.http:_InstrumentConflict.filter": "once, when Starlette builds the app's middleware (the "
+    "SDK's warning about the active-requests counter made again)",
     "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
     "a target's time)",
-    # this server's HTTP requests take the replayed path (http.py LeanMiddleware.replayed_call); the maintained
-    # middleware's own __call__ (a websocket, a request inside another span) is faulted in tests/vllm/test_offload.py
+    # this server's HTTP requests take the replayed path (export/http.py ReplayingMiddleware.replayed_call); the
+    # maintained middleware's own __call__ (a websocket, a request inside another span) is faulted in
+    # tests/vllm/test_offload.py
     "otel_llm.vllm.http:LeanMiddleware._get_otel_send": _MAINTAINED_CALL,
-    "otel_llm.vllm.http:DeferredHistogram.record": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.http:ReplayingMiddleware._get_otel_send": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.http:DeferredHistogram.record": _MAINTAINED_CALL,
     "otel_llm.vllm.http:hold_nothing_hook": _MAINTAINED_CALL,
     "otel_llm.vllm.http:redacting_hold_nothing_hook": _MAINTAINED_CALL,
-    "otel_llm.vllm.export.channel:DeferredSpan.kind": _MAINTAINED_CALL,
-    "otel_llm.vllm.export.channel:DeferredSpan.attributes": _MAINTAINED_CALL,
-    "otel_llm.vllm.export.channel:DeferredSpan.set_attribute": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.deferred:DeferredSpan.kind": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.deferred:DeferredSpan.attributes": _MAINTAINED_CALL,
+    "otel_llm.vllm.export.deferred:DeferredSpan.set_attribute": _MAINTAINED_CALL,
     "otel_llm.vllm.http:redact_query_hook": "in the export process here (the replayed middleware's hook); the access "
     "log's filter, under the same guard, is faulted here",
 }
@@ -816,7 +818,7 @@ def test_a_fault_in_any_entry_point_is_contained(setup, receiver):
     targets = sorted({n for n in server.faults.events("registered", pid) if n.startswith(ENTRY)})
     what = dict(line.split(" ", 1) for line in server.faults.events("what", pid))
     names = {t[len(ENTRY) :] for t in targets}
-    assert "otel_llm.vllm.export.channel:DeferredTracer.start_span" in names, "the injector found no entry points"
+    assert "otel_llm.vllm.export.deferred:DeferredTracer.start_span" in names, "the injector found no entry points"
     assert set(ENTRIES_OFF_THIS_PATH) <= names, set(ENTRIES_OFF_THIS_PATH) - names
     server.faults.set()
     baseline = probe_plan(server)

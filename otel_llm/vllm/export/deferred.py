@@ -1,0 +1,454 @@
+"""Spans of the API server with the export process (otel_llm/vllm/export/channel.py): a `DeferredSpan`
+keeps in plain values what the SDK's span would (ids from the user's sampler and id generator, made at
+the moment the SDK would have made them); its request's `Outbox` (otel_llm/vllm/export/wire.py) goes to
+the export process when the request ends, which builds the SDK's spans from them."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from otel_llm import redaction
+from otel_llm.sdk import internals
+from otel_llm.vllm.export.wire import Outbox, SpanRecord
+from otel_llm.warn import entry, failed, inline_entry
+
+_INTERNAL = SpanKind.INTERNAL.value
+
+
+class DeferredSpan(trace.Span):
+    """A span whose ids and sampling decision are made now and whose SDK object is built in the
+    export process. Attribute order and overwrite rules follow the SDK's (BoundedAttributes)."""
+
+    __slots__ = (
+        "_name",
+        "_context",
+        "_parent",
+        "_kind",
+        "_attributes",
+        "_links",
+        "_start",
+        "_status",
+        "_sampled",
+        "outbox",
+        "_ended",
+        "_tracer",
+        "_events",
+        "holder",
+        "holds",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes,
+        links,
+        start_ns: int,
+        sampled: bool,
+        outbox: Outbox,
+        tracer: DeferredTracer,
+        holder: DeferredSpan | None = None,
+    ):
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self._links = links or ()
+        self._start = start_ns
+        self._status: tuple | None = None
+        self._sampled = sampled
+        self.outbox = outbox
+        self._ended = False
+        self._tracer = tracer
+        self._events: list[tuple] = []
+        # the open span (of another instrumentation: the HTTP server span) this one's telemetry goes with
+        self.holder = holder
+        self.holds = True  # False: nothing goes with this span (a websocket's: http.py hold_nothing_hook)
+
+    def add_child(self, name: str, start_ns: int, end_ns: int, attributes=None) -> None:
+        """A finished child span (a phase span) exported with this request: what
+        start_child(...).end(end_ns) exports, made without a span object where the sampler's answer
+        for a sampled local parent is known (the SDK's ParentBased with its default ALWAYS_ON
+        there): sampled, the attributes as given, the parent's trace state."""
+        tracer = self._tracer
+        if not (tracer.children_follow_parent and self._sampled):
+            self.start_child(name, start_ns, attributes).end(end_ns)
+            return
+        ctx = self._context
+        self.outbox.spans.append(
+            SpanRecord(
+                name,
+                ctx.trace_id,
+                tracer.id_generator.generate_span_id(),
+                TraceFlags.SAMPLED | (ctx.trace_flags & TraceFlags.RANDOM_TRACE_ID),
+                self._trace_state_header(),
+                ctx.span_id,
+                False,
+                int(ctx.trace_flags),
+                _INTERNAL,
+                start_ns,
+                end_ns,
+                dict(attributes) if attributes else {},
+                None,
+                [],
+                [],
+            )
+        )
+
+    def _trace_state_header(self) -> str:
+        state = self._context.trace_state
+        return state.to_header() if state else ""
+
+    def start_child(self, name: str, start_time: int, attributes=None) -> DeferredSpan:
+        """A child span exported with this span's request (a phase span). Any other span started
+        under this one (another request's, nested in it) has its own Outbox."""
+        return self._tracer.start_span(
+            name,
+            trace.set_span_in_context(self),
+            SpanKind.INTERNAL,
+            attributes,
+            start_time=start_time,
+            _outbox=self.outbox,
+        )
+
+    # Called by other instrumentations (the FastAPI middleware, dozens of times per request) and by
+    # ours: each guards itself (otel_llm/warn.py `inline_entry`: no wrapper call on this hot path) and
+    # answers, on a failure of ours, what a span that records nothing answers.
+    @inline_entry("DeferredSpan.get_span_context")
+    def get_span_context(self) -> SpanContext:
+        try:
+            return self._context
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.get_span_context")
+            return trace.INVALID_SPAN_CONTEXT
+
+    # read by other instrumentations' hooks, as on the SDK's span (our query redaction reads attributes)
+    @property
+    @inline_entry("DeferredSpan.name")
+    def name(self) -> str:
+        try:
+            return self._name
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.name")
+            return ""
+
+    @property
+    @inline_entry("DeferredSpan.kind")
+    def kind(self) -> SpanKind:
+        try:
+            return self._kind
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.kind")
+            return SpanKind.INTERNAL
+
+    @property
+    @inline_entry("DeferredSpan.attributes")
+    def attributes(self):
+        try:
+            return MappingProxyType(self._attributes)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.attributes")
+            return MappingProxyType({})
+
+    @inline_entry("DeferredSpan.is_recording")
+    def is_recording(self) -> bool:
+        try:
+            return self._sampled and not self._ended
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.is_recording")
+            return False
+
+    @inline_entry("DeferredSpan.set_attribute")
+    def set_attribute(self, key: str, value) -> None:
+        try:
+            if self._ended:
+                return
+            attrs = self._attributes
+            if key in attrs:
+                del attrs[key]  # the SDK moves an overwritten attribute to the end
+            attrs[key] = value
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_attribute")
+
+    @inline_entry("DeferredSpan.set_attributes")
+    def set_attributes(self, attributes) -> None:
+        try:
+            if self._ended:
+                return
+            if self._attributes.keys().isdisjoint(attributes):
+                self._attributes.update(attributes)
+                return
+            for key, value in attributes.items():
+                self.set_attribute(key, value)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_attributes")
+
+    @inline_entry("DeferredSpan.set_status")
+    def set_status(self, status, description: str | None = None) -> None:
+        try:
+            # the SDK's rules: OK is final, UNSET is ignored, a Status object's description wins
+            if self._ended or (self._status is not None and self._status[0] == StatusCode.OK.value):
+                return
+            if isinstance(status, Status):
+                code, description = status.status_code, status.description
+            else:
+                code = status
+                description = description if code is StatusCode.ERROR else None
+            if code is StatusCode.UNSET:
+                return
+            self._status = (code.value, description)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.set_status")
+
+    @inline_entry("DeferredSpan.update_name")
+    def update_name(self, name: str) -> None:
+        try:
+            if not self._ended:
+                self._name = name
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.update_name")
+
+    @inline_entry("DeferredSpan.add_event")
+    def add_event(self, name, attributes=None, timestamp=None) -> None:
+        try:
+            if not self._ended:
+                self._events.append(
+                    (
+                        name,
+                        dict(attributes) if attributes else {},
+                        timestamp if timestamp is not None else time.time_ns(),
+                    )
+                )
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.add_event")
+
+    @inline_entry("DeferredSpan.record_exception")
+    def record_exception(self, exception, attributes=None, timestamp=None, escaped=False) -> None:
+        try:
+            if not self._ended:  # the SDK's own event (type, message, stacktrace, escaped), its text redacted
+                attributes = {**(attributes or {}), **redaction.exception_attributes(exception)}
+                internals.sdk_record_exception(self, exception, attributes, timestamp, escaped)
+        except Exception:  # noqa: BLE001
+            failed("DeferredSpan.record_exception")
+
+    @inline_entry("DeferredSpan.end")
+    def end(self, end_time: int | None = None) -> None:
+        try:
+            if self._ended:
+                return
+            self._ended = True
+            if self._sampled:
+                ctx, parent = self._context, self._parent
+                self.outbox.spans.append(
+                    SpanRecord(
+                        self._name,
+                        ctx.trace_id,
+                        ctx.span_id,
+                        int(ctx.trace_flags),
+                        self._trace_state_header(),
+                        parent.span_id if parent is not None else 0,
+                        parent is not None and parent.is_remote,
+                        int(parent.trace_flags) if parent is not None else 0,
+                        self._kind.value,
+                        self._start,
+                        end_time or time.time_ns(),
+                        self._attributes,
+                        self._status,
+                        [_link(link) for link in self._links],
+                        self._events,
+                    )
+                )
+            if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
+                self._tracer.hand_over(self)
+        except Exception:  # noqa: BLE001 - the span's telemetry (and what it holds) is lost, not the request
+            failed("DeferredSpan.end")
+
+
+def _link(link) -> tuple:
+    ctx = link.context
+    return (
+        ctx.trace_id,
+        ctx.span_id,
+        int(ctx.trace_flags),
+        ctx.trace_state.to_header(),
+        ctx.is_remote,
+        dict(link.attributes or {}),
+    )
+
+
+class DeferredTracer(trace.Tracer):
+    """`start_span` as the SDK's Tracer does it (the user's sampler and id generator), making a
+    DeferredSpan with an Outbox of its own (a request's phase spans: DeferredSpan.start_child).
+    `scope` and `hand_over`: the tracer of another instrumentation (DeferredTracerProvider), whose
+    spans hand themselves over when they end."""
+
+    def __init__(self, provider, scope: tuple | None = None, hand_over=None):
+        """provider: the SDK's TracerProvider, or another DeferredTracer (its sampler and id generator)."""
+        self.scope = scope
+        self.hand_over = hand_over
+        self.sampler = provider.sampler
+        self.id_generator = provider.id_generator
+        # the SDK's ParentBased samples every child of a sampled local span (its default)
+        self.children_follow_parent = internals.children_follow_sampled_parent(self.sampler)
+
+    @inline_entry("DeferredTracer.start_span")
+    def start_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links=None,
+        start_time: int | None = None,
+        _outbox: Outbox | None = None,
+        **_ignored,
+    ) -> trace.Span:
+        """A DeferredSpan; on a failure of ours a span that records nothing (the caller, the FastAPI
+        middleware among them, goes on: the request is served without this span)."""
+        try:
+            links = links or ()
+            parent_span = trace.get_current_span(context)
+            parent = parent_span.get_span_context()
+            if parent is None or not parent.is_valid:
+                parent = None
+                trace_id = self.id_generator.generate_trace_id()
+                random_trace_id = self.id_generator.is_trace_id_random()
+            else:
+                trace_id = parent.trace_id
+                random_trace_id = parent.trace_flags.random_trace_id
+            result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+            if random_trace_id:
+                flags |= TraceFlags.RANDOM_TRACE_ID
+            span_context = SpanContext(
+                trace_id,
+                self.id_generator.generate_span_id(),
+                is_remote=False,
+                trace_flags=TraceFlags(flags),
+                trace_state=result.trace_state,
+            )
+            outbox = _outbox if _outbox is not None else Outbox(self.scope)
+            # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
+            sampled = result.decision.is_sampled()
+            # an open, recording span of another instrumentation (the HTTP server span) takes this
+            # one's telemetry along when it ends (an unsampled one may never be ended)
+            holder = (
+                parent_span
+                if isinstance(parent_span, DeferredSpan)
+                and parent_span._tracer.hand_over is not None
+                and parent_span.is_recording()
+                else None
+            )
+            span = DeferredSpan(
+                name,
+                span_context,
+                parent,
+                kind,
+                result.attributes if sampled else None,
+                links,
+                start_time or time.time_ns(),
+                sampled,
+                outbox,
+                self,
+                holder,
+            )
+            if outbox.exemplar is None:
+                outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
+            return span
+        except Exception:  # noqa: BLE001
+            failed("DeferredTracer.start_span")
+            return trace.INVALID_SPAN
+
+    @inline_entry("DeferredTracer.start_as_current_span")
+    @contextmanager
+    def start_as_current_span(
+        self,
+        name: str,
+        context=None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links=None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ):
+        try:  # (only our part: what the caller's block raises goes to the caller)
+            span = self.start_span(name, context, kind, attributes, links, start_time)
+        except Exception:  # noqa: BLE001
+            failed("DeferredTracer.start_as_current_span")
+            span = trace.INVALID_SPAN
+        with trace.use_span(
+            span,
+            end_on_exit=end_on_exit,
+            record_exception=record_exception,
+            set_status_on_exception=set_status_on_exception,
+        ) as current:
+            yield current
+
+
+class DeferredTracerProvider(trace.TracerProvider):
+    """The tracer provider handed to another instrumentation (FastAPI's, for the HTTP server span):
+    its spans are DeferredSpans with their own scope, exported by the export process."""
+
+    def __init__(self, tracer: DeferredTracer, hand_over):
+        self._tracer = tracer  # whose sampler and id generator (the user's) its tracers use
+        self._hand_over = hand_over
+
+    @entry("DeferredTracerProvider.get_tracer", fallback=trace.NoOpTracer())
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes=None,
+    ) -> trace.Tracer:
+        scope = (
+            instrumenting_module_name,
+            instrumenting_library_version,
+            schema_url,
+            dict(attributes) if attributes else None,
+        )
+        return DeferredTracer(self._tracer, scope, self._hand_over)
+
+
+@entry("hand_over")
+def hand_over(span: DeferredSpan, channel) -> None:
+    """A finished span's telemetry: along with its holder when that is still open, else to the
+    export process now."""
+    outbox = span.outbox
+    if outbox.held or outbox.empty():
+        return
+    holder = span.holder
+    if holder is not None and holder.holds and not holder._ended:
+        holder.outbox.adopted.extend(outbox.parts())
+    else:
+        channel.send(outbox.message())
+
+
+def outbox_of(context) -> Outbox | None:
+    span = trace.get_current_span(context)
+    return span.outbox if isinstance(span, DeferredSpan) else None
+
+
+class UsageEvents:
+    """The usage ledger's event logger when events are exported by the export process: the event
+    goes with its request's message."""
+
+    def emit(
+        self, timestamp=None, observed_timestamp=None, context=None, event_name=None, attributes=None, **_ignored
+    ) -> None:
+        outbox = outbox_of(context)
+        if outbox is None:
+            raise LookupError("a usage event without its request's span")
+        outbox.usage_event = (attributes, timestamp)

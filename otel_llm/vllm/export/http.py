@@ -1,0 +1,565 @@
+"""The HTTP server span and metrics with the export process (otel_llm/vllm/http.py is the mode-neutral part).
+
+The instrumentation's middleware (opentelemetry-instrumentation-asgi's OpenTelemetryMiddleware, as
+FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) stays the source of
+the HTTP span and metrics, with its per-request work moved off the API server, vLLM's bottleneck at
+high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
+- With a setup the export process can reproduce (`replayable`) an HTTP request goes through
+  `ReplayingMiddleware.replayed_call`: the API server checks the exclusions, looks the route up (once
+  per method and path), starts the span (ids, parent, sampling: the maintained
+  `_start_internal_or_server_span`), counts the request as active (in a dict observed at collection:
+  `ActiveRequests`) and keeps plain values: the request's ASGI connection scope (its credential headers
+  dropped unless request headers are captured), the route template, the response start and the
+  duration. The export process runs the maintained middleware again on them (`HttpReplay`: its own
+  `__call__`, with the API server's span context and duration), which sets the span's attributes and
+  status and records the HTTP metrics in the same instruments; `merge_replayed` completes the API
+  server's span with them. tests/vllm/test_offload.py compares the exported span and metric points
+  with the maintained middleware's, field for field.
+- Any other request (a websocket, one inside another span, a hook of the user's) goes through the
+  maintained `__call__` (otel_llm/vllm/http.py `LeanMiddleware`), its histograms' values sent along
+  (`DeferredHistogram`), the span's message held until they are in (`HeldUntilRecorded`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextvars import ContextVar
+from typing import NamedTuple
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.instrumentation import asgi
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
+from opentelemetry.instrumentation.propagators import get_global_response_propagator
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+
+from otel_llm.config import Settings
+from otel_llm.sdk import internals
+from otel_llm.vllm import http
+from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
+from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
+from otel_llm.vllm.http import (
+    ROUTE_CACHE_SIZE,
+    LeanMiddleware,
+    _ending_send,
+    hold_nothing_hook,
+    lean_middleware,
+    redact_query_hook,
+    redacting_hold_nothing_hook,
+)
+from otel_llm.warn import entry, failed, inline_entry
+
+_log = logging.getLogger("otel_llm.vllm")
+
+
+def instrument_app(
+    app, settings: Settings, tracer_provider, offload_metrics: bool = False, meter_provider=None
+) -> bool:
+    """tracer_provider: the export process's (deferred spans); offload_metrics: the export process
+    records the HTTP metrics (else they are recorded here, through meter_provider: None, the global one)."""
+    return http.instrument_app(
+        app,
+        settings,
+        tracer_provider,
+        meter_provider,
+        take_over=functools.partial(take_over, offload_metrics=offload_metrics),
+    )
+
+
+class ReplayRecord(NamedTuple):
+    """What the export process needs to make one HTTP request's span attributes and metrics again."""
+
+    meter_scope: tuple  # (name, version, schema_url) of the middleware's meter
+    redacts: bool  # the query-redaction hook runs
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    sampled: bool
+    name: str  # the span's name
+    route_attributes: dict  # (http.route)
+    scope: dict  # the ASGI HTTP connection scope
+    route: str | None  # the route template the router matched
+    start: tuple | None  # (status, headers, whether the span's status was set after the response start)
+    duration_s: float
+
+
+class ReplayingMiddleware(LeanMiddleware):
+    """LeanMiddleware with the export process recording the HTTP metrics: what the export process can
+    make again (`replayed`) goes through `replayed_call`."""
+
+    meter_scope: tuple
+    replayed = False  # an HTTP request's span and metrics are made by the export process (`HttpReplay`)
+    redacts = False  # (with `replayed`) the replay runs the query-redaction hook
+    active_cache: dict
+
+    async def replayed_call(self, scope, receive, send) -> bool:
+        """What the maintained middleware's `__call__` does for an HTTP request in the API server when
+        the export process makes its span attributes and metrics (`replayed`; HeldUntilRecorded
+        calls it): the span and its context, the app, one message. False, before anything is sent,
+        on a failure of ours (counted): then the maintained `__call__` serves it."""
+        start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
+        begun = self._begin(scope)
+        if begun is None:
+            return False
+        if begun is _EXCLUDED:
+            await self.app(scope, receive, send)
+            return True
+        span, token, active, details = begun
+        response: list = []
+
+        def keep_start(message) -> None:  # (and the status set on the span before it)
+            if message["type"] == "http.response.start":
+                response.append((message, span._status))
+
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                await self.app(scope, receive, _ending_send(span, send, keep_start))
+        finally:
+            self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
+        return True
+
+    @inline_entry("LeanMiddleware._begin")
+    def _begin(self, scope):
+        """What the maintained middleware does before the app, less what the export process does
+        again (`HttpReplay`): the exclusion, the route, the span (its ids, parent and sampling)
+        made current, the active-requests count. None on a failure of ours."""
+        try:
+            _, _, url = asgi.get_host_port_url_tuple(scope)
+            if self.excluded_urls and self.excluded_urls.url_disabled(url):
+                return _EXCLUDED
+            details = self.default_span_details(scope)
+            active = self._active_attributes(scope)
+            span, token = _replay_parts.start_internal_or_server_span(
+                tracer=self.tracer,
+                span_name=details[0],
+                start_time=None,
+                context_carrier=scope,
+                context_getter=_header_getter,
+            )
+            if not isinstance(span, DeferredSpan):  # (ours failed: a span that records nothing)
+                if token:
+                    context_api.detach(token)
+                return None
+            span.outbox.held = True  # its message waits for what the export process needs after it ends
+            self.active_requests_counter.add(1, active)
+            return span, token, active, details
+        except Exception:  # noqa: BLE001
+            failed("LeanMiddleware._begin")
+            return None
+
+    def _active_attributes(self, scope) -> dict:
+        """The active-requests counter's attributes (the maintained middleware's: from the request's
+        attributes), kept per method, scheme, HTTP version, server and Host header, which are all
+        they read (tests/vllm/test_offload.py checks it against the maintained functions)."""
+        host = tuple(value for name, value in scope.get("headers") or () if name.lower() == b"host")
+        key = (
+            scope.get("method"),
+            scope.get("scheme"),
+            scope.get("http_version"),
+            tuple(scope.get("server") or ()),
+            host,
+        )
+        found = self.active_cache.get(key)
+        if found is None:
+            mode = internals.asgi_sem_conv_mode(self)
+            found = _replay_parts.parse_active_request_count_attrs(asgi.collect_request_attributes(scope, mode), mode)
+            if len(self.active_cache) < ROUTE_CACHE_SIZE:
+                self.active_cache[key] = found
+        return found
+
+    @inline_entry("LeanMiddleware._finish")
+    def _finish(self, span, token, active, details, scope, response: list, duration_s: float) -> None:
+        """After the app (as the maintained middleware's `finally`): the count, the context, and the
+        request's message with what the export process replays."""
+        try:
+            self.active_requests_counter.add(-1, active)
+            if token:
+                context_api.detach(token)
+            span.outbox.http_replay = self._replay_record(span, details, scope, response, duration_s)
+            if span.is_recording():
+                span.end()
+            release(span)
+        except Exception:  # noqa: BLE001
+            failed("LeanMiddleware._finish")
+
+    def _replay_record(self, span, details, scope, response: list, duration_s: float) -> ReplayRecord:
+        """Plain values: the request's ASGI scope (the HTTP connection scope's keys; its headers but
+        credentials, unless request headers are captured), the route template the router matched, the
+        response start (status, headers), the duration, the span's ids, name and route attributes."""
+        snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+        headers = scope.get("headers") or []
+        if self.http_capture_headers_server_request is None:
+            headers = [header for header in headers if header[0] not in _CREDENTIAL_HEADERS]
+        snapshot["headers"] = headers
+        route = getattr(scope.get("route"), "path_format", None)
+        start = None
+        if response:  # (status, headers, whether the span's status was set in the API server after it)
+            message, status = response[0]
+            start = (message["status"], list(message.get("headers") or ()), span._status is not status)
+        ctx = span._context
+        return ReplayRecord(
+            self.meter_scope,
+            self.redacts,
+            ctx.trace_id,
+            ctx.span_id,
+            int(ctx.trace_flags),
+            span._sampled,
+            details[0],
+            details[1],
+            snapshot,
+            route,
+            start,
+            duration_s,
+        )
+
+    @inline_entry("ReplayingMiddleware._get_otel_send")
+    def _get_otel_send(self, server_span, server_span_name, scope, send, duration_attrs):
+        try:
+            otel_send = LeanMiddleware._get_otel_send(self, server_span, server_span_name, scope, send, duration_attrs)
+            held = _held.get()
+            if held is not None and isinstance(server_span, DeferredSpan):
+                server_span.outbox.held = True  # its message waits for the metrics recorded after it ends
+                held.append(server_span)
+            return otel_send
+        except Exception:  # noqa: BLE001
+            failed("ReplayingMiddleware._get_otel_send")
+            return internals.asgi_otel_send(self, server_span, server_span_name, scope, send, duration_attrs)
+
+
+class _ReplayParts:
+    """The maintained instrumentation's functions the replayed path calls by name (private ones
+    among them); None when a release lacks one: then the maintained middleware runs as it is."""
+
+    def __init__(self):
+        from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
+
+        (self.parse_active_request_count_attrs, self.decode_header_item, self.start_internal_or_server_span) = (
+            internals.asgi_private_functions()
+        )
+        self.is_http_instrumentation_enabled = is_http_instrumentation_enabled
+        for name in ("default_timer", "get_host_port_url_tuple", "collect_request_attributes"):
+            getattr(asgi, name)
+
+
+try:
+    _replay_parts: _ReplayParts | None = _ReplayParts()
+except (ImportError, AttributeError):
+    _log.warning(
+        "otel-llm: this opentelemetry-instrumentation-asgi lacks what the export process needs to make "
+        "the HTTP server spans: they are made in the API server"
+    )
+    _replay_parts = None
+
+
+class _HeaderGetter(type(asgi_getter)):
+    """asgi_getter's answers (a header's values, decoded as it decodes them) without decoding every
+    header name for each lookup: ASGI names are bytes, compared lowercased."""
+
+    @inline_entry("_HeaderGetter.get")
+    def get(self, carrier: dict, key: str):
+        try:
+            headers = carrier.get("headers")
+            if not headers:
+                return None
+            if not isinstance(headers[0][0], bytes):
+                return asgi_getter.get(carrier, key)
+            name = key.lower().encode()
+            decoded = [_replay_parts.decode_header_item(value) for key_, value in headers if key_.lower() == name]
+            return decoded or None
+        except Exception:  # noqa: BLE001 - the maintained getter answers
+            failed("_HeaderGetter.get")
+            return asgi_getter.get(carrier, key)
+
+
+_header_getter = _HeaderGetter()
+_EXCLUDED = object()
+# the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
+_SCOPE_KEYS = (
+    "type",
+    "asgi",
+    "http_version",
+    "method",
+    "scheme",
+    "path",
+    "raw_path",
+    "query_string",
+    "root_path",
+    "client",
+    "server",
+)
+# never sent to the export process unless the user captures request headers (then sanitized there)
+_CREDENTIAL_HEADERS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
+
+
+def take_over(middleware: OpenTelemetryMiddleware, offload_metrics: bool):
+    """The ASGI app that replaces the maintained middleware: with the HTTP metrics recorded by the
+    export process, ReplayingMiddleware inside HeldUntilRecorded; else LeanMiddleware."""
+    scope = internals.meter_instrumentation_scope(middleware.meter)
+    if not offload_metrics or scope is None:
+        return lean_middleware(middleware)
+    lean = lean_middleware(middleware, ReplayingMiddleware)
+    lean.active_cache = {}
+    lean.meter_scope = (scope.name, scope.version, scope.schema_url)
+    for name in HTTP_HISTOGRAMS:
+        if getattr(lean, name) is not None:
+            setattr(lean, name, DeferredHistogram(name, lean.meter_scope))
+    lean.active_requests_counter = ActiveRequests(lean.meter, middleware.active_requests_counter)
+    lean.replayed = replayable(lean)
+    lean.redacts = _hook(lean) is redacting_hold_nothing_hook
+    return HeldUntilRecorded(lean)
+
+
+def _hook(middleware: OpenTelemetryMiddleware):
+    hook = middleware.server_request_hook  # (the middleware may wrap it)
+    return getattr(hook, "__wrapped__", hook)
+
+
+def replayable(middleware: OpenTelemetryMiddleware) -> bool:
+    """Whether the export process can make this middleware's HTTP spans and metrics again from plain
+    values (`HttpReplay`): what it does per request depends on nothing that stays in the API server
+    (no hooks but ours, no send spans; a response propagator is checked per request), and the sampler
+    reads no attributes (the span is sampled before the export process knows them: the SDK's own
+    samplers)."""
+    tracer = middleware.tracer
+    sampler = getattr(tracer, "sampler", None)
+    return (
+        _replay_parts is not None
+        and isinstance(tracer, DeferredTracer)
+        and internals.is_sdk_sampler(sampler)
+        and _hook(middleware) in (hold_nothing_hook, redacting_hold_nothing_hook)
+        and middleware.client_request_hook is None
+        and middleware.client_response_hook is None
+        and middleware.exclude_send_span
+        and middleware.exclude_receive_span
+    )
+
+
+class DeferredHistogram:
+    """One of the middleware's histograms with the export process: the value goes with the request's
+    message (the outbox of the server span the record's context holds) and is recorded there."""
+
+    __slots__ = ("name", "meter_scope")
+
+    def __init__(self, name: str, meter_scope: tuple):
+        self.name = name
+        self.meter_scope = meter_scope
+
+    @inline_entry("DeferredHistogram.record")
+    def record(self, amount, attributes=None, context=None) -> None:
+        try:
+            span = trace.get_current_span(context)
+            if isinstance(span, DeferredSpan):
+                outbox = span.outbox
+                if outbox.http_metrics is None:
+                    outbox.http_metrics = (self.meter_scope, [])
+                outbox.http_metrics[1].append((self.name, amount, dict(attributes) if attributes else {}))
+        except Exception:  # noqa: BLE001
+            failed("DeferredHistogram.record")
+
+
+ACTIVE_REQUESTS_LIMIT = 2000  # attribute sets, as the SDK's default cardinality limit; then its overflow set
+_OVERFLOW = (("otel.metric.overflow", True),)
+
+
+class ActiveRequests:
+    """The middleware's active-requests counter with the export process: counted here in a plain dict
+    (no SDK measurement per request), observed by the SDK at collection with the counter's name, unit
+    and description (the same points: a non-monotonic cumulative sum per attribute set)."""
+
+    def __init__(self, meter, counter):
+        from opentelemetry.metrics import Observation
+
+        self._counts: dict[tuple, int] = {}
+        self._observation = Observation
+        sdk_log = logging.getLogger(internals.INSTRUMENT_CONFLICT_LOGGER)
+        conflict = _InstrumentConflict()
+        conflict.instrument = counter.name
+        sdk_log.addFilter(conflict)  # (the counter is there, unused: the same name again is expected)
+        try:
+            meter.create_observable_up_down_counter(
+                counter.name, callbacks=[self.observe], unit=counter.unit, description=counter.description
+            )
+        finally:
+            sdk_log.removeFilter(conflict)
+
+    @inline_entry("ActiveRequests.add")
+    def add(self, amount, attributes=None, context=None) -> None:
+        try:
+            key = tuple(attributes.items()) if attributes else ()
+            counts = self._counts
+            if key not in counts and len(counts) >= ACTIVE_REQUESTS_LIMIT:
+                key = _OVERFLOW
+            counts[key] = counts.get(key, 0) + amount
+        except Exception:  # noqa: BLE001
+            failed("ActiveRequests.add")
+
+    @entry("ActiveRequests.observe", fallback=())
+    def observe(self, options=None):
+        return [self._observation(count, dict(key)) for key, count in list(self._counts.items())]
+
+
+class _InstrumentConflict(logging.Filter):
+    instrument = ""
+
+    @entry("ActiveRequests: the SDK's log filter", fallback=True)
+    def filter(self, record):
+        return internals.conflicting_instrument_name(record) != self.instrument
+
+
+_held: ContextVar[list | None] = ContextVar("otel_llm_http_held", default=None)
+
+
+class HeldUntilRecorded:
+    """Around LeanMiddleware with the export process. An HTTP request whose span and metrics the
+    export process makes (`LeanMiddleware.replayed`) goes to `LeanMiddleware.replayed_call`. Any other
+    goes through the maintained middleware's `__call__`: the server span ends when the response's
+    last body is sent, the middleware records its metrics after that, and this hands the span's
+    message over when they are in."""
+
+    def __init__(self, app: LeanMiddleware):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if (
+            self.app.replayed
+            and trace.get_current_span() is trace.INVALID_SPAN
+            and _replay_parts.is_http_instrumentation_enabled()
+            and get_global_response_propagator() is None
+            and await self.app.replayed_call(scope, receive, send)
+        ):
+            return
+        held: list = []
+        token = _held.set(held)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _held.reset(token)
+            if held:
+                release(held[0])
+
+
+class _Capture:
+    """The replayed middleware's tracer (it calls `start_span` only): its one span is a DeferredSpan
+    with the API server's span context, read (`merge_replayed`), never sent."""
+
+    hand_over = None
+
+    def __init__(self):
+        self.next: tuple | None = None  # (span context, sampled) of the request replayed
+        self.span: DeferredSpan | None = None
+
+    def start_span(
+        self, name, context=None, kind=trace.SpanKind.INTERNAL, attributes=None, links=None, start_time=None, **_ignored
+    ):
+        span_context, sampled = self.next
+        self.span = DeferredSpan(
+            name, span_context, None, kind, attributes if sampled else None, links, 0, sampled, Outbox(), self
+        )
+        return self.span
+
+
+class _NotCounted:
+    """The replayed middleware's active-requests counter: they are counted live in the API server."""
+
+    def add(self, amount, attributes=None, context=None) -> None:
+        pass
+
+
+class _Route:
+    __slots__ = ("path_format",)
+
+    def __init__(self, path_format: str):
+        self.path_format = path_format
+
+
+async def _disconnected():
+    return {"type": "http.disconnect"}
+
+
+async def _sent(message) -> None:
+    pass
+
+
+class HttpReplay:
+    """In the export process: the maintained middleware (opentelemetry-instrumentation-asgi's, as
+    FastAPIInstrumentor configures it from the same environment) run again on what the API server
+    kept of one HTTP request (`LeanMiddleware._replay_record`): its own code sets the span's
+    attributes and status and records the HTTP metrics, with the API server's span context, route,
+    response start and duration (its clock, `asgi.default_timer`, answers the request's times)."""
+
+    def __init__(self, meter):
+        self.tracer = _Capture()
+        self.middleware = OpenTelemetryMiddleware(
+            self._app,
+            tracer=self.tracer,
+            meter=meter,
+            default_span_details=self._span_details,
+            exclude_spans=["receive", "send"],
+        )
+        self.middleware.active_requests_counter = _NotCounted()
+        self._details: tuple = ("", {})
+        self._start: tuple | None = None
+
+    def _span_details(self, scope):
+        return self._details[0], dict(self._details[1])
+
+    async def _app(self, scope, receive, send):
+        if self._start is not None:
+            status, headers, _ = self._start
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def run(self, record: ReplayRecord) -> DeferredSpan:
+        (_, redacts, trace_id, span_id, flags, sampled, name, attributes, scope, route, start, duration_s) = record
+        self.middleware.server_request_hook = redact_query_hook if redacts else None
+        self.tracer.next = (SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags)), sampled)
+        self.tracer.span = None
+        self._details = (name, attributes)
+        self._start = start
+        if route is not None:
+            scope["route"] = _Route(route)
+        ticks = iter((0.0, duration_s))
+        clock = asgi.default_timer
+        asgi.default_timer = lambda: next(ticks, duration_s)
+        try:
+            coroutine = self.middleware(scope, _disconnected, _sent)
+            try:
+                coroutine.send(None)
+            except StopIteration:
+                pass
+            else:
+                coroutine.close()
+                raise RuntimeError("the replayed middleware waited for something")
+        finally:
+            asgi.default_timer = clock
+        if self.tracer.span is None:
+            raise RuntimeError("the replayed middleware made no span")
+        return self.tracer.span
+
+
+def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None) -> SpanRecord:
+    """The API server's span (its ids, times and what was set on it during the request: an exception's
+    event and status) completed with what the replayed middleware set: its attributes first (those
+    set in the API server win), its events first, and the status the span had last (the replay's is
+    set at the response start: the API server's wins if it was set after that, or is OK, which is
+    final)."""
+    attributes = dict(captured._attributes)
+    for key, value in span.attributes.items():
+        attributes.pop(key, None)
+        attributes[key] = value
+    status, replayed = span.status, captured._status
+    if replayed is not None and (
+        status is None or (status[0] != StatusCode.OK.value and not (start is not None and start[2]))
+    ):
+        status = replayed
+    return span._replace(attributes=attributes, status=status, events=[*captured._events, *span.events])
+
+
+@entry("http.release")
+def release(span: DeferredSpan) -> None:
+    span.outbox.held = False
+    if span._tracer.hand_over is not None:
+        span._tracer.hand_over(span)

@@ -1,0 +1,75 @@
+"""The export process as the request path's sink (the methods of otel_llm/vllm/sink.py `InProcessSink`):
+a request's spans are DeferredSpans whose telemetry goes, when the request ends, in one message to the
+export process (otel_llm/vllm/export/channel.py)."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import SpanKind
+
+from otel_llm import semconv
+from otel_llm.vllm.export import http as export_http
+from otel_llm.vllm.export.channel import ExportChannel
+from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer, DeferredTracerProvider, UsageEvents, hand_over
+from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+
+
+class ExportProcessSink:
+    def __init__(self, provider, meter, plan: dict, version: str, shutdown_timeout_s: float | None):
+        self.tracer = DeferredTracer(provider)
+        # a metric reader that serves from this process (Prometheus) keeps the request metrics here
+        self.metrics = None if plan["metrics"] else RequestMetrics(meter)
+        self.usage_events = UsageEvents() if plan["usage_events"] else None
+        self._dropped = semconv.create_instrument(meter, semconv.EXPORT_DROPPED)
+        self.channel = ExportChannel(
+            {**plan, "version": version}, on_drop=self._count_drop, shutdown_timeout_s=shutdown_timeout_s
+        )
+
+    def _count_drop(self, reason: str) -> None:
+        self._dropped.add(1, {semconv.ERROR_TYPE: reason})
+
+    def child_span(self, parent, context, name: str, start_ns: int, end_ns: int, attributes) -> None:
+        if isinstance(parent, DeferredSpan):  # exported with this request
+            parent.add_child(name, start_ns, end_ns, attributes)
+        else:
+            self.tracer.start_span(
+                name, context=context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attributes
+            ).end(end_time=end_ns)
+
+    def record_request(self, span, context, measurement: Measurement) -> None:
+        """Recorded here, or sent with the request's spans."""
+        if self.metrics is not None:
+            self.metrics.record(measurement, context=context)
+        elif isinstance(span, DeferredSpan):
+            span.outbox.measurement = tuple(measurement)
+
+    def count_progress(self, increments: list[tuple]) -> None:
+        """Added here, or sent to the export process in one message."""
+        if self.metrics is not None:
+            for key, tokens in increments:
+                self.metrics.add_tokens(key, tokens)
+        else:
+            self.channel.send_progress(increments)
+
+    def finish(self, span) -> None:
+        """Hand what the request exports to the export process, along with its HTTP server span's when
+        that is still open."""
+        if isinstance(span, DeferredSpan):
+            hand_over(span, self.channel)
+
+    def instrument_http(self, app, settings) -> bool:
+        """The HTTP server span made here and exported with the request's telemetry; its attributes and
+        metrics made by the export process where it can (otel_llm/vllm/export/http.py)."""
+        channel = self.channel
+        provider = DeferredTracerProvider(self.tracer, lambda span: hand_over(span, channel))
+        return export_http.instrument_app(app, settings, provider, offload_metrics=self.metrics is None)
+
+    def start(self) -> None:
+        """Start the export process now, and make the drop counter's series exist at 0, so an alert's
+        increase() sees the first drop. (Not at instrument time: vLLM's engine core, spawned and
+        instrumented too, serves nothing.)"""
+        self.channel.start()
+        for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
+            self._dropped.add(0, {semconv.ERROR_TYPE: reason})
+
+    def close(self) -> None:
+        self.channel.close()
