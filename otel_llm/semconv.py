@@ -201,6 +201,7 @@ OPENAI_API_TYPE_RESPONSES = "responses"
 TOKEN_TYPE_INPUT = "input"
 TOKEN_TYPE_CACHED_INPUT = "cached_input"
 TOKEN_TYPE_OUTPUT = "output"
+TOKEN_TYPES = (TOKEN_TYPE_INPUT, TOKEN_TYPE_CACHED_INPUT, TOKEN_TYPE_OUTPUT)
 # gen_ai.token.modality values (gen_ai_latest_experimental): our client calls are text; "unknown" marks the
 # 0 recorded for a call that received no usage
 TOKEN_MODALITY_TEXT = "text"

@@ -60,6 +60,10 @@ class _SpoolFiles:
         self.fsync_interval_s = fsync_interval_s
         self.on_drop = on_drop or (lambda reason: None)
         self._seq = 0
+        self._init_writer()
+
+    def _init_writer(self) -> None:
+        """The writer's own state (each subclass's)."""
 
     def _next_path(self, tag: str = "") -> str:
         os.makedirs(self.directory, exist_ok=True)
@@ -73,18 +77,7 @@ class _SpoolFiles:
 class Spool(_SpoolFiles):
     """Append-only JSON-lines files in one directory, one file at a time per process."""
 
-    def __init__(
-        self,
-        directory: str,
-        *,
-        max_bytes: int = 64 << 20,
-        max_age_s: float = 3600.0,
-        fsync_interval_s: float = 1.0,
-        on_drop=None,
-    ):
-        super().__init__(
-            directory, max_bytes=max_bytes, max_age_s=max_age_s, fsync_interval_s=fsync_interval_s, on_drop=on_drop
-        )
+    def _init_writer(self) -> None:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
@@ -233,6 +226,13 @@ def _safe_host() -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
 
 
+def emit_event(logger, fields: dict[str, Any], end_ns: int, context=None) -> None:
+    """A usage record as an OTLP log event (the API server's logger, or the export process's)."""
+    logger.emit(
+        timestamp=end_ns, observed_timestamp=end_ns, context=context, event_name=semconv.USAGE_EVENT, attributes=fields
+    )
+
+
 class UsageLedger:
     """Writes each record to the spool and/or as an OTLP log event. Never raises."""
 
@@ -287,13 +287,7 @@ class UsageLedger:
             if self.spool is not None:
                 self._write_line(fields, end_ns, span_context)
             if self._event_logger is not None:
-                self._event_logger.emit(
-                    timestamp=end_ns,
-                    observed_timestamp=end_ns,
-                    context=context,
-                    event_name=semconv.USAGE_EVENT,
-                    attributes=fields,
-                )
+                emit_event(self._event_logger, fields, end_ns, context)
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
             self.count_drop(semconv.DROP_ERROR)
             self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
@@ -346,8 +340,7 @@ class EngineSpool(_SpoolFiles):
 
     Same name scheme and rotation as `Spool`, so readers take its lines with the API server's."""
 
-    def __init__(self, directory: str, **options):
-        super().__init__(directory, **options)
+    def _init_writer(self) -> None:
         self._fd: int | None = None
         self.path: str | None = None
         self._size = 0

@@ -32,7 +32,7 @@ from otel_llm.billing.rows import SPEC_DECODE_COLUMNS, UNSET, Row
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 SPOOL_GLOB = f"{SPOOL_PREFIX}*{SPOOL_SUFFIX}"
-TOKEN_TYPES = tuple(token_type for _, token_type in semconv.USAGE_TOKEN_FIELDS)
+TOKEN_TYPES = semconv.TOKEN_TYPES
 
 
 def _ident(name: str) -> str:

@@ -23,7 +23,7 @@ DIMENSIONS = {
     "instance": "instance",
 }
 TYPE_LABEL = semconv.prometheus_label(semconv.GEN_AI_TOKEN_TYPE)
-TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
+TOKEN_TYPES = semconv.TOKEN_TYPES
 
 
 class ReportError(Exception):

@@ -56,7 +56,19 @@ class ResponseProxy(wrapt.ObjectProxy):
             end(self._self_inv, abandoned=CLOSED_EARLY)
 
 
-class StreamProxy(wrapt.ObjectProxy):
+class _StreamEnds:
+    """What both stream proxies share: the HTTP response the openai stream helpers close, and the end
+    of a stream garbage-collected unfinished."""
+
+    @property
+    def response(self):
+        return ResponseProxy(self.__wrapped__.response, self._self_inv)
+
+    def __del__(self):  # never ended here: see otel_llm/finalizer.py
+        finalizer.defer(end, self._self_inv, abandoned=COLLECTED)
+
+
+class StreamProxy(_StreamEnds, wrapt.ObjectProxy):
     def __init__(self, stream, inv: Invocation):
         super().__init__(stream)
         self._self_inv = inv
@@ -95,15 +107,8 @@ class StreamProxy(wrapt.ObjectProxy):
         finally:
             end(self._self_inv, abandoned=CLOSED_EARLY)
 
-    @property
-    def response(self):
-        return ResponseProxy(self.__wrapped__.response, self._self_inv)
 
-    def __del__(self):  # never ended here: see otel_llm/finalizer.py
-        finalizer.defer(end, self._self_inv, abandoned=COLLECTED)
-
-
-class AsyncStreamProxy(wrapt.ObjectProxy):
+class AsyncStreamProxy(_StreamEnds, wrapt.ObjectProxy):
     def __init__(self, stream, inv: Invocation):
         super().__init__(stream)
         self._self_inv = inv
@@ -141,10 +146,3 @@ class AsyncStreamProxy(wrapt.ObjectProxy):
             return await self.__wrapped__.close()
         finally:
             end(self._self_inv, abandoned=CLOSED_EARLY)
-
-    @property
-    def response(self):
-        return ResponseProxy(self.__wrapped__.response, self._self_inv)
-
-    def __del__(self):  # never ended here: see otel_llm/finalizer.py
-        finalizer.defer(end, self._self_inv, abandoned=COLLECTED)

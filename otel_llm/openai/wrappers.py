@@ -63,8 +63,25 @@ def _fail(inv: Invocation, exc: BaseException) -> None:
         _warn_once("recording an OpenAI client error")
 
 
-def _call_context(inv: Invocation):
-    return context.set_value(_IN_CALL, True, set_span_in_context(inv.span))
+class _InCall:
+    """While openai runs: the call's span current (and marked: a nested wrapped call makes no span);
+    an exception, cancellation included, recorded on the span before it propagates."""
+
+    __slots__ = ("inv", "token")
+
+    def __init__(self, inv: Invocation):
+        self.inv = inv
+
+    def __enter__(self):
+        self.token = context.attach(context.set_value(_IN_CALL, True, set_span_in_context(self.inv.span)))
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc is not None:
+                _fail(self.inv, exc)
+        finally:
+            context.detach(self.token)
+        return False
 
 
 def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_async: bool):
@@ -74,14 +91,8 @@ def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_
             inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
             if inv is None:
                 return await wrapped(*args, **kwargs)
-            token = context.attach(_call_context(inv))
-            try:
+            with _InCall(inv):
                 result = await wrapped(*args, **kwargs)
-            except BaseException as exc:
-                _fail(inv, exc)
-                raise
-            finally:
-                context.detach(token)
             return _finish(inv, result, kwargs, True)
 
         return async_wrapper
@@ -90,14 +101,8 @@ def make_wrapper(tel: ClientTelemetry, operation: str, api_type: str | None, is_
         inv, kwargs = _start(tel, operation, api_type, instance, kwargs)
         if inv is None:
             return wrapped(*args, **kwargs)
-        token = context.attach(_call_context(inv))
-        try:
+        with _InCall(inv):
             result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            _fail(inv, exc)
-            raise
-        finally:
-            context.detach(token)
         return _finish(inv, result, kwargs, False)
 
     return wrapper

@@ -32,7 +32,7 @@ from otel_llm.ops.budgets import Budget, labels
 from otel_llm.usage import SPOOL_PREFIX, SPOOL_SUFFIX
 
 TOKEN_FIELDS = semconv.USAGE_TOKEN_FIELDS  # (record field, token type)
-TOKEN_TYPES = tuple(t for _, t in TOKEN_FIELDS)
+TOKEN_TYPES = semconv.TOKEN_TYPES
 OVERLAP_S = 300  # ClickHouse: each poll rereads this much (records that land late, out of order)
 PROGRESS_TTL_S = 3600  # a stream's progress with no bill for this long: its server is gone, forget it
 PREPAID_RETRY_S = 300  # Retry-After for an exhausted prepaid balance (no period ends it: a top-up does)

@@ -13,23 +13,11 @@ OTEL_LLM_HTTP_REDACT_QUERY=false keeps them.
 
 The instrumentation's middleware (opentelemetry-instrumentation-asgi's OpenTelemetryMiddleware, as
 FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) stays the source of
-the HTTP span and metrics, with its per-request work moved off the API server, vLLM's bottleneck at
-high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
-- `LeanMiddleware` takes it over. With the export process (and a setup the export process can
-  reproduce: `replayable`) an HTTP request goes through `LeanMiddleware.replayed_call`: the API server
-  checks the exclusions, looks the route up (once per method and path), starts the span (ids, parent,
-  sampling: the maintained `_start_internal_or_server_span`), counts the request as active (in a dict
-  observed at collection: `ActiveRequests`) and keeps plain values: the request's ASGI connection scope
-  (its credential headers dropped unless request headers are captured), the route template, the
-  response start and the duration. The export process runs the maintained middleware again on them
-  (`HttpReplay`: its own `__call__`, with the API server's span context and duration), which sets the
-  span's attributes and status and records the HTTP metrics in the same instruments; `merge_replayed`
-  completes the API server's span with them. tests/vllm/test_offload.py compares the exported span
-  and metric points with the maintained middleware's, field for field.
-- Any other request (a websocket, one inside another span, a hook of the user's) goes through the
-  maintained `__call__`, with the route cached, one check per body chunk instead of its send
-  wrapper, and with the export process its histograms' values sent along (`DeferredHistogram`), the
-  span's message held until they are in (`HeldUntilRecorded`).
+the HTTP span and metrics; `LeanMiddleware` takes it over with less per-request work on the API server,
+vLLM's bottleneck at high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
+the route lookup cached per method and path, one check per body chunk instead of its send wrapper.
+With the export process, the sink takes it over further (otel_llm/vllm/export/http.py): the span's
+attributes and the HTTP metrics are made again in the export process.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ class RequestMetrics:
 
     def add_tokens(self, key: MetricKey, tokens: tuple[int, int, int]) -> None:
         totals = self._token_totals
-        for token_type, value in zip(_TOKEN_TYPES, tokens):
+        for token_type, value in zip(semconv.TOKEN_TYPES, tokens):
             series = (key, token_type)
             totals[series] = totals.get(series, 0) + value
 
@@ -144,9 +144,6 @@ class RequestMetrics:
     @warn.entry("observing the compute totals", fallback=())
     def _observe_compute(self, options):
         return [Observation(value, self.metric_attributes(key)) for key, value in list(self._compute_totals.items())]
-
-
-_TOKEN_TYPES = (semconv.TOKEN_TYPE_INPUT, semconv.TOKEN_TYPE_CACHED_INPUT, semconv.TOKEN_TYPE_OUTPUT)
 
 
 def outcome(error_type: str | None) -> str:

@@ -792,17 +792,10 @@ def redacted_error(text: str) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "…"
 
 
-def start_request(
-    telemetry: Telemetry,
-    info: RequestInfo,
-    *,
-    engine_owned: bool = False,
-    start_ns: int | None = None,
-    links=None,
-    context=None,
-) -> RequestTelemetry:
-    """A request's telemetry, its GenAI span started (at `start_ns`, default now)."""
-    return RequestTelemetry(telemetry, info, engine_owned=engine_owned, start_ns=start_ns, links=links, context=context)
+def start_request(telemetry: Telemetry, info: RequestInfo, **options) -> RequestTelemetry:
+    """A request's telemetry, its GenAI span started (options: RequestTelemetry's, e.g. `start_ns`,
+    default now)."""
+    return RequestTelemetry(telemetry, info, **options)
 
 
 def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:

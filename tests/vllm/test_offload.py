@@ -1,4 +1,4 @@
-"""The export process (otel_llm/vllm/export/channel.py, export_process.py) with a real child process
+"""The export process (otel_llm/vllm/export/: deferred.py, channel.py, process.py) with a real child process
 and a real OTLP receiver: what it exports equals what the SDK exports in process, it honours
 the sampler, it drops (and counts) instead of blocking, and it is restarted, forked and closed
 as a server needs."""
@@ -557,7 +557,7 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
     the deferred tracer provider, our request hooks), a handler making a GenAI span under it and
     handing it over: (status, body) of a request with a query, a failing handler and a 404.
     replayed: the HTTP metrics go to the export process too, which makes the span's attributes
-    (LeanMiddleware.replayed_call); else the maintained middleware's `__call__` runs here."""
+    (ReplayingMiddleware.replayed_call); else the maintained middleware's `__call__` runs here."""
     from opentelemetry.sdk.metrics import MeterProvider
     from starlette.testclient import TestClient
 

@@ -412,7 +412,7 @@ _held: ContextVar[list | None] = ContextVar("otel_llm_http_held", default=None)
 
 class HeldUntilRecorded:
     """Around LeanMiddleware with the export process. An HTTP request whose span and metrics the
-    export process makes (`LeanMiddleware.replayed`) goes to `LeanMiddleware.replayed_call`. Any other
+    export process makes (`ReplayingMiddleware.replayed`) goes to `ReplayingMiddleware.replayed_call`. Any other
     goes through the maintained middleware's `__call__`: the server span ends when the response's
     last body is sent, the middleware records its metrics after that, and this hands the span's
     message over when they are in."""
@@ -486,7 +486,7 @@ async def _sent(message) -> None:
 class HttpReplay:
     """In the export process: the maintained middleware (opentelemetry-instrumentation-asgi's, as
     FastAPIInstrumentor configures it from the same environment) run again on what the API server
-    kept of one HTTP request (`LeanMiddleware._replay_record`): its own code sets the span's
+    kept of one HTTP request (`ReplayingMiddleware._replay_record`): its own code sets the span's
     attributes and status and records the HTTP metrics, with the API server's span context, route,
     response start and duration (its clock, `asgi.default_timer`, answers the request's times)."""
 

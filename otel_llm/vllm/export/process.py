@@ -33,7 +33,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from otel_llm import config, semconv
+from otel_llm import config, semconv, usage
 from otel_llm.sdk import internals, shutdown
 from otel_llm.vllm.export.wire import (
     BYE,
@@ -166,13 +166,7 @@ class Exporter:
                         instrument.record(value, attributes, context=context)
         if usage_event is not None and self.usage_logger is not None:
             fields, end_ns = usage_event
-            self.usage_logger.emit(
-                timestamp=end_ns,
-                observed_timestamp=end_ns,
-                context=context,
-                event_name=semconv.USAGE_EVENT,
-                attributes=fields,
-            )
+            usage.emit_event(self.usage_logger, fields, end_ns, context)
 
     def count_progress(self, increments) -> None:
         """A live sweep's token counter increments (otel_llm/vllm/live.py)."""

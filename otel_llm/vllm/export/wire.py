@@ -64,7 +64,7 @@ class Outbox:
     `http_metrics`: the HTTP server metrics' values of an HTTP request ((meter scope, [(instrument,
     value, attributes)]), otel_llm/vllm/http.py), recorded by the export process; `http_replay`: what
     the export process needs to make an HTTP request's span attributes and metrics with the
-    maintained middleware (http.py `LeanMiddleware._replay_record`); `held`: not handed over when its
+    maintained middleware (export/http.py `ReplayRecord`); `held`: not handed over when its
     span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
 
     __slots__ = (
