@@ -43,5 +43,5 @@ class InProcessSink:
     def start(self) -> None:
         """This process serves (vLLM built its app)."""
 
-    def close(self) -> None:
-        pass
+    def close(self, timeout_s: float | None = None) -> None:
+        """Nothing of its own to flush: the SDK's providers are shut down by otel_llm/sdk/shutdown.py."""

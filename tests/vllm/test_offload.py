@@ -955,3 +955,23 @@ def test_the_header_getter_answers_as_the_asgi_getter():
     for scope in scopes:
         for key in ("traceparent", "TraceParent", "baggage", "tracestate", "x-\u00e9", "missing"):
             assert _header_getter.get(scope, key) == asgi_getter.get(scope, key), (scope, key)
+
+
+def test_the_export_sink_hands_the_export_process_report_to_the_exit_flush(export_env):
+    """ExportProcessSink.close (what the bounded exit flush calls, otel_llm/sdk/shutdown.py) returns what
+    the export process could not export, so the API server's one warning counts both processes."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_llm.vllm.export.sink import ExportProcessSink
+
+    export_env("http://127.0.0.1:9")  # (refused: nothing exported)
+    plan = {"traces": True, "metrics": False, "usage_events": False, "resource": dict(RESOURCE.attributes)}
+    sink = ExportProcessSink(
+        TracerProvider(resource=RESOURCE), MeterProvider().get_meter("t"), {**plan, "schema_url": None}, __version__, 5
+    )
+    sink.start()
+    span = sink.tracer.start_span("chat tiny")
+    span.end()
+    sink.finish(span)
+    report = sink.close(3)
+    assert report is not None and report["spans"] == 1, report

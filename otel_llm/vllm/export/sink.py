@@ -71,5 +71,7 @@ class ExportProcessSink:
         for reason in (semconv.EXPORT_DROP_QUEUE_FULL, semconv.EXPORT_DROP_EXPORTER_DOWN):
             self._dropped.add(0, {semconv.ERROR_TYPE: reason})
 
-    def close(self) -> None:
-        self.channel.close()
+    def close(self, timeout_s: float | None = None) -> dict | None:
+        """Flush and stop the export process within timeout_s; its report of what it could not export
+        (the bounded exit flush, otel_llm/sdk/shutdown.py, counts it in its one warning)."""
+        return self.channel.close(timeout_s)
