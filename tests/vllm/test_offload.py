@@ -975,3 +975,35 @@ def test_the_export_sink_hands_the_export_process_report_to_the_exit_flush(expor
     sink.finish(span)
     report = sink.close(3)
     assert report is not None and report["spans"] == 1, report
+
+
+def test_a_request_message_and_a_sweep_marshal_as_they_are():
+    """What the request path hands the export process is plain tuples (the named tuples of wire.py made
+    plain): marshal takes a whole message as it is, never through the slow path that cleans values
+    (wire.plain, meant for attribute values of unusual types)."""
+    import marshal
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_llm.vllm.export.http import ReplayRecord
+    from otel_llm.vllm.export.sink import ExportProcessSink
+    from otel_llm.vllm.request_metrics import Measurement, MetricKey
+
+    plan = {"traces": True, "metrics": True, "usage_events": False, "resource": dict(RESOURCE.attributes)}
+    sink = ExportProcessSink(
+        TracerProvider(resource=RESOURCE), MeterProvider().get_meter("t"), {**plan, "schema_url": None}, __version__, 5
+    )
+    key = MetricKey("chat", "tiny", "tiny", "acme", None, None)
+    span = sink.tracer.start_span("chat tiny", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
+    sink.child_span(span, None, semconv.SPAN_QUEUE, T0, T0 + 10, None)
+    sink.record_request(span, None, Measurement(key, None, 0.1, 0.01, 0.5, (10, 4, 16), 0.2, 0.05, (8, 6)))
+    span.outbox.http_replay = ReplayRecord(
+        ("fastapi", "1", None), True, 1, 2, 1, True, "POST /x", {}, {}, None, None, 0.5
+    )
+    span.end()
+    message = span.outbox.message()
+    assert marshal.loads(marshal.dumps(message)) == message
+    sent = []
+    sink.channel.send_progress = sent.append
+    sink.count_progress([(key, (10, 4, 7))])
+    assert marshal.loads(marshal.dumps(sent[0])) == [(tuple(key), (10, 4, 7))]

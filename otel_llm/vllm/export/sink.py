@@ -40,7 +40,7 @@ class ExportProcessSink:
         if self.metrics is not None:
             self.metrics.record(measurement, context=context)
         elif isinstance(span, DeferredSpan):
-            span.outbox.measurement = tuple(measurement)
+            span.outbox.measurement = (tuple(measurement.key), *measurement[1:])  # (plain: marshal's)
 
     def count_progress(self, increments: list[tuple]) -> None:
         """Added here, or sent to the export process in one message."""
@@ -48,7 +48,7 @@ class ExportProcessSink:
             for key, tokens in increments:
                 self.metrics.add_tokens(key, tokens)
         else:
-            self.channel.send_progress(increments)
+            self.channel.send_progress([(tuple(key), tokens) for key, tokens in increments])
 
     def finish(self, span) -> None:
         """Hand what the request exports to the export process, along with its HTTP server span's when

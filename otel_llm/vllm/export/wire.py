@@ -1,7 +1,8 @@
 """The export process's wire format: what one request exports, as it crosses the socket from the API
 server (otel_llm/vllm/export/channel.py) to the export process (otel_llm/vllm/export/process.py), one
-`marshal`led message of plain values. The named tuples say what each position holds; both ends build
-and read them by name (marshal carries them as plain tuples)."""
+`marshal`led message of plain values. The named tuples say what each position holds: the API server
+builds them by name and `Outbox.parts` makes them plain tuples (marshal takes no other), the export
+process reads them by name again."""
 
 from __future__ import annotations
 
@@ -100,16 +101,19 @@ class Outbox:
             and self.http_replay is None
         )
 
-    def parts(self) -> list[Part]:
+    def parts(self) -> list[tuple]:
+        """This request's Part and the parts it adopted, as the plain tuples marshal carries (marshal
+        takes no named tuple: one would send the message down the slow path, `plain`)."""
+        replay = self.http_replay
         return [
-            Part(
-                self.spans,
+            (
+                [tuple(span) for span in self.spans],
                 self.measurement,
                 self.usage_event,
                 self.exemplar,
                 self.scope,
                 self.http_metrics,
-                self.http_replay,
+                None if replay is None else tuple(replay),
             ),
             *self.adopted,
         ]
