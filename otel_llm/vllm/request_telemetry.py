@@ -285,7 +285,7 @@ class RequestTelemetry:
             failed("finishing the span of a vLLM request")
             try:
                 self.span.end()
-                self.telemetry.finish(self.span)
+                self.telemetry.sink.finish(self.span)
             except Exception:
                 pass
 
@@ -310,7 +310,7 @@ class RequestTelemetry:
         self.span.set_attributes(ending.attrs)
         self.span.end(end_time=ending.end_ns)
         guarded("recording a request's metrics", self._record_metrics, ending)
-        guarded("handing a request's telemetry to the export process", self.telemetry.finish, self.span)
+        guarded("handing a request's telemetry to the export process", self.telemetry.sink.finish, self.span)
 
     def _read_engines(self, error_type, aborted: bool, response) -> "_Ending":
         """The end time, the engine requests read once (and forgotten by the registry), the usage and
@@ -607,7 +607,7 @@ class RequestTelemetry:
         )
         if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
             tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
-        tel.record_request(
+        tel.sink.record_request(
             self.span,
             self.context,
             Measurement(

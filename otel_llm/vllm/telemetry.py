@@ -16,7 +16,6 @@ from otel_llm.config import Settings
 from otel_llm.usage import UsageLedger
 from otel_llm.vllm.attribution import Attribution, LabelGuard
 from otel_llm.vllm.live import LiveCounter
-from otel_llm.vllm.request_metrics import Measurement
 
 
 @warn.entry("observe_failures", fallback=())
@@ -77,13 +76,6 @@ class Telemetry:
         self._by_engine_id: dict[str, Any] = {}
         # long requests' tokens so far, every OTEL_LLM_LIVE_INTERVAL (otel_llm/vllm/live.py)
         self.live = LiveCounter(settings.live_interval_s, sink.count_progress)
-
-    def record_request(self, span, context, measurement: Measurement) -> None:
-        self.sink.record_request(span, context, measurement)
-
-    def finish(self, span) -> None:
-        """The request is done: its telemetry goes to the sink."""
-        self.sink.finish(span)
 
     # --- engine requests in flight (the registry engine hooks find a request's record by) ------
     def track_engine_request(self, engine_id: str, record) -> None:

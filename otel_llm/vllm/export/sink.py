@@ -4,16 +4,18 @@ export process (otel_llm/vllm/export/channel.py)."""
 
 from __future__ import annotations
 
-from opentelemetry.trace import SpanKind
-
 from otel_llm import semconv
 from otel_llm.vllm.export import http as export_http
 from otel_llm.vllm.export.channel import ExportChannel
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer, DeferredTracerProvider, UsageEvents, hand_over
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+from otel_llm.vllm.sink import InProcessSink
 
 
-class ExportProcessSink:
+class ExportProcessSink(InProcessSink):
+    """InProcessSink's methods where something stays in this process (a span that is not ours, the
+    request metrics when a Prometheus reader serves them from here)."""
+
     def __init__(self, provider, meter, plan: dict, version: str, shutdown_timeout_s: float | None):
         self.tracer = DeferredTracer(provider)
         # a metric reader that serves from this process (Prometheus) keeps the request metrics here
@@ -31,22 +33,19 @@ class ExportProcessSink:
         if isinstance(parent, DeferredSpan):  # exported with this request
             parent.add_child(name, start_ns, end_ns, attributes)
         else:
-            self.tracer.start_span(
-                name, context=context, kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attributes
-            ).end(end_time=end_ns)
+            InProcessSink.child_span(self, parent, context, name, start_ns, end_ns, attributes)
 
     def record_request(self, span, context, measurement: Measurement) -> None:
         """Recorded here, or sent with the request's spans."""
         if self.metrics is not None:
-            self.metrics.record(measurement, context=context)
+            InProcessSink.record_request(self, span, context, measurement)
         elif isinstance(span, DeferredSpan):
             span.outbox.measurement = (tuple(measurement.key), *measurement[1:])  # (plain: marshal's)
 
     def count_progress(self, increments: list[tuple]) -> None:
         """Added here, or sent to the export process in one message."""
         if self.metrics is not None:
-            for key, tokens in increments:
-                self.metrics.add_tokens(key, tokens)
+            InProcessSink.count_progress(self, increments)
         else:
             self.channel.send_progress([(tuple(key), tokens) for key, tokens in increments])
 
