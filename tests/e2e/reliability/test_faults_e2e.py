@@ -554,7 +554,7 @@ def _check_span(target, kind, span, http, spans, usage, engine, where):
         if target.no_abort_marker:
             assert semconv.VLLM_ABORTED not in attrs, where
         else:
-            assert attrs.get(semconv.VLLM_ABORTED) is True, (where, attrs.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS))
+            assert attrs.get(semconv.VLLM_ABORTED) is True, (where, (span.end_ns - span.start_ns) / 1e9, attrs)
             assert attrs[semconv.ERROR_TYPE] == semconv.ERROR_CLIENT_ABORTED, where
     if kind == REJECT:
         assert attrs[semconv.ERROR_TYPE] == "Bad Request", where
