@@ -1037,7 +1037,7 @@ API_VARIANTS = (API_BARE, API_DEFAULT, API_NO_HTTP, API_NATIVE, API_FASTAPI, API
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 
 
-def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0.002) -> None:
+def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0.002, breakdown: bool = False) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
     a FastAPI app with vLLM's routes before the chat route, whose chat route replays one recorded
@@ -1051,7 +1051,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     defaults, SDK in this process); a second bare app (A/A). CPU of this process per request
     (time.process_time, every thread: the SDK's span processor and metric reader included, the
     providers flushed at the end of each run), rounds alternated; for the default setups also the
-    export process's CPU per request (another process)."""
+    export process's CPU per request (another process). breakdown: also the default setup's CPU per
+    piece of the request path (benchmarks/breakdown.py; its timers add about 0.3 us per piece call to
+    that variant's figures)."""
     import json
 
     import httpx
@@ -1072,6 +1074,12 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
 
     from otel_llm.vllm import VLLMInstrumentor, http, wrappers
 
+    pieces = None
+    if breakdown:
+        from breakdown import Breakdown
+
+        pieces = Breakdown()
+        pieces.install()
     added, batches, tokenizer, _ = record_engine_traffic(1, max_tokens)
     engine_request, prompt = added[0]
     receiver, endpoint = start_receiver_process()
@@ -1228,6 +1236,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             if channel is not None:
                 wait_for_backlog(channel, 0.0)
                 child0 = quiet_cpu_seconds(child)
+            counted = pieces is not None and label.startswith(API_DEFAULT + ",") and not label.endswith("round -1")
+            if counted:
+                pieces.bucket = "stream" if stream else "non-stream"
             started = time.process_time()
             for i in range(requests):
                 r = await client.post("/v1/chat/completions", json=body)
@@ -1239,6 +1250,8 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             tracer_provider.force_flush()
             meter_provider.force_flush()
             cost = (time.process_time() - started) / requests
+            if counted:
+                pieces.bucket = None
         child_cost = None
         if channel is not None:
             wait_for_backlog(channel, 0.0)
@@ -1328,6 +1341,11 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
         f"process, from /proc once it drained)"
     )
+    if pieces is not None:
+        print(f"\nThe default setup, per piece of the request path ({rounds} rounds of {requests} requests):")
+        for bucket in ("non-stream", "stream"):
+            pieces.report(bucket, rounds * requests)
+        pieces.uninstall()
     for variant, (sent, dropped) in channel_counts.items():
         records, full = usage_lines[variant]
         print(
@@ -1602,12 +1620,20 @@ def main() -> int:
         "(default: the last checkpoint)",
     )
     parser.add_argument("--memory-concurrency", type=int, default=64)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="--part api: also the default setup's CPU per piece of the request path (benchmarks/breakdown.py)",
+    )
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
     if part == "api":
         build(DEFAULT_MODEL_DIR)
         part_api(
-            6 if args.rounds is None else args.rounds, 200 if args.requests is None else args.requests, args.max_tokens
+            6 if args.rounds is None else args.rounds,
+            200 if args.requests is None else args.requests,
+            args.max_tokens,
+            breakdown=args.breakdown,
         )
         return 0
     if args.rounds is None:

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 from otel_llm import semconv
 from otel_llm.warn import WarnOnce
 
@@ -226,6 +228,20 @@ def _safe_host() -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "host"
 
 
+_encode = msgspec.json.Encoder().encode
+
+
+def json_line(record: dict) -> bytes:
+    """A spool line: compact JSON, UTF-8, newline-terminated. msgspec's encoder (a tenth of json.dumps's
+    CPU for a usage record, per request in the API server and the engine core); a value it does not
+    take (a str subclass) goes through json.dumps. (Floats are written in their shortest form either
+    way: 1e-05 by one, 0.00001 by the other; NaN as null by msgspec.)"""
+    try:
+        return _encode(record) + b"\n"
+    except Exception:  # noqa: BLE001 - the stdlib's encoder, or its error for the caller
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
 def emit_event(logger, fields: dict[str, Any], end_ns: int, context=None) -> None:
     """A usage record as an OTLP log event (the API server's logger, or the export process's)."""
     logger.emit(
@@ -308,7 +324,7 @@ class UsageLedger:
         if span_context is not None and span_context.is_valid:
             line[semconv.USAGE_TRACE_ID] = format(span_context.trace_id, "032x")
             line[semconv.USAGE_SPAN_ID] = format(span_context.span_id, "016x")
-        self.spool.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+        self.spool.write(json_line(line))
 
     def close(self) -> None:
         if self.spool is not None:

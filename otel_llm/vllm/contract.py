@@ -471,14 +471,33 @@ def read_metadata_id(metadata) -> str | None:
 
 def request_fields(request):
     """get(name) over a handler's request (ChatCompletionRequest, CompletionRequest, ResponsesRequest,
-    an embeddings request): the field, or None where its type has none. Read from its __dict__:
-    getattr warns on deprecated fields (max_tokens), per request."""
+    an embeddings request): the field, or None where its type has none. Read from its __dict__ (getattr
+    warns on deprecated fields, max_tokens, per request), then from pydantic's extra fields (vLLM's
+    models allow them: a client's `safety_identifier` where vLLM has no such field); getattr only for
+    a name its class has (asked once per class and name): on a pydantic model a missing name costs
+    getattr a raised and caught AttributeError, per request."""
     fields = getattr(request, "__dict__", None) or {}
+    extra = getattr(request, "__pydantic_extra__", None) or {}
+    cls = type(request)
 
     def get(name):
-        return fields[name] if name in fields else getattr(request, name, None)
+        if name in fields:
+            return fields[name]
+        if name in extra:
+            return extra[name]
+        key = (cls, name)
+        found = _CLASS_HAS.get(key)
+        if found is None:
+            # (an object that is no pydantic model may answer any name from its own __getattr__: asked)
+            found = hasattr(cls, name) or not hasattr(cls, "model_fields")
+            if len(_CLASS_HAS) < 4096:
+                _CLASS_HAS[key] = found
+        return getattr(request, name, None) if found else None
 
     return get
+
+
+_CLASS_HAS: dict[tuple[type, str], bool] = {}  # request_fields: (class, name) -> getattr may find it
 
 
 def read_request_content(request) -> dict:

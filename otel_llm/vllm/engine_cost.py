@@ -23,13 +23,12 @@ thread touches a `CostBook`. Finished requests and window totals become usage re
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 from otel_llm import semconv
-from otel_llm.usage import EngineSpool
+from otel_llm.usage import EngineSpool, json_line
 from otel_llm.vllm import contract
 from otel_llm.warn import guarded
 
@@ -296,7 +295,7 @@ class CostBook:
         }
         if self.model:
             record[semconv.GEN_AI_REQUEST_MODEL] = self.model
-        self.pending.append(_line(record))
+        self.pending.append(json_line(record))
         self.window_start = now
         self.busy_ns = self.idle_ns = self.window_block_ns = 0
 
@@ -341,7 +340,7 @@ class CostBook:
             record[semconv.VLLM_PD_ROLE] = semconv.PD_ROLE_PREFILL
         if info.trace_headers:
             _trace_fields(record, info.trace_headers, self.attribution)
-        self.pending.append(_line(record))
+        self.pending.append(json_line(record))
         if not info.frontend_billed:
             return None
         summary = (
@@ -358,10 +357,6 @@ class CostBook:
 
 
 _OUTCOMES = {semconv.FINISH_REASON_ABORT: semconv.OUTCOME_ABORTED, semconv.FINISH_REASON_ERROR: semconv.OUTCOME_ERROR}
-
-
-def _line(record: dict) -> bytes:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
 def _trace_fields(record: dict, headers, attribution) -> None:

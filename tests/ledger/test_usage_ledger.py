@@ -54,6 +54,22 @@ def test_spool_appends_whole_lines_to_a_file_of_this_process(tmp_path):
     spool.close()
 
 
+def test_a_spool_line_is_compact_utf8_json_whatever_the_values():
+    rec = record("i/1", tenant="café\u2028", duration=1e-05, big=1e16, ids=("a", "b"))
+    out = usage.json_line(rec)
+    assert out.endswith(b"\n") and out.count(b"\n") == 1 and b": " not in out and b", " not in out
+    assert "café".encode() in out  # UTF-8, not \u escapes
+    assert json.loads(out) == {**rec, "ids": ["a", "b"]}
+
+    class Label(str):  # a value msgspec's encoder does not take: the stdlib's writes it
+        pass
+
+    assert json.loads(usage.json_line({"tenant.id": Label("acme")})) == {"tenant.id": "acme"}
+    assert json.loads(usage.json_line({"d": float("nan")})) == {"d": None}  # valid JSON, not NaN
+    with pytest.raises(TypeError):  # neither takes it: the ledger counts the drop (test_the_ledger_counts_...)
+        usage.json_line({"x": object()})
+
+
 def test_spool_rotates_by_size_and_by_age_and_loses_nothing(tmp_path):
     spool = usage.Spool(str(tmp_path), max_bytes=300, fsync_interval_s=0)
     for i in range(10):

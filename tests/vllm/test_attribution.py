@@ -130,3 +130,28 @@ def test_a_lenient_caller_leaves_out_what_fails(monkeypatch):
     monkeypatch.setattr(attribution, "end_user", boom)
     monkeypatch.setattr(attribution, "caller", lambda headers: Caller("t", None, None, None))
     assert attribution.request_caller({}, {}.get, lenient=True) == Caller("t", None, None, None)
+
+
+def test_starlette_headers_are_read_in_one_pass_with_the_answers_of_their_get():
+    """Starlette's Headers (a handler's raw_request.headers) are read from their raw list once; the
+    answers are those of Headers.get per configured name: first occurrence, case-insensitive names,
+    an empty value skipped for the next name, latin-1 values."""
+    from starlette.datastructures import Headers
+
+    settings = Settings(
+        tenant_headers=("x-tenant-id", "x-org"), scene_headers=("x-scene",), cost_center_headers=("x-cc",)
+    )
+    attribution = Attribution(settings)
+    cases = [
+        [(b"x-tenant-id", b"acme"), (b"x-tenant-id", b"other"), (b"x-scene", b"chat")],
+        [(b"x-tenant-id", b""), (b"x-org", b"beta"), (b"x-cc", "caf\xe9".encode("latin-1"))],
+        [(b"x-org", b"gamma"), (b"x-tenant-id", b"delta")],
+        [(b"content-type", b"application/json")],
+        [],
+    ]
+    for raw in cases:
+        headers = Headers(raw=raw)
+        by_get = {name: headers.get(name) for name in ("x-tenant-id", "x-org", "x-scene", "x-cc")}
+        assert attribution.caller(headers) == attribution.caller(by_get), raw
+    assert attribution.caller(Headers(raw=cases[1])) == Caller("beta", None, "caf\xe9", None)
+    assert attribution.caller(Headers(raw=cases[2])) == Caller("delta", None, None, None)

@@ -327,6 +327,19 @@ def test_the_serving_layer_readers_on_vllms_own_objects():
     )
     get = contract.request_fields(request)
     assert (get("model"), get("max_completion_tokens"), get("user"), get("no_such_field")) == ("m", 5, "u-1", None)
+    # a field vLLM's model lacks, sent by the client: pydantic keeps it as an extra field
+    extra = ChatCompletionRequest(model="m", messages=[], safety_identifier="hash-1")
+    assert contract.request_fields(extra)("safety_identifier") == "hash-1"
+    assert contract.request_fields(request)("safety_identifier") is None
+    # an attribute of the class (a method, a property) is still read; an object that is no pydantic
+    # model answers from its own __getattr__
+    assert callable(get("model_dump"))
+
+    class Dynamic:
+        def __getattr__(self, name):
+            return f"dynamic {name}"
+
+    assert contract.request_fields(Dynamic())("anything") == "dynamic anything"
     assert contract.read_request_content(request)["messages"] == [{"role": "user", "content": "hi"}]
     assert contract.read_request_content(request)["input"] is None
 

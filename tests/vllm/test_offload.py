@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
@@ -348,6 +348,28 @@ def test_the_users_sampler_decides():
     )
     assert not parent_based.start_span("chat", context=unsampled_parent).is_recording()
     assert not parent_based.start_span("chat").is_recording()  # a root: ALWAYS_OFF
+
+
+def test_a_child_of_a_sampled_local_span_is_made_as_the_sdk_samples_it():
+    """Under the SDK's ParentBased defaults the child of a sampled local span is sampled without asking
+    the sampler (its answer is known): the same trace state, attributes and flags as the SDK's own
+    tracer gives; with another sampler for that case, the sampler decides."""
+    attributes = {semconv.GEN_AI_OPERATION_NAME: "chat"}
+    remote = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    sdk = TracerProvider().get_tracer("t")
+    sdk_parent = sdk.start_span("POST", context=remote)
+    sdk_child = sdk.start_span("chat", context=trace.set_span_in_context(sdk_parent), attributes=attributes)
+    tracer = deferred.DeferredTracer(TracerProvider())
+    parent = tracer.start_span("POST", context=remote)
+    child = tracer.start_span("chat", context=trace.set_span_in_context(parent), attributes=attributes)
+    ours, theirs = child.get_span_context(), sdk_child.get_span_context()
+    assert (ours.trace_flags, ours.trace_state, ours.is_remote) == (theirs.trace_flags, theirs.trace_state, False)
+    assert ours.trace_state == REMOTE_PARENT.trace_state and child.attributes == dict(sdk_child.attributes)
+
+    asked = deferred.DeferredTracer(TracerProvider(sampler=ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF)))
+    parent = asked.start_span("POST", context=remote)
+    assert parent.is_recording()
+    assert not asked.start_span("chat", context=trace.set_span_in_context(parent)).is_recording()
 
 
 def test_metrics_and_usage_events_are_recorded_with_exemplars(export_env):

@@ -326,8 +326,15 @@ class DeferredTracer(trace.Tracer):
             else:
                 trace_id = parent.trace_id
                 random_trace_id = parent.trace_flags.random_trace_id
-            result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-            flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+            local_sampled_parent = parent is not None and not parent.is_remote and parent.trace_flags.sampled
+            if self.children_follow_parent and local_sampled_parent:
+                # the sampler's answer for a sampled local parent, without asking it (as add_child): sampled,
+                # the attributes as given, the parent's trace state
+                sampled, trace_state = True, parent.trace_state
+            else:
+                result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+                sampled, trace_state, attributes = result.decision.is_sampled(), result.trace_state, result.attributes
+            flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
             if random_trace_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
             span_context = SpanContext(
@@ -335,11 +342,10 @@ class DeferredTracer(trace.Tracer):
                 self.id_generator.generate_span_id(),
                 is_remote=False,
                 trace_flags=TraceFlags(flags),
-                trace_state=result.trace_state,
+                trace_state=trace_state,
             )
             outbox = _outbox if _outbox is not None else Outbox(self.scope)
-            # recording-but-unsampled spans are never exported by the SDK's batch processor: not kept
-            sampled = result.decision.is_sampled()
+            # (recording-but-unsampled spans are never exported by the SDK's batch processor: not kept)
             # an open, recording span of another instrumentation (the HTTP server span) takes this
             # one's telemetry along when it ends (an unsampled one may never be ended)
             holder = (
@@ -354,7 +360,7 @@ class DeferredTracer(trace.Tracer):
                 span_context,
                 parent,
                 kind,
-                result.attributes if sampled else None,
+                attributes if sampled else None,
                 links,
                 start_time or time.time_ns(),
                 sampled,
