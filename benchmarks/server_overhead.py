@@ -1403,11 +1403,9 @@ def sample_usage_fields() -> dict:
 def ledger_micro(directory: Path, records: int = 20000, rate: float = 200.0, seconds: float = 3.0) -> dict:
     """`UsageLedger.write` alone (CPU per record, spool on the real disk), and the CPU its spool's fsync
     thread spends per record when records come at `rate` a second (the default 1 s fsync interval)."""
-    import json
-
     from opentelemetry.metrics import NoOpMeter
 
-    from otel_llm.usage import UsageLedger
+    from otel_llm.usage import UsageLedger, json_line
 
     fields = sample_usage_fields()
     context = SimpleNamespace(is_valid=True, trace_id=0x5B8EFFF798038103D269B633813FC60C, span_id=0xEEE19B7EC3C1B174)
@@ -1416,7 +1414,7 @@ def ledger_micro(directory: Path, records: int = 20000, rate: float = 200.0, sec
         ledger.write(fields, time.time_ns(), context)  # opens the file, starts the fsync thread
         batch = records // 5
         per_batch = []
-        for _ in range(5):  # back to back: dict copy + json.dumps + one os.write each
+        for _ in range(5):  # back to back: dict copy + the JSON line + one os.write each
             started = time.process_time()
             for _ in range(batch):
                 ledger.write(fields, time.time_ns(), context)
@@ -1428,7 +1426,7 @@ def ledger_micro(directory: Path, records: int = 20000, rate: float = 200.0, sec
             line[semconv.USAGE_TIME] = time.time_ns()
             line[semconv.USAGE_TRACE_ID] = format(context.trace_id, "032x")
             line[semconv.USAGE_SPAN_ID] = format(context.span_id, "016x")
-            json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode()
+            json_line(line)
         encode_s = (time.process_time() - started) / batch
         line_bytes = os.path.getsize(ledger.spool.path) / (1 + 5 * batch)
 
