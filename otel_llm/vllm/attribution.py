@@ -54,12 +54,6 @@ class Attribution:
         self.settings = settings
         self.api_keys = _load_api_keys(settings.api_keys_file)
         self._warn = WarnOnce()  # per instance: each Telemetry warns about its own requests
-        # the tenant, scene and cost-center header names, as raw (ASGI) names: one pass over a request's headers
-        self._raw_names = tuple(
-            tuple(name.lower().encode("latin-1") for name in names)
-            for names in (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
-        )
-        self._wanted = frozenset(name for names in self._raw_names for name in names)
 
     def vouched(self) -> list:
         """Per field, the values the API-key map names (None: no map, any value may get a label)."""
@@ -84,14 +78,9 @@ class Attribution:
                     return Caller(*entry)
         settings = self.settings
         limit = settings.attribution_max_length
-        raw = _raw_values(headers, self._wanted)
-        if raw is not None:
-            for index, names in enumerate(self._raw_names):
-                found[index] = self._valid(next((raw[name] for name in names if raw.get(name)), None), limit)
-        else:
-            header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
-            for index, names in enumerate(header_names):
-                found[index] = self._valid(_first_header(headers, names), limit)
+        header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+        for index, names in enumerate(header_names):
+            found[index] = self._valid(_first_header(headers, names), limit)
         if None in found:
             entries = baggage.get_all(ctx)
             if entries:
@@ -173,20 +162,6 @@ class Attribution:
                 ENV_ATTRIBUTION_MAX_LENGTH,
             )
         return value
-
-
-def _raw_values(headers, wanted: frozenset) -> dict[bytes, str] | None:
-    """The first value of each wanted header, from Starlette's Headers in one pass over its raw (ASGI)
-    list, decoded as Headers.get decodes it; None for another kind of headers (then .get, per name:
-    each miss of Headers.get raises and catches a KeyError inside)."""
-    raw = getattr(headers, "raw", None)
-    if type(raw) is not list:
-        return None
-    found: dict[bytes, str] = {}
-    for name, value in raw:
-        if name in wanted and name not in found:
-            found[name] = value.decode("latin-1")
-    return found
 
 
 def _first_header(headers, names) -> str | None:

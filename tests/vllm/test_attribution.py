@@ -132,10 +132,10 @@ def test_a_lenient_caller_leaves_out_what_fails(monkeypatch):
     assert attribution.request_caller({}, {}.get, lenient=True) == Caller("t", None, None, None)
 
 
-def test_starlette_headers_are_read_in_one_pass_with_the_answers_of_their_get():
-    """Starlette's Headers (a handler's raw_request.headers) are read from their raw list once; the
-    answers are those of Headers.get per configured name: first occurrence, case-insensitive names,
-    an empty value skipped for the next name, latin-1 values."""
+def test_starlette_headers_give_the_answers_of_a_plain_mapping():
+    """Starlette's Headers (a handler's raw_request.headers) answer as a plain mapping of the same
+    values: first occurrence, case-insensitive names, an empty value skipped for the next name,
+    latin-1 values."""
     from starlette.datastructures import Headers
 
     settings = Settings(
