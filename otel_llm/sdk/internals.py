@@ -300,13 +300,11 @@ def fastapi_app_instrumented(app) -> bool:
 
 def asgi_private_functions() -> tuple:
     """(`_parse_active_request_count_attrs`, `_decode_header_item`) of
-    opentelemetry.instrumentation.asgi and `_start_internal_or_server_span` of
-    opentelemetry.instrumentation.utils; ImportError when a release lacks one. Checked:
-    instrumentation(-asgi) 0.66b0-0.66b2."""
+    opentelemetry.instrumentation.asgi; ImportError when a release lacks one. Checked:
+    instrumentation-asgi 0.66b0-0.66b2."""
     from opentelemetry.instrumentation.asgi import _decode_header_item, _parse_active_request_count_attrs
-    from opentelemetry.instrumentation.utils import _start_internal_or_server_span
 
-    return _parse_active_request_count_attrs, _decode_header_item, _start_internal_or_server_span
+    return _parse_active_request_count_attrs, _decode_header_item
 
 
 def asgi_sem_conv_mode(middleware):

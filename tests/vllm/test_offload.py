@@ -979,6 +979,56 @@ def test_the_header_getter_answers_as_the_asgi_getter():
             assert _header_getter.get(scope, key) == asgi_getter.get(scope, key), (scope, key)
 
 
+def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_makes_it():
+    """ReplayingMiddleware makes the HTTP span current as the maintained middleware does
+    (`_start_internal_or_server_span`, then `use_span`), in one attach: inside the app the span is the
+    current one, a SERVER child of the client's traceparent, and the client's baggage is current with
+    it; after the request the context is the one before it."""
+    from opentelemetry import baggage, context
+    from opentelemetry.sdk.metrics import MeterProvider
+    from starlette.testclient import TestClient
+
+    from otel_llm.config import Settings
+
+    seen = []
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        seen.append((trace.get_current_span(), baggage.get_all()))
+        return {}
+
+    ended = []
+    export_http.instrument_app(
+        app,
+        Settings(),
+        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), ended.append),
+        offload_metrics=True,
+        meter_provider=MeterProvider(),
+    )
+    before = context.get_current()
+    with TestClient(app) as client:
+        client.get(
+            "/v1/models",
+            headers={
+                "traceparent": f"00-{REMOTE_PARENT.trace_id:032x}-{REMOTE_PARENT.span_id:016x}-01",
+                "baggage": "tenant.id=acme",
+            },
+        )
+    assert context.get_current() == before
+    assert app.middleware_stack.app.app.replayed  # (HeldUntilRecorded(ReplayingMiddleware))
+    ((span, current_baggage),) = seen
+    assert isinstance(span, deferred.DeferredSpan) and ended[-1] is span  # (handed over when it ended)
+    assert (span._kind, span._parent.trace_id, span._parent.span_id, span._parent.is_remote) == (
+        SpanKind.SERVER,
+        REMOTE_PARENT.trace_id,
+        REMOTE_PARENT.span_id,
+        True,
+    )
+    assert span.get_span_context().trace_id == REMOTE_PARENT.trace_id
+    assert current_baggage == {"tenant.id": "acme"}
+
+
 def test_the_export_sink_hands_the_export_process_report_to_the_exit_flush(export_env):
     """ExportProcessSink.close (what the bounded exit flush calls, otel_llm/sdk/shutdown.py) returns what
     the export process could not export, so the API server's one warning counts both processes."""

@@ -6,15 +6,16 @@ the HTTP span and metrics, with its per-request work moved off the API server, v
 high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
 - With a setup the export process can reproduce (`replayable`) an HTTP request goes through
   `ReplayingMiddleware.replayed_call`: the API server checks the exclusions, looks the route up (once
-  per method and path), starts the span (ids, parent, sampling: the maintained
-  `_start_internal_or_server_span`), counts the request as active (in a dict observed at collection:
-  `ActiveRequests`) and keeps plain values: the request's ASGI connection scope (its credential headers
-  dropped unless request headers are captured), the route template, the response start and the
-  duration. The export process runs the maintained middleware again on them (`HttpReplay`: its own
-  `__call__`, with the API server's span context and duration), which sets the span's attributes and
-  status and records the HTTP metrics in the same instruments; `merge_replayed` completes the API
-  server's span with them. tests/vllm/test_offload.py compares the exported span and metric points
-  with the maintained middleware's, field for field.
+  per method and path), starts the span (ids, parent, sampling: as the maintained
+  `_start_internal_or_server_span` does with no span current) and makes it current, counts the
+  request as active (in a dict observed at collection: `ActiveRequests`) and keeps plain values:
+  the request's ASGI connection scope (its credential headers dropped unless request headers are
+  captured), the route template, the response start and the duration. The export process runs the
+  maintained middleware again on them (`HttpReplay`: its own `__call__`, with the API server's span
+  context and duration), which sets the span's attributes and status and records the HTTP metrics in
+  the same instruments; `merge_replayed` completes the API server's span with them.
+  tests/vllm/test_offload.py compares the exported span and metric points with the maintained
+  middleware's, field for field.
 - Any other request (a websocket, one inside another span, a hook of the user's) goes through the
   maintained `__call__` (otel_llm/vllm/http.py `LeanMiddleware`), its histograms' values sent along
   (`DeferredHistogram`), the span's message held until they are in (`HeldUntilRecorded`).
@@ -28,11 +29,11 @@ from contextvars import ContextVar
 from typing import NamedTuple
 
 from opentelemetry import context as context_api
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.instrumentation import asgi
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from opentelemetry.instrumentation.propagators import get_global_response_propagator
-from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_llm.config import Settings
 from otel_llm.sdk import internals
@@ -113,8 +114,10 @@ class ReplayingMiddleware(LeanMiddleware):
                 response.append((message, span._status))
 
         try:
-            with trace.use_span(span, end_on_exit=False):
-                await self.app(scope, receive, _ending_send(span, send, keep_start))
+            await self.app(scope, receive, _ending_send(span, send, keep_start))
+        except Exception as exc:  # what the maintained middleware's `use_span` records of it
+            _record_escaping(span, exc)
+            raise
         finally:
             self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
         return True
@@ -130,17 +133,14 @@ class ReplayingMiddleware(LeanMiddleware):
                 return _EXCLUDED
             details = self.default_span_details(scope)
             active = self._active_attributes(scope)
-            span, token = _replay_parts.start_internal_or_server_span(
-                tracer=self.tracer,
-                span_name=details[0],
-                start_time=None,
-                context_carrier=scope,
-                context_getter=_header_getter,
-            )
+            # the maintained `_start_internal_or_server_span` with no span current (HeldUntilRecorded
+            # checked): the parent context from the headers, a SERVER span in it, both made current at
+            # once (the maintained middleware attaches the extracted context, then the span in `use_span`)
+            parent = propagate.extract(scope, getter=_header_getter)
+            span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER)
             if not isinstance(span, DeferredSpan):  # (ours failed: a span that records nothing)
-                if token:
-                    context_api.detach(token)
                 return None
+            token = context_api.attach(trace.set_span_in_context(span, parent))
             span.outbox.held = True  # its message waits for what the export process needs after it ends
             self.active_requests_counter.add(1, active)
             return span, token, active, details
@@ -152,7 +152,8 @@ class ReplayingMiddleware(LeanMiddleware):
         """The active-requests counter's attributes (the maintained middleware's: from the request's
         attributes), kept per method, scheme, HTTP version, server and Host header, which are all
         they read (tests/vllm/test_offload.py checks it against the maintained functions)."""
-        host = tuple(value for name, value in scope.get("headers") or () if name.lower() == b"host")
+        headers = scope.get("headers")
+        host = tuple(_header_getter.index(headers).get(b"host", ())) if headers else ()
         key = (
             scope.get("method"),
             scope.get("scheme"),
@@ -234,9 +235,7 @@ class _ReplayParts:
     def __init__(self):
         from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 
-        (self.parse_active_request_count_attrs, self.decode_header_item, self.start_internal_or_server_span) = (
-            internals.asgi_private_functions()
-        )
+        self.parse_active_request_count_attrs, self.decode_header_item = internals.asgi_private_functions()
         self.is_http_instrumentation_enabled = is_http_instrumentation_enabled
         for name in ("default_timer", "get_host_port_url_tuple", "collect_request_attributes"):
             getattr(asgi, name)
@@ -256,6 +255,8 @@ class _HeaderGetter(type(asgi_getter)):
     """asgi_getter's answers (a header's values, decoded as it decodes them) without decoding every
     header name for each lookup: ASGI names are bytes, compared lowercased."""
 
+    _last: tuple = (None, {})  # (headers, their index): the propagators ask for several keys in a row
+
     @inline_entry("_HeaderGetter.get")
     def get(self, carrier: dict, key: str):
         try:
@@ -264,12 +265,27 @@ class _HeaderGetter(type(asgi_getter)):
                 return None
             if not isinstance(headers[0][0], bytes):
                 return asgi_getter.get(carrier, key)
-            name = key.lower().encode()
-            decoded = [_replay_parts.decode_header_item(value) for key_, value in headers if key_.lower() == name]
-            return decoded or None
+            values = self.index(headers).get(key.lower().encode())
+            return [_replay_parts.decode_header_item(value) for value in values] if values else None
         except Exception:  # noqa: BLE001 - the maintained getter answers
             failed("_HeaderGetter.get")
             return asgi_getter.get(carrier, key)
+
+    def index(self, headers: list) -> dict:
+        """ASGI headers (bytes) by lowercased name, values in order: made once per header list."""
+        last = self._last
+        if last[0] is headers:
+            return last[1]
+        index: dict[bytes, list] = {}
+        for name, value in headers:
+            name = name.lower()
+            found = index.get(name)
+            if found is None:
+                index[name] = [value]
+            else:
+                found.append(value)
+        self._last = (headers, index)
+        return index
 
 
 _header_getter = _HeaderGetter()
@@ -556,6 +572,14 @@ def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None
     ):
         status = replayed
     return span._replace(attributes=attributes, status=status, events=[*captured._events, *span.events])
+
+
+def _record_escaping(span, exc: Exception) -> None:
+    """What `trace.use_span` (the maintained middleware's, around the app) does with an exception that
+    leaves it: the exception as an event, and the status ERROR."""
+    if span.is_recording():
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, description=f"{type(exc).__name__}: {exc}"))
 
 
 @entry("http.release")
