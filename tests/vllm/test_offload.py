@@ -759,7 +759,11 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
     from opentelemetry.instrumentation import _semconv
 
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
-    monkeypatch.setattr(_semconv._OpenTelemetrySemanticConventionStability, "_initialized", False)
+    stability = _semconv._OpenTelemetrySemanticConventionStability
+    # read again from the environment, into a mapping of this test's (an opt-in fills the mapping in
+    # place): the next tests find the mode as it was
+    monkeypatch.setattr(stability, "_initialized", False)
+    monkeypatch.setattr(stability, "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING", {})
 
     def fake_clock():
         ticks = iter(range(1, 10_000))
@@ -886,7 +890,11 @@ def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeyp
     from opentelemetry.instrumentation import _semconv, asgi
 
     monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
-    monkeypatch.setattr(_semconv._OpenTelemetrySemanticConventionStability, "_initialized", False)
+    stability = _semconv._OpenTelemetrySemanticConventionStability
+    # read again from the environment, into a mapping of this test's (an opt-in fills the mapping in
+    # place): the next tests find the mode as it was
+    monkeypatch.setattr(stability, "_initialized", False)
+    monkeypatch.setattr(stability, "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING", {})
     lean = _lean()
     scopes = [
         _scope(),
