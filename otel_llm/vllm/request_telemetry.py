@@ -42,9 +42,9 @@ MAX_ERROR_TEXT = 500
 CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ calls object.__setattr__ per field)
 class RequestInfo:
-    """What the client asked for (gen_ai.request.*)."""
+    """What the client asked for (gen_ai.request.*); never changed once made."""
 
     operation: str
     model: str | None = None
