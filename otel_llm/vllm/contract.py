@@ -289,7 +289,7 @@ FIELDS: tuple[Fields, ...] = (
 # --- reading vLLM's objects --------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (read once, never changed: not frozen, whose __init__ sets each field slowly)
 class EngineTiming:
     """RequestStateStats: engine-core monotonic seconds, 0.0 = not reached."""
 
@@ -302,7 +302,7 @@ class EngineTiming:
     preemptions: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (read once, never changed: not frozen, whose __init__ sets each field slowly)
 class EngineRequest:
     """One of vLLM's RequestState objects, read once when its request ends."""
 
@@ -671,7 +671,7 @@ def read_core_request_id(request) -> str:
     return request.request_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (read once, never changed: not frozen, whose __init__ sets each field slowly)
 class CoreRequest:
     """The engine core's Request, read once when it finishes."""
 
