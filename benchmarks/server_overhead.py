@@ -1034,10 +1034,22 @@ API_NATIVE = "vLLM native tracing"
 API_FASTAPI = "plain FastAPI auto-instr."
 API_AA = "bare (A/A)"
 API_VARIANTS = (API_BARE, API_DEFAULT, API_NO_HTTP, API_NATIVE, API_FASTAPI, API_AA)
+# --layers: the default setup with one layer after another taken off (what each layer adds)
+API_NO_ROUTES = "default, no route scope"  # vLLM's routes not wrapped (routes.py)
+API_HTTP_ONLY = "HTTP span only"  # ... and the chat handler not hooked: no GenAI request telemetry
+API_HOOKS_ONLY = "engine hooks only"  # ... and no HTTP span: the engine hooks, which find no request
+API_LAYERS = (API_NO_ROUTES, API_HTTP_ONLY, API_HOOKS_ONLY)
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 
 
-def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0.002, breakdown: bool = False) -> None:
+def part_api(
+    rounds: int,
+    requests: int,
+    max_tokens: int = 16,
+    pace_s: float = 0.002,
+    breakdown: bool = False,
+    layers: bool = False,
+) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
     a FastAPI app with vLLM's routes before the chat route, whose chat route replays one recorded
@@ -1053,7 +1065,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     providers flushed at the end of each run), rounds alternated; for the default setups also the
     export process's CPU per request (another process). breakdown: also the default setup's CPU per
     piece of the request path (benchmarks/breakdown.py; its timers add about 0.3 us per piece call to
-    that variant's figures)."""
+    that variant's figures). layers: also the default setup with one layer after another taken off
+    (API_LAYERS), and what each layer adds: the route scope, the GenAI request telemetry, the HTTP span
+    alone, the engine hooks that find no request."""
     import json
 
     import httpx
@@ -1072,7 +1086,9 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.metrics.stats import IterationStats
 
-    from otel_llm.vllm import VLLMInstrumentor, http, wrappers
+    from otel_llm.vllm import VLLMInstrumentor, http, routes, wrappers
+
+    variants = API_VARIANTS + API_LAYERS if layers else API_VARIANTS
 
     pieces = None
     if breakdown:
@@ -1187,20 +1203,29 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             FastAPIInstrumentor.instrument_app(app)
             return app, None
         # the default setup, as `opentelemetry-instrument vllm serve` (OTLP over the export process)
-        os.environ["OTEL_LLM_USAGE_DIR"] = str(spool_root / f"{API_VARIANTS.index(variant)}-round-{r}")
+        os.environ["OTEL_LLM_USAGE_DIR"] = str(spool_root / f"{variants.index(variant)}-round-{r}")
         os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
         instrumentor.instrument()
         tel = VLLMInstrumentor._patcher.telemetry
         if getattr(tel.sink, "channel", None) is None:
             raise RuntimeError(f"{variant}: instrument() did not choose the export process")
         hook = wrappers.handler_wrapper(semconv.OP_CHAT)(tel)  # what the chat handler hook applies
-        if variant == API_NO_HTTP:
+        if variant in (API_HTTP_ONLY, API_HOOKS_ONLY):
+
+            async def hook(wrapped, instance, args, kwargs):  # (the handler as it is)
+                return await wrapped(*args, **kwargs)
+
+        if variant in (API_NO_HTTP, API_HOOKS_ONLY):
             os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "fastapi"
+        wrap_routes = routes.wrap_routes
+        if variant in API_LAYERS:
+            routes.wrap_routes = lambda app, tel: 0
         try:  # vLLM's build_app under our hook: export process started, routes wrapped, HTTP middleware
             app = http.build_app_wrapper(tel)(
                 lambda: make_app(OutputProcessor(tokenizer, log_stats=True), hook), None, (), {}
             )
         finally:
+            routes.wrap_routes = wrap_routes
             os.environ.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
         if tel.sink.channel.process is None:
             raise RuntimeError(f"{variant}: the export process did not start")
@@ -1209,7 +1234,7 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
     def tear_down(variant: str, app) -> None:
         if variant == API_FASTAPI:
             FastAPIInstrumentor.uninstrument_app(app)
-        elif variant in (API_DEFAULT, API_NO_HTTP):
+        elif variant in (API_DEFAULT, API_NO_HTTP, *API_LAYERS):
             VLLMInstrumentor._patcher.telemetry.ledger.close()  # stops its fsync thread
             os.environ.pop("OTEL_LLM_USAGE_DIR", None)
             os.environ.pop("OTEL_LLM_USAGE_EVENTS", None)
@@ -1260,12 +1285,13 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
 
     samples: dict = {}
     child_samples: dict = {}
-    channel_counts = {v: [0, 0] for v in (API_DEFAULT, API_NO_HTTP)}  # sent, dropped (all runs, warm-ups too)
+    # sent, dropped (all runs, warm-ups too)
+    channel_counts = {v: [0, 0] for v in (API_DEFAULT, API_NO_HTTP, *(API_LAYERS if layers else ()))}
     started_wall = time.perf_counter()
     try:
         for r in range(-1, rounds):  # round -1 warms every variant up; not kept
             print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
-            for variant in API_VARIANTS if r % 2 == 0 else tuple(reversed(API_VARIANTS)):
+            for variant in variants if r % 2 == 0 else tuple(reversed(variants)):
                 app, channel = set_up(variant, r)
                 try:
                     child = channel.process.pid if channel is not None else None
@@ -1289,7 +1315,7 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         for variant in channel_counts:
             lines = [
                 json.loads(line)
-                for f in spool_root.glob(f"{API_VARIANTS.index(variant)}-round-*/usage-*.jsonl")
+                for f in spool_root.glob(f"{variants.index(variant)}-round-*/usage-*.jsonl")
                 for line in f.read_text().splitlines()
                 if line.strip()
             ]
@@ -1317,7 +1343,7 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
         f"{'/native':>7} {'export proc us (ns/s)':>22}"
     )
     native = {stream: added(API_NATIVE, stream) for stream in (False, True)}
-    for variant in API_VARIANTS:
+    for variant in variants:
         line = f"  {variant:27}"
         for stream in (False, True):
             cost = statistics.median(samples[(variant, stream)])
@@ -1357,7 +1383,8 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
                 f"  WARNING: {variant}: {dropped} messages dropped: its figures count telemetry not paid for; "
                 f"run again with a longer pace"
             )
-        if records != per_run or full != per_run:
+        billed = 0 if variant in (API_HTTP_ONLY, API_HOOKS_ONLY) else per_run  # (no GenAI request telemetry)
+        if records != billed or full != billed:
             print(f"  WARNING: {variant}: {records} usage records, {full} complete, of {per_run} requests")
     for problem in problems:
         print(f"  WARNING: {problem}")
@@ -1372,6 +1399,14 @@ def part_api(rounds: int, requests: int, max_tokens: int = 16, pace_s: float = 0
             f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare"
         )
         print(f"  {mode:19}: default <= native: {'met' if default <= native[stream] else 'NOT met'}")
+        if layers:
+            no_routes, http_only, hooks_only = (added(v, stream) for v in API_LAYERS)
+            print(
+                f"  {mode:19}: layers: the route scope {(default - no_routes) * 1e6:+.0f} us, the GenAI request "
+                f"telemetry {(no_routes - http_only) * 1e6:+.0f} us, the HTTP span alone "
+                f"{(http_only - hooks_only) * 1e6:+.0f} us, the engine hooks finding no request "
+                f"{hooks_only * 1e6:+.0f} us"
+            )
 
 
 def sample_usage_fields() -> dict:
@@ -1619,6 +1654,11 @@ def main() -> int:
     )
     parser.add_argument("--memory-concurrency", type=int, default=64)
     parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="--part api: also the default setup with one layer after another taken off, and what each adds",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="--part api: also the default setup's CPU per piece of the request path (benchmarks/breakdown.py)",
@@ -1632,6 +1672,7 @@ def main() -> int:
             200 if args.requests is None else args.requests,
             args.max_tokens,
             breakdown=args.breakdown,
+            layers=args.layers,
         )
         return 0
     if args.rounds is None:
