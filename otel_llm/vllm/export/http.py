@@ -49,7 +49,7 @@ from otel_llm.vllm.http import (
     redact_query_hook,
     redacting_hold_nothing_hook,
 )
-from otel_llm.warn import entry, failed, inline_entry
+from otel_llm.warn import entry, failed, guard, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -255,7 +255,7 @@ class _HeaderGetter(type(asgi_getter)):
     """asgi_getter's answers (a header's values, decoded as it decodes them) without decoding every
     header name for each lookup: ASGI names are bytes, compared lowercased."""
 
-    _last: tuple = (None, {})  # (headers, their index): the propagators ask for several keys in a row
+    _last: tuple = (None, 0, {})  # (headers, their length, their index): the propagators ask for several keys in a row
 
     @inline_entry("_HeaderGetter.get")
     def get(self, carrier: dict, key: str):
@@ -274,8 +274,8 @@ class _HeaderGetter(type(asgi_getter)):
     def index(self, headers: list) -> dict:
         """ASGI headers (bytes) by lowercased name, values in order: made once per header list."""
         last = self._last
-        if last[0] is headers:
-            return last[1]
+        if last[0] is headers and last[1] == len(headers):
+            return last[2]
         index: dict[bytes, list] = {}
         for name, value in headers:
             name = name.lower()
@@ -284,7 +284,7 @@ class _HeaderGetter(type(asgi_getter)):
                 index[name] = [value]
             else:
                 found.append(value)
-        self._last = (headers, index)
+        self._last = (headers, len(headers), index)
         return index
 
 
@@ -574,9 +574,11 @@ def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None
     return span._replace(attributes=attributes, status=status, events=[*captured._events, *span.events])
 
 
+@guard("recording an exception on the HTTP server span")
 def _record_escaping(span, exc: Exception) -> None:
     """What `trace.use_span` (the maintained middleware's, around the app) does with an exception that
-    leaves it: the exception as an event, and the status ERROR."""
+    leaves it: the exception as an event, and the status ERROR (never an exception of ours in place of
+    the app's)."""
     if span.is_recording():
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, description=f"{type(exc).__name__}: {exc}"))
