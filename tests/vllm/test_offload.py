@@ -1037,6 +1037,37 @@ def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_ma
     assert current_baggage == {"tenant.id": "acme"}
 
 
+def test_recording_an_escaping_exception_never_raises_one_of_ours():
+    """ReplayingMiddleware records an exception that leaves the app on the HTTP span as the maintained
+    `use_span` does (an event, status ERROR with str(exc)); when that text cannot be made, the failure
+    is ours, counted, and the app's exception goes on (replayed_call re-raises it)."""
+    from otel_llm import warn
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    tracer = deferred.DeferredTracer(TracerProvider())
+    span = tracer.start_span("GET /v1/models", kind=SpanKind.SERVER)
+    export_http._record_escaping(span, ValueError("the engine is gone"))
+    assert span._status == (StatusCode.ERROR.value, "ValueError: the engine is gone")
+    assert [event[0] for event in span._events] == ["exception"]
+
+    before = warn.failures().get("recording an exception on the HTTP server span", 0)
+    export_http._record_escaping(span, Unprintable())
+    assert warn.failures()["recording an exception on the HTTP server span"] == before + 1
+
+
+def test_the_header_index_follows_a_list_that_grew():
+    from otel_llm.vllm.export.http import _header_getter
+
+    headers = [(b"traceparent", b"00-1-2-01")]
+    scope = {"headers": headers}
+    assert _header_getter.get(scope, "baggage") is None
+    headers.append((b"Baggage", b"a=1"))
+    assert _header_getter.get(scope, "baggage") == ["a=1"]
+
+
 def test_the_export_sink_hands_the_export_process_report_to_the_exit_flush(export_env):
     """ExportProcessSink.close (what the bounded exit flush calls, otel_llm/sdk/shutdown.py) returns what
     the export process could not export, so the API server's one warning counts both processes."""
