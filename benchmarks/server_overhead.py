@@ -1039,6 +1039,7 @@ API_NO_ROUTES = "default, no route scope"  # vLLM's routes not wrapped (routes.p
 API_HTTP_ONLY = "HTTP span only"  # ... and the chat handler not hooked: no GenAI request telemetry
 API_HOOKS_ONLY = "engine hooks only"  # ... and no HTTP span: the engine hooks, which find no request
 API_LAYERS = (API_NO_ROUTES, API_HTTP_ONLY, API_HOOKS_ONLY)
+API_NO_GENAI = (API_HTTP_ONLY, API_HOOKS_ONLY)  # the chat handler not hooked: no span, no usage record
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 
 
@@ -1210,7 +1211,7 @@ def part_api(
         if getattr(tel.sink, "channel", None) is None:
             raise RuntimeError(f"{variant}: instrument() did not choose the export process")
         hook = wrappers.handler_wrapper(semconv.OP_CHAT)(tel)  # what the chat handler hook applies
-        if variant in (API_HTTP_ONLY, API_HOOKS_ONLY):
+        if variant in API_NO_GENAI:
 
             async def hook(wrapped, instance, args, kwargs):  # (the handler as it is)
                 return await wrapped(*args, **kwargs)
@@ -1383,7 +1384,7 @@ def part_api(
                 f"  WARNING: {variant}: {dropped} messages dropped: its figures count telemetry not paid for; "
                 f"run again with a longer pace"
             )
-        billed = 0 if variant in (API_HTTP_ONLY, API_HOOKS_ONLY) else per_run  # (no GenAI request telemetry)
+        billed = 0 if variant in API_NO_GENAI else per_run
         if records != billed or full != billed:
             print(f"  WARNING: {variant}: {records} usage records, {full} complete, of {per_run} requests")
     for problem in problems:

@@ -731,6 +731,17 @@ HTTP_SEMCONV_MODES["http/dup"] = HTTP_SEMCONV_MODES[""] | {
 }
 
 
+def http_semconv_mode(monkeypatch, mode: str) -> None:
+    """The instrumentation reads OTEL_SEMCONV_STABILITY_OPT_IN = `mode` again, into a mapping of this
+    test's (an opt-in fills the mapping in place): the next tests find the mode as it was."""
+    from opentelemetry.instrumentation import _semconv
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
+    stability = _semconv._OpenTelemetrySemanticConventionStability
+    monkeypatch.setattr(stability, "_initialized", False)
+    monkeypatch.setattr(stability, "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING", {})
+
+
 @pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "sampled out"])
 @pytest.mark.parametrize("mode", list(HTTP_SEMCONV_MODES), ids=["old names", "http/dup"])
 def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, monkeypatch, mode, sampled):
@@ -756,14 +767,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=3_600_000)
         return MeterProvider(resource=RESOURCE, metric_readers=[reader])
 
-    from opentelemetry.instrumentation import _semconv
-
-    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
-    stability = _semconv._OpenTelemetrySemanticConventionStability
-    # read again from the environment, into a mapping of this test's (an opt-in fills the mapping in
-    # place): the next tests find the mode as it was
-    monkeypatch.setattr(stability, "_initialized", False)
-    monkeypatch.setattr(stability, "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING", {})
+    http_semconv_mode(monkeypatch, mode)
 
     def fake_clock():
         ticks = iter(range(1, 10_000))
@@ -887,14 +891,9 @@ def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeyp
     """LeanMiddleware keeps the active-requests counter's attributes per method, scheme, version,
     server and Host: for requests that differ in everything else (path, query, user agent, client)
     and in those, they equal what the maintained middleware computes for each."""
-    from opentelemetry.instrumentation import _semconv, asgi
+    from opentelemetry.instrumentation import asgi
 
-    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", mode)
-    stability = _semconv._OpenTelemetrySemanticConventionStability
-    # read again from the environment, into a mapping of this test's (an opt-in fills the mapping in
-    # place): the next tests find the mode as it was
-    monkeypatch.setattr(stability, "_initialized", False)
-    monkeypatch.setattr(stability, "_OTEL_SEMCONV_STABILITY_SIGNAL_MAPPING", {})
+    http_semconv_mode(monkeypatch, mode)
     lean = _lean()
     scopes = [
         _scope(),
