@@ -15,6 +15,13 @@ from devkit import tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = Path(os.environ.get("OTEL_LLM_TINY_MODEL", REPO_ROOT / ".cache" / "tiny-llama"))
+# The KV cache vLLM allocates (and zero-fills) at start: its first touch of each page is most of an engine's
+# start on a small VM (12 s for vLLM CPU's usual 1 GiB here). 128 MiB holds 65,536 of the tiny model's
+# tokens, 128 requests of max-model-len. The paced network's tokens take 16 times as much: its servers keep
+# 1 GiB (32,768 tokens; a module of them asks for max-model-len 4096). vLLM's VLLM_CPU_KVCACHE_SPACE (whole
+# GiB) would override either.
+KV_CACHE_BYTES = 128 << 20
+PACED_KV_CACHE_BYTES = 1 << 30
 CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
 
 
@@ -119,14 +126,15 @@ class VLLMServer(ServerProcess):
             "--served-model-name",
             served_model_name,
             *CPU_ARGS,
+            "--kv-cache-memory-bytes",
+            str(PACED_KV_CACHE_BYTES if paced else KV_CACHE_BYTES),
             *extra_args,
         ]
         if instrumented:
             command = [bin_path("opentelemetry-instrument"), *command]
         self.command = command
         self.env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **{key: value for key, value in os.environ.items() if key != "VLLM_CPU_KVCACHE_SPACE"},
             "VLLM_TARGET_DEVICE": "cpu",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",

@@ -20,7 +20,9 @@ def main() -> None:
 
     model_dir, count = sys.argv[1], int(sys.argv[2])
     headers = {"traceparent": sys.argv[3], "baggage": sys.argv[4]} if len(sys.argv) > 4 else None
-    config = EngineArgs(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512).create_engine_config()
+    config = EngineArgs(
+        model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=128 << 20
+    ).create_engine_config()
     client = EngineCoreClient.make_client(
         multiprocess_mode=True,
         asyncio_mode=False,

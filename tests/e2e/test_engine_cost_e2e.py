@@ -446,7 +446,6 @@ def test_a_request_straight_to_the_engine_core_gets_its_record(tmp_path):
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_SERVICE_NAME": "direct-engine",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from helpers import InMemoryOtel
 
-from devkit.devserver import DEFAULT_MODEL_DIR
+from devkit.devserver import DEFAULT_MODEL_DIR, KV_CACHE_BYTES
 from devkit.tiny_model import MODEL_NAME, build
 from otel_llm import semconv
 from otel_llm.vllm import VLLMInstrumentor
@@ -19,7 +19,6 @@ from otel_llm.vllm import VLLMInstrumentor
 def telemetry(tmp_path_factory):
     import os
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     otel = InMemoryOtel()
     instrumentor = VLLMInstrumentor()
@@ -36,6 +35,7 @@ def _engine_kwargs():
         enforce_eager=True,
         max_model_len=512,
         gpu_memory_utilization=0.3,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
     )
 
 
