@@ -55,7 +55,9 @@ driven through httpx's ASGI transport: bare; the default setup (export process, 
 events, the app built as our build_app hook builds it: routes wrapped, lean HTTP middleware; the
 real chat handler wrapper); the same without the HTTP span; vLLM's native tracing; plain FastAPI
 auto-instrumentation; a second bare app (A/A). --rounds alternated rounds (default 6) of --requests
-requests (default 200); a few minutes (it records the engine first).
+requests (default 200); a few minutes (it records the engine first). --layers adds the default setup
+with one layer after another taken off; --floor adds benchmarks/floor.py, the least API-server work
+any design that keeps the usage record in the API server could do (docs/api-server-cost.md).
 
     python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|fastapi|default|api|all] [--requests 128]
 
@@ -1040,6 +1042,10 @@ API_HTTP_ONLY = "HTTP span only"  # ... and the chat handler not hooked: no GenA
 API_HOOKS_ONLY = "engine hooks only"  # ... and no HTTP span: the engine hooks, which find no request
 API_LAYERS = (API_NO_ROUTES, API_HTTP_ONLY, API_HOOKS_ONLY)
 API_NO_GENAI = (API_HTTP_ONLY, API_HOOKS_ONLY)  # the chat handler not hooked: no span, no usage record
+# --floor: the least the API server could do (benchmarks/floor.py), its message written or not
+API_FLOOR = "floor (benchmarks/floor.py)"
+API_FLOOR_UNSENT = "floor, message not written"
+API_FLOORS = (API_FLOOR, API_FLOOR_UNSENT)
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 
 
@@ -1050,6 +1056,7 @@ def part_api(
     pace_s: float = 0.002,
     breakdown: bool = False,
     layers: bool = False,
+    floor: bool = False,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1068,7 +1075,8 @@ def part_api(
     piece of the request path (benchmarks/breakdown.py; its timers add about 0.3 us per piece call to
     that variant's figures). layers: also the default setup with one layer after another taken off
     (API_LAYERS), and what each layer adds: the route scope, the GenAI request telemetry, the HTTP span
-    alone, the engine hooks that find no request."""
+    alone, the engine hooks that find no request. floor: also benchmarks/floor.py's lower bound (the
+    least API-server work of any design that keeps the usage record in the API server)."""
     import json
 
     import httpx
@@ -1089,7 +1097,7 @@ def part_api(
 
     from otel_llm.vllm import VLLMInstrumentor, http, routes, wrappers
 
-    variants = API_VARIANTS + API_LAYERS if layers else API_VARIANTS
+    variants = API_VARIANTS + (API_LAYERS if layers else ()) + (API_FLOORS if floor else ())
 
     pieces = None
     if breakdown:
@@ -1203,6 +1211,14 @@ def part_api(
             app = make_app(OutputProcessor(tokenizer, log_stats=True), None)
             FastAPIInstrumentor.instrument_app(app)
             return app, None
+        if variant in API_FLOORS:
+            from floor import Floor
+
+            spool = str(spool_root / f"floor-{variants.index(variant)}-round-{r}.jsonl")
+            floors[r] = least = Floor(spool, write_messages=variant == API_FLOOR)
+            op = OutputProcessor(tokenizer, log_stats=True)
+            least.add_request_hook(op)
+            return least.middleware(make_app(op, least.handler_hook())), None
         # the default setup, as `opentelemetry-instrument vllm serve` (OTLP over the export process)
         os.environ["OTEL_LLM_USAGE_DIR"] = str(spool_root / f"{variants.index(variant)}-round-{r}")
         os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
@@ -1232,8 +1248,14 @@ def part_api(
             raise RuntimeError(f"{variant}: the export process did not start")
         return app, tel.sink.channel
 
+    floors: dict = {}
+
     def tear_down(variant: str, app) -> None:
-        if variant == API_FASTAPI:
+        if variant in API_FLOORS:
+            for least in floors.values():
+                least.close()
+            floors.clear()
+        elif variant == API_FASTAPI:
             FastAPIInstrumentor.uninstrument_app(app)
         elif variant in (API_DEFAULT, API_NO_HTTP, *API_LAYERS):
             VLLMInstrumentor._patcher.telemetry.ledger.close()  # stops its fsync thread
@@ -1324,6 +1346,15 @@ def part_api(
                 len(lines),
                 sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens),
             )
+        for variant in API_FLOORS if floor else ():
+            lines = [
+                json.loads(line)
+                for f in spool_root.glob(f"floor-{variants.index(variant)}-round-*.jsonl")
+                for line in f.read_text().splitlines()
+            ]
+            full = sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens)
+            if len(lines) != (rounds + 1) * 2 * (API_WARM + requests) or full != len(lines):
+                problems.append(f"{variant}: {len(lines)} usage records, {full} with {max_tokens} output tokens")
     finally:
         shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
     wall = time.perf_counter() - started_wall
@@ -1407,6 +1438,13 @@ def part_api(
                 f"telemetry {(no_routes - http_only) * 1e6:+.0f} us, the HTTP span alone "
                 f"{(http_only - hooks_only) * 1e6:+.0f} us, the engine hooks finding no request "
                 f"{hooks_only * 1e6:+.0f} us"
+            )
+        if floor:
+            least, unsent = added(API_FLOOR, stream), added(API_FLOOR_UNSENT, stream)
+            print(
+                f"  {mode:19}: floor {least * 1e6:+.0f} us = {least / native[stream]:.2f} x native "
+                f"({unsent * 1e6:+.0f} us = {unsent / native[stream]:.2f} x with its message not written); "
+                f"default - floor {added(API_DEFAULT, stream, API_FLOOR) * 1e6:+.0f} us"
             )
 
 
@@ -1660,6 +1698,11 @@ def main() -> int:
         help="--part api: also the default setup with one layer after another taken off, and what each adds",
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="--part api: also benchmarks/floor.py, the least API-server work any design could do per request",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="--part api: also the default setup's CPU per piece of the request path (benchmarks/breakdown.py)",
@@ -1674,6 +1717,7 @@ def main() -> int:
             args.max_tokens,
             breakdown=args.breakdown,
             layers=args.layers,
+            floor=args.floor,
         )
         return 0
     if args.rounds is None:
