@@ -1057,6 +1057,7 @@ def part_api(
     breakdown: bool = False,
     layers: bool = False,
     floor: bool = False,
+    gap_s: float = 0.0,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1076,7 +1077,9 @@ def part_api(
     that variant's figures). layers: also the default setup with one layer after another taken off
     (API_LAYERS), and what each layer adds: the route scope, the GenAI request telemetry, the HTTP span
     alone, the engine hooks that find no request. floor: also benchmarks/floor.py's lower bound (the
-    least API-server work of any design that keeps the usage record in the API server)."""
+    least API-server work of any design that keeps the usage record in the API server). gap_s: a sleep
+    after every request (no CPU) instead of after every 16th: requests arriving apart, as at moderate
+    load, rather than back to back."""
     import json
 
     import httpx
@@ -1291,7 +1294,9 @@ def part_api(
             for i in range(requests):
                 r = await client.post("/v1/chat/completions", json=body)
                 r.raise_for_status()
-                if i % 16 == 15:  # paced alike in every variant (no CPU): the export process keeps up
+                if gap_s:
+                    time.sleep(gap_s)
+                elif i % 16 == 15:  # paced alike in every variant (no CPU): the export process keeps up
                     time.sleep(pace_s)
                     if channel is not None:
                         wait_for_backlog(channel, 0.25)
@@ -1368,7 +1373,9 @@ def part_api(
         f"\nThe API server's whole CPU per request, in process ({wall / 60:.1f} min): a FastAPI app with vLLM's "
         f"routes, its chat route replaying one recorded request ({max_tokens} output tokens, {len(batches)} engine "
         f"outputs) through a real vLLM OutputProcessor; {requests} sequential requests per run through httpx's ASGI "
-        f"transport (its CPU in every variant), {rounds} alternated rounds after a warm-up round; medians"
+        f"transport (its CPU in every variant), "
+        + (f"{gap_s * 1e3:g} ms apart, " if gap_s else "back to back, ")
+        + f"{rounds} alternated rounds after a warm-up round; medians"
     )
     print(
         f"  {'variant':27} {'non-stream us':>13} {'added':>7} {'/native':>7} {'stream us':>10} {'added':>7} "
@@ -1698,6 +1705,12 @@ def main() -> int:
         help="--part api: also the default setup with one layer after another taken off, and what each adds",
     )
     parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="--part api: sleep this long after every request (requests arriving apart, not back to back)",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="--part api: also benchmarks/floor.py, the least API-server work any design could do per request",
@@ -1718,6 +1731,7 @@ def main() -> int:
             breakdown=args.breakdown,
             layers=args.layers,
             floor=args.floor,
+            gap_s=args.gap_ms / 1000,
         )
         return 0
     if args.rounds is None:
