@@ -41,22 +41,9 @@ from contextvars import ContextVar
 from otel_llm import semconv
 from otel_llm.usage import json_line
 from otel_llm.vllm import contract
+from otel_llm.vllm.export.http import _CREDENTIAL_HEADERS, _SCOPE_KEYS  # what the API server keeps today
 
 _CURRENT: ContextVar[Facts | None] = ContextVar("floor_request", default=None)
-_SCOPE_KEYS = (
-    "type",
-    "asgi",
-    "http_version",
-    "method",
-    "scheme",
-    "path",
-    "raw_path",
-    "query_string",
-    "root_path",
-    "client",
-    "server",
-)
-_CREDENTIALS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
 _FIELDS = (
     "model",
     "stream",
@@ -157,7 +144,7 @@ class Floor:
                 _CURRENT.reset(token)
                 floor.active[key] -= 1
                 snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
-                snapshot["headers"] = [h for h in scope["headers"] if h[0] not in _CREDENTIALS]
+                snapshot["headers"] = [h for h in scope["headers"] if h[0] not in _CREDENTIAL_HEADERS]
                 route = getattr(scope.get("route"), "path_format", None)
                 headers = [tuple(h) for h in facts.response_headers or ()]
                 floor.send(
