@@ -162,6 +162,7 @@ class Floor:
                     )
                 )
 
+        asgi.floor = self  # (the benchmark closes it with the app)
         return asgi
 
     def add_request_hook(self, op) -> None:

@@ -1218,7 +1218,7 @@ def part_api(
             from floor import Floor
 
             spool = str(spool_root / f"floor-{variants.index(variant)}-round-{r}.jsonl")
-            floors[r] = least = Floor(spool, write_messages=variant == API_FLOOR)
+            least = Floor(spool, write_messages=variant == API_FLOOR)
             op = OutputProcessor(tokenizer, log_stats=True)
             least.add_request_hook(op)
             return least.middleware(make_app(op, least.handler_hook())), None
@@ -1251,13 +1251,9 @@ def part_api(
             raise RuntimeError(f"{variant}: the export process did not start")
         return app, tel.sink.channel
 
-    floors: dict = {}
-
     def tear_down(variant: str, app) -> None:
         if variant in API_FLOORS:
-            for least in floors.values():
-                least.close()
-            floors.clear()
+            app.floor.close()
         elif variant == API_FASTAPI:
             FastAPIInstrumentor.uninstrument_app(app)
         elif variant in (API_DEFAULT, API_NO_HTTP, *API_LAYERS):
@@ -1311,6 +1307,7 @@ def part_api(
             child_cost = (quiet_cpu_seconds(child) - child0) / requests
         return cost, child_cost
 
+    per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
     samples: dict = {}
     child_samples: dict = {}
     # sent, dropped (all runs, warm-ups too)
@@ -1358,7 +1355,7 @@ def part_api(
                 for line in f.read_text().splitlines()
             ]
             full = sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens)
-            if len(lines) != (rounds + 1) * 2 * (API_WARM + requests) or full != len(lines):
+            if len(lines) != per_run or full != len(lines):
                 problems.append(f"{variant}: {len(lines)} usage records, {full} with {max_tokens} output tokens")
     finally:
         shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
@@ -1368,7 +1365,6 @@ def part_api(
         """The variant's cost minus `base`'s, median of same-round pairs (same moment of the VM's speed)."""
         return statistics.median(v - b for v, b in zip(samples[(variant, stream)], samples[(base, stream)]))
 
-    per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
     print(
         f"\nThe API server's whole CPU per request, in process ({wall / 60:.1f} min): a FastAPI app with vLLM's "
         f"routes, its chat route replaying one recorded request ({max_tokens} output tokens, {len(batches)} engine "
