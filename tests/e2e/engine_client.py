@@ -3,7 +3,7 @@ itself and drives the engine-core process through vLLM's SyncMPClient, as a Rust
 would. Run under `opentelemetry-instrument` (so the engine-core process it forks is instrumented);
 prints one JSON line per request: its id, the tokens the engine returned, its finish reason.
 
-usage: engine_client.py MODEL_DIR N_REQUESTS [TRACEPARENT BAGGAGE]
+usage: engine_client.py MODEL_DIR N_REQUESTS KV_CACHE_BYTES [TRACEPARENT BAGGAGE]
 """
 
 import json
@@ -18,10 +18,10 @@ def main() -> None:
     from vllm.v1.engine.core_client import EngineCoreClient
     from vllm.v1.executor import Executor
 
-    model_dir, count = sys.argv[1], int(sys.argv[2])
-    headers = {"traceparent": sys.argv[3], "baggage": sys.argv[4]} if len(sys.argv) > 4 else None
+    model_dir, count, kv_cache_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    headers = {"traceparent": sys.argv[4], "baggage": sys.argv[5]} if len(sys.argv) > 5 else None
     config = EngineArgs(
-        model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=128 << 20
+        model=model_dir, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=kv_cache_bytes
     ).create_engine_config()
     client = EngineCoreClient.make_client(
         multiprocess_mode=True,

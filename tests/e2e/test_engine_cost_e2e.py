@@ -449,7 +449,7 @@ def test_a_request_straight_to_the_engine_core_gets_its_record(tmp_path):
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
-    from devkit.devserver import DEFAULT_MODEL_DIR
+    from devkit.devserver import DEFAULT_MODEL_DIR, KV_CACHE_BYTES
     from devkit.tiny_model import build
 
     out = subprocess.run(
@@ -459,6 +459,7 @@ def test_a_request_straight_to_the_engine_core_gets_its_record(tmp_path):
             str(HERE / "engine_client.py"),
             str(build(DEFAULT_MODEL_DIR)),
             "3",
+            str(KV_CACHE_BYTES),
             tp.header,
             "tenant.id=acme,tenant.scene=batch",
         ],
