@@ -25,11 +25,10 @@ PIECES = (
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry.on_engine_finished", "engine finish hook"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._end", "GenAI span: end (all below)"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._read_engines", "  read vLLM's request states"),
-    ("otel_llm.vllm.request_telemetry", "RequestTelemetry._phases", "  phase timing"),
-    ("otel_llm.vllm.request_telemetry", "RequestTelemetry._phase_spans", "    phase spans"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._write_usage", "  usage record"),
     ("otel_llm.usage", "UsageLedger.write", "    spool line and usage event"),
-    ("otel_llm.vllm.request_telemetry", "RequestTelemetry._record_metrics", "  request metrics"),
+    ("otel_llm.vllm.request_telemetry", "RequestTelemetry._metric", "  metric key (label guards)"),
+    ("otel_llm.vllm.export.sink", "ExportProcessSink.finish_request", "  span and facts handed over"),
     ("otel_llm.vllm.export.http", "ReplayingMiddleware._finish", "HTTP span: end and hand-over"),
     ("otel_llm.vllm.export.channel", "ExportChannel.send", "  the message to the export process"),
 )

@@ -17,20 +17,17 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from otel_llm import content, redaction, semconv
 from otel_llm.vllm import contract
 from otel_llm.vllm.attribution import NO_CALLER, Caller
-from otel_llm.vllm.request_metrics import Measurement, MetricKey, outcome
+from otel_llm.vllm.request_facts import RequestFacts, cost_summary, engine_facts
+from otel_llm.vllm.request_metrics import MetricKey, outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
-from otel_llm.warn import failed, guarded, warn_once
+from otel_llm.warn import failed, guarded
 
 _log = logging.getLogger(__name__)
-
-# Phase child spans are made for this many engine requests of one request at most (n > 1 makes one
-# engine request per choice; n may be 16384): the rest are counted in VLLM_PHASE_SPANS_OMITTED.
-MAX_PHASE_SPAN_CHAINS = 4
 
 # A failed request's error text (vLLM's message, an exception's) is redacted before it is set as the
 # span's status description: vLLM's 404 echoes the model name it was asked for, an exception can
@@ -290,27 +287,45 @@ class RequestTelemetry:
                 pass
 
     def _end(self, error_type, error_message, aborted, response) -> None:
-        """The steps of a request's end, in order; the phases, content, usage record, metrics and hand-over
-        each fail alone (counted), so the rest still arrives."""
+        """The API server's part of a request's end: vLLM's objects read once into the request's facts,
+        the usage record written (before the span ends, and whether or not the trace is sampled); then
+        the sink builds the span's end, phase spans and metrics from the facts (request_facts.py), here
+        or in the export process. Content, the usage record and the metric key each fail alone
+        (counted), so the rest still arrives."""
         ending = self._read_engines(error_type, aborted, response)
-        self._usage_attributes(ending)
-        self._response_attributes(ending)
-        self._engine_attributes(ending, aborted)
-        timing = guarded("reading a request's phase timing", self._phases, ending.end_ns, ending.engines)
-        ending.timing = timing or _Timing()
-        ending.attrs.update(ending.timing.attributes)
-        guarded("reading a request's engine cost", _engine_cost, self.span, ending.attrs, ending.engines)
-        self._error_attributes(ending, error_message)
+        self._response_values(ending)
+        if ending.error_type is not None:
+            self._redact_error(ending, error_message)
         if self.telemetry.capture is not None and self.info.request is not None:
-            guarded("capturing a request's content", self._capture, ending)
+            ending.captured = guarded("capturing a request's content", self._capture, ending)
         # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
         if ending.engines and self.telemetry.ledger.enabled and not ending.prefill_leg:
-            # before the span ends, and whether or not the trace is sampled
             guarded("writing a request's usage record", self._write_usage, ending)
-        self.span.set_attributes(ending.attrs)
-        self.span.end(end_time=ending.end_ns)
-        guarded("recording a request's metrics", self._record_metrics, ending)
-        guarded("handing a request's telemetry to the export process", self.telemetry.sink.finish, self.span)
+        metric = guarded("recording a request's metrics", self._metric, ending)
+        facts = RequestFacts(
+            self.info.operation,
+            self.info.model,
+            self.start_ns,
+            ending.end_ns,
+            time.time() - time.monotonic(),
+            self.first_chunk_ns,
+            [engine_facts(engine) for engine in ending.engines],
+            ending.usage_values,
+            ending.finish_reasons,
+            ending.error_type,
+            ending.status_text,
+            ending.request_model if ending.error_type is not None else None,
+            ending.response_model,
+            ending.response_id,
+            ending.conversation_id,
+            ending.reasoning,
+            ending.spec,
+            aborted,
+            self.pd_role,
+            *(metric or (None, None)),
+            ending.captured,
+        )
+        self.telemetry.sink.finish_request(self.span, self.context, facts, self.telemetry)
 
     def _read_engines(self, error_type, aborted: bool, response) -> "_Ending":
         """The end time, the engine requests read once (and forgotten by the registry), the usage and
@@ -322,105 +337,71 @@ class RequestTelemetry:
         ending.error_type = semconv.ERROR_CLIENT_ABORTED if aborted and error_type is None else error_type
         ending.response = response
         ending.engines = engines = [contract.read_engine_request(state) for state in self.engine_states]
-        ending.usage = self._usage(engines)
+        ending.usage = usage = self._usage(engines)
+        ending.usage_values = (
+            (
+                usage.input_tokens,
+                usage.cached_input_tokens,
+                usage.cache_creation_input_tokens,
+                usage.external_cached_input_tokens,
+                usage.output_tokens,
+            )
+            if engines or response is not None
+            else None
+        )
         ending.finish_reasons = self._finish_reasons(response, aborted or ending.error_type is not None, engines)
         ending.prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
         ending.request_model = self.info.model
-        ending.response_model = None
-        ending.spec = None
-        ending.attrs = {}
+        ending.status_text = None
+        ending.captured = None
         return ending
 
-    def _usage_attributes(self, ending: "_Ending") -> None:
-        usage, attrs = ending.usage, ending.attrs
-        if ending.engines or ending.response is not None:
-            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
-            attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
-            if usage.cache_creation_input_tokens:  # where vLLM's request state tells them
-                attrs[self.telemetry.cache_write_attribute] = usage.cache_creation_input_tokens
-            if usage.external_cached_input_tokens:
-                attrs[semconv.VLLM_EXTERNAL_CACHED_TOKENS] = usage.external_cached_input_tokens
-            if self.info.generates:
-                attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
-
-    def _response_attributes(self, ending: "_Ending") -> None:
-        """Response id, model and finish reasons, vLLM's request id, the conversation."""
-        attrs, engines, response, generates = ending.attrs, ending.engines, ending.response, self.info.generates
+    def _response_values(self, ending: "_Ending") -> None:
+        """Response id and model, the conversation, reasoning tokens and speculative decoding."""
+        engines, response = ending.engines, ending.response
         response_id = self.response_id or contract.read_response_id(response)
-        if response_id is None and engines and generates:
+        if response_id is None and engines and self.info.generates:
             response_id = engines[0].external_id
-        if response_id:
-            attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
+        ending.response_id = response_id or None
         # vLLM answers with the served name it was asked for; a failed request has no response model
         ending.response_model = contract.read_response_model(response) or (
             self.info.model if ending.error_type is None else None
         )
-        if ending.response_model:
-            attrs[semconv.GEN_AI_RESPONSE_MODEL] = ending.response_model
-        if ending.finish_reasons and generates:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = ending.finish_reasons
-        if engines:
-            attrs[semconv.VLLM_REQUEST_ID] = engines[0].external_id
-            if len(engines) > 1:
-                attrs[semconv.VLLM_ENGINE_REQUESTS] = len(engines)
-        conversation_id = self.session_id or self.info.conversation_id
-        if conversation_id:
-            attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
+        ending.conversation_id = self.session_id or self.info.conversation_id or None
+        reasoning = contract.read_reasoning_tokens(response, self.metadata)
+        ending.reasoning = reasoning if reasoning and self.info.generates else None
+        ending.spec = _spec_decode(engines)
 
-    def _engine_attributes(self, ending: "_Ending", aborted: bool) -> None:
-        """Reasoning tokens, speculative decoding, the abort, the P/D role, the stream's wire TTFT."""
-        attrs = ending.attrs
-        reasoning = contract.read_reasoning_tokens(ending.response, self.metadata)
-        if reasoning and self.info.generates:  # breakdowns only when non-zero
-            attrs[semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
-        ending.spec = spec = _spec_decode(ending.engines)
-        if spec is not None:
-            drafts, accepted, steps = spec
-            attrs[semconv.VLLM_SPEC_DRAFT_TOKENS] = drafts
-            attrs[semconv.VLLM_SPEC_ACCEPTED_TOKENS] = accepted
-            attrs[semconv.VLLM_SPEC_ACCEPTANCE_RATE] = accepted / drafts if drafts else 0.0
-            attrs[semconv.VLLM_SPEC_ACCEPTANCE_LENGTH] = 1.0 + accepted / steps if steps else 1.0
-        if aborted:
-            attrs[semconv.VLLM_ABORTED] = True
-        if self.pd_role is not None:
-            attrs[semconv.VLLM_PD_ROLE] = self.pd_role
-        if self.first_chunk_ns is not None:
-            attrs[semconv.VLLM_STREAM_TTFT_SECONDS] = (self.first_chunk_ns - self.start_ns) / 1e9
-
-    def _error_attributes(self, ending: "_Ending", error_message: str | None) -> None:
+    def _redact_error(self, ending: "_Ending", error_message: str | None) -> None:
         """The error path only: the error's text and the model name the client sent are redacted (a
         request that succeeded named a model vLLM serves)."""
-        if ending.error_type is None:
-            return
-        span, attrs = self.span, ending.attrs
         redact = redaction.default().redact
-        ending.error_type = error_type = redact(ending.error_type)
-        attrs[semconv.ERROR_TYPE] = error_type
-        span.set_status(Status(StatusCode.ERROR, redacted_error(error_message) if error_message else error_type))
+        ending.error_type = redact(ending.error_type)
+        ending.status_text = redacted_error(error_message) if error_message else None
         if ending.request_model:
-            ending.request_model = request_model = redact(ending.request_model)
-            if request_model != self.info.model:
-                attrs[semconv.GEN_AI_REQUEST_MODEL] = request_model
-                span.update_name(semconv.genai_span_name(self.info.operation, request_model))
+            ending.request_model = redact(ending.request_model)
 
-    def _capture(self, ending: "_Ending") -> None:
+    def _capture(self, ending: "_Ending") -> dict | None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
         choice (the detokenizer's whole text: assembled once here, never per chunk)."""
         inputs = content.input_messages(self.info.operation, contract.read_request_content(self.info.request))
         if inputs is None:
-            return
+            return None
         outputs: dict[int, list] = {}
         for engine in ending.engines:
             if engine.output_text is not None:
                 outputs.setdefault(engine.index, []).append(engine.output_text)
-        self.telemetry.capture.set_attributes(ending.attrs, inputs, outputs, dict(enumerate(ending.finish_reasons)))
+        captured: dict[str, Any] = {}
+        self.telemetry.capture.set_attributes(captured, inputs, outputs, dict(enumerate(ending.finish_reasons)))
+        return captured
 
     def _write_usage(self, ending: "_Ending") -> None:
         """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
-        usage, engines, attrs, response_model = ending.usage, ending.engines, ending.attrs, ending.response_model
+        usage, engines, response_model = ending.usage, ending.engines, ending.response_model
         first = engines[0]
         info = self.info
         ledger = self.telemetry.ledger
+        spec = ending.spec
         fields: dict[str, Any] = {
             semconv.USAGE_ID: ledger.key(first.prompt_id),
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
@@ -447,14 +428,14 @@ class RequestTelemetry:
             (semconv.TENANT_COST_CENTER, info.cost_center),
             (semconv.API_KEY_ID, info.api_key_id),
             (semconv.USER_ID, info.user),
-            (semconv.GEN_AI_CONVERSATION_ID, attrs.get(semconv.GEN_AI_CONVERSATION_ID)),
+            (semconv.GEN_AI_CONVERSATION_ID, ending.conversation_id),
             (semconv.ERROR_TYPE, ending.error_type),
             # the breakdowns (semconv.USAGE_DETAIL_TOKEN_FIELDS: inclusive), only when non-zero
             (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
             (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens or None),
-            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, attrs.get(semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS)),
-            (semconv.VLLM_SPEC_DRAFT_TOKENS, attrs.get(semconv.VLLM_SPEC_DRAFT_TOKENS)),
-            (semconv.VLLM_SPEC_ACCEPTED_TOKENS, attrs.get(semconv.VLLM_SPEC_ACCEPTED_TOKENS)),
+            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, ending.reasoning),
+            (semconv.VLLM_SPEC_DRAFT_TOKENS, None if spec is None else spec[0]),
+            (semconv.VLLM_SPEC_ACCEPTED_TOKENS, None if spec is None else spec[1]),
         )
         for key, value in optional:
             if value is not None:
@@ -484,7 +465,7 @@ class RequestTelemetry:
             external = (
                 engine.remote_cached_tokens
                 if engine.remote_cached_tokens is not None
-                else _cost_summary(engine.engine_cost)[1]
+                else cost_summary(engine.engine_cost)[1]
                 if engine.engine_cost
                 else 0
             )
@@ -505,100 +486,11 @@ class RequestTelemetry:
                 reasons.append(reason)
         return reasons
 
-    def _phases(self, end_ns: int, engines: list[contract.EngineRequest]) -> "_Timing":
-        """Queue / prefill / decode of the request, and child spans from the engine's monotonic
-        timestamps. With n > 1 (one engine request per choice) the request's phases span its
-        engine requests: queue until the first was scheduled, prefill until the first token,
-        decode until the last token of any; child spans for the first MAX_PHASE_SPAN_CHAINS."""
-        timing = _Timing()
-        timed = [e for e in engines if e.timing is not None]
-        if len(timed) < len(engines) or not timed:
-            if engines:
-                timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
-            return timing
-        # The engine core stamps time.monotonic(); on one host that clock is shared by all
-        # processes, so wall = monotonic + (time.time() - time.monotonic()) here.
-        offset = time.time() - time.monotonic()
-        queued = scheduled = first = last = 0.0
-        ttft = scheduled_ttft = None
-        preemptions = gen_tokens = 0
-        have_events = True
-        # an unsampled request (head sampling) pays for no child spans
-        make_spans = self.telemetry.settings.phase_spans and self.span.is_recording()
-        chains = 0
-        for engine in timed:
-            stats = engine.timing
-            preemptions += stats.preemptions
-            gen_tokens += stats.generation_tokens
-            if stats.first_token_latency and (ttft is None or stats.first_token_latency < ttft):
-                ttft = stats.first_token_latency
-            if stats.scheduled and stats.first_token:  # vLLM's metrics.time_to_first_token_ms, in seconds
-                since_scheduled = stats.first_token - stats.scheduled
-                if scheduled_ttft is None or since_scheduled < scheduled_ttft:
-                    scheduled_ttft = since_scheduled
-            if stats.first_token and stats.last_token:
-                first = _earliest(first, stats.first_token)
-                last = max(last, stats.last_token)
-            bounds = _phase_bounds(stats)
-            if bounds is None:
-                # no QUEUED event: the engine core records none when it was started with
-                # stats off (--disable-log-stats with --api-server-count > 1)
-                have_events = False
-                if stats.first_token:
-                    warn_once("no engine events", _NO_ENGINE_EVENTS)
-                continue
-            queued = _earliest(queued, bounds[0])
-            scheduled = _earliest(scheduled, bounds[1])
-            if make_spans and chains < MAX_PHASE_SPAN_CHAINS:
-                chains += 1
-                self._phase_spans(engine, bounds, offset, end_ns, len(timed) > 1)
-        if have_events:
-            timing.attributes[semconv.VLLM_QUEUE_SECONDS] = scheduled - queued if scheduled else 0.0
-            timing.attributes[semconv.VLLM_PREFILL_SECONDS] = first - scheduled if scheduled and first else 0.0
-        else:
-            timing.attributes[semconv.VLLM_PHASE_TIMING_UNAVAILABLE] = True
-        decode = last - first if first else 0.0
-        if self.info.generates:
-            timing.attributes[semconv.VLLM_DECODE_SECONDS] = decode
-        if make_spans and len(timed) > chains and have_events:
-            timing.attributes[semconv.VLLM_PHASE_SPANS_OMITTED] = len(timed) - chains
-        timing.attributes[semconv.VLLM_PREEMPTIONS] = preemptions
-        if ttft is not None:
-            timing.attributes[semconv.VLLM_TTFT_SECONDS] = ttft
-            timing.ttft = ttft
-        if scheduled_ttft is not None and self.info.generates:
-            timing.attributes[semconv.VLLM_SCHEDULED_TTFT_SECONDS] = scheduled_ttft
-            timing.scheduled_ttft = scheduled_ttft
-        if len(timed) == 1 and gen_tokens > 1:
-            timing.tpot = decode / (gen_tokens - 1)
-            timing.attributes[semconv.VLLM_TPOT_SECONDS] = timing.tpot
-        return timing
-
-    def _phase_spans(self, engine: contract.EngineRequest, bounds, offset: float, end_ns: int, tag: bool) -> None:
-        q0, q1, p1, d1 = bounds
-        lo, hi = self.start_ns, end_ns
-        attrs = {semconv.VLLM_REQUEST_ID: engine.request_id} if tag else None
-        sink = self.telemetry.sink
-        prev_end = lo
-        first = semconv.SPAN_KV_TRANSFER_WAIT if self.pd_role == semconv.PD_ROLE_DECODE else semconv.SPAN_QUEUE
-        phases = [(first, q0, q1), (semconv.SPAN_PREFILL, q1, p1)]
-        if engine.output_tokens is not None:  # pooling (embeddings) requests have no decode
-            phases.append((semconv.SPAN_DECODE, p1, d1))
-        for name, start, stop in phases:
-            if not start:
-                break
-            start_ns = min(max(int((start + offset) * 1e9), prev_end), hi)
-            stop_ns = hi if not stop else min(max(int((stop + offset) * 1e9), start_ns), hi)
-            sink.child_span(self.span, self.context, name, start_ns, stop_ns, attrs)
-            prev_end = stop_ns
-            if not stop:
-                break
-
-    def _record_metrics(self, ending: "_Ending") -> None:
-        # (usage and spec None for a P/D prefill leg: counted on its decode node)
-        usage, spec = (None, None) if ending.prefill_leg else (ending.usage, ending.spec)
-        timing, compute_ns = ending.timing, ending.attrs.get(semconv.COST_COMPUTE_NS)
-        tel = self.telemetry
+    def _metric(self, ending: "_Ending") -> tuple:
+        """(the request's metric key, the token counter's increments): what the measurement needs of this
+        process (the label guards, what live counting counted)."""
+        # (usage None for a P/D prefill leg: counted on its decode node)
+        usage = None if ending.prefill_leg else ending.usage
         key = self._metric_key(ending.error_type, ending.request_model, ending.response_model)
         tokens = (
             (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens)
@@ -607,21 +499,7 @@ class RequestTelemetry:
         )
         if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
             tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
-        tel.sink.record_request(
-            self.span,
-            self.context,
-            Measurement(
-                key,
-                ending.error_type,
-                timing.ttft,
-                timing.tpot,
-                (ending.end_ns - self.start_ns) / 1e9,
-                tokens,
-                None if compute_ns is None else compute_ns / 1e9,
-                timing.scheduled_ttft,
-                None if spec is None else spec[:2],
-            ),
-        )
+        return tuple(key), tokens
 
     def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> MetricKey:
         """The request's metric series, label values guarded."""
@@ -694,45 +572,6 @@ def _spec_decode(engines: list[contract.EngineRequest]) -> tuple[int, int, int] 
     return tuple(sum(f[i] for f in figures) for i in range(3))
 
 
-def _engine_cost(span, attrs: dict, engines: list[contract.EngineRequest]) -> None:
-    """The engine core's figures for the request's engine requests (otel_llm/vllm/engine_cost.py's
-    summary on each final output: compute, prefill, KV block-ns, prefix-hit block-ns, preempted ns,
-    scheduled tokens; then `;at:waited` per preemption), summed on the span; each preemption a span
-    event at the time it happened. Absent when the engine's record came after the final output (a
-    request still in an overlapped batch, blocks held by a KV connector) or the engine core is not
-    instrumented: the usage ledger has them either way."""
-    totals = None
-    for engine in engines:
-        if not engine.engine_cost:
-            continue
-        values, _, preemptions = _cost_summary(engine.engine_cost)
-        totals = values if totals is None else [t + v for t, v in zip(totals, values)]
-        for at, waited in preemptions:
-            span.add_event(semconv.EVENT_PREEMPTED, {semconv.COST_PREEMPTED_NS: waited}, timestamp=at)
-    if totals is not None:
-        attrs.update(zip(_COST_FIELDS, totals))
-
-
-def _cost_summary(summary: str) -> tuple[list[int], int, list[tuple[int, int]]]:
-    """engine_cost.py's summary: the _COST_FIELDS figures, the prefix-cache hit tokens a KV connector
-    loaded (0 from an engine that sends none), and (at, waited) per preemption."""
-    figures, *preemptions = summary.split(";")
-    values = [int(v) for v in figures.split(",")]
-    count = len(_COST_FIELDS)
-    external = values[count] if len(values) > count else 0
-    return values[:count], external, [(int(at), int(waited)) for at, waited in (p.split(":") for p in preemptions)]
-
-
-_COST_FIELDS = (
-    semconv.COST_COMPUTE_NS,
-    semconv.COST_PREFILL_COMPUTE_NS,
-    semconv.COST_KV_BLOCK_NS,
-    semconv.COST_KV_HIT_BLOCK_NS,
-    semconv.COST_PREEMPTED_NS,
-    semconv.COST_SCHEDULED_TOKENS,
-)
-
-
 class _Ending:
     """What the steps of a request's end (RequestTelemetry._end) share."""
 
@@ -742,46 +581,18 @@ class _Ending:
         "response",
         "engines",
         "usage",
+        "usage_values",
         "finish_reasons",
         "prefill_leg",
         "request_model",
         "response_model",
+        "response_id",
+        "conversation_id",
+        "reasoning",
         "spec",
-        "timing",
-        "attrs",
+        "status_text",
+        "captured",
     )
-
-
-class _Timing:
-    __slots__ = ("attributes", "ttft", "tpot", "scheduled_ttft")
-
-    def __init__(self):
-        self.attributes: dict[str, Any] = {}
-        self.ttft: float | None = None
-        self.tpot: float | None = None
-        self.scheduled_ttft: float | None = None
-
-
-def _earliest(current: float, candidate: float) -> float:
-    """The earlier of two engine timestamps, 0 meaning none yet."""
-    return candidate if not current or (candidate and candidate < current) else current
-
-
-def _phase_bounds(stats: contract.EngineTiming):
-    """(queued, scheduled, first_token, last_token) engine-monotonic seconds; 0 = not reached."""
-    if not stats.queued:
-        return None
-    scheduled = stats.scheduled or 0.0
-    first = stats.first_token if scheduled and stats.first_token else 0.0
-    last = stats.last_token if first and stats.last_token else 0.0
-    return stats.queued, scheduled, first, last
-
-
-_NO_ENGINE_EVENTS = (
-    "otel-llm: vLLM's engine core records no queue/schedule timestamps (it was started with "
-    "--disable-log-stats); spans keep tokens, TTFT and decode time but have no queue/prefill "
-    "child spans. Drop --disable-log-stats to get them."
-)
 
 
 def redacted_error(text: str) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from opentelemetry.trace import SpanKind
 
 from otel_llm.vllm import http
+from otel_llm.vllm.request_facts import build
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+from otel_llm.warn import guarded
 
 
 class InProcessSink:
@@ -33,6 +35,10 @@ class InProcessSink:
         for key, tokens in increments:
             self.metrics.add_tokens(key, tokens)
 
+    def finish_request(self, span, context, facts, telemetry) -> None:
+        """A request ended: its span's end, phase spans and metrics built here (request_facts.py)."""
+        build_here(self, span, context, facts, telemetry)
+
     def finish(self, span) -> None:
         """The request is done (its spans ended): the SDK's processors have them already."""
 
@@ -45,3 +51,9 @@ class InProcessSink:
 
     def close(self, timeout_s: float | None = None) -> None:
         """Nothing of its own to flush: the SDK's providers are shut down by otel_llm/sdk/shutdown.py."""
+
+
+def build_here(sink, span, context, facts, telemetry) -> None:
+    """Build a request's end from its facts in this process, and hand it over."""
+    build(facts, span, context, sink, telemetry.settings)
+    guarded("handing a request's telemetry to the export process", sink.finish, span)

@@ -56,12 +56,6 @@ class Telemetry:
         # opt-in prompt / completion capture, redacted and capped (otel_llm/content.py)
         self.capture = content.Capture(meter) if settings.capture_content else None
         self.attribution = Attribution(settings)
-        # v1.41's name, or its post-v1.41 rename under OTEL_SEMCONV_STABILITY_OPT_IN (semconv.py)
-        self.cache_write_attribute = (
-            semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
-            if settings.genai_latest_experimental
-            else semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
-        )
         # with an API-key map, only the tenants, scenes and cost centers it names get metric labels
         vouched = self.attribution.vouched()
         self.label_tenant = LabelGuard(settings.label_allow_list, settings.label_limit, vouched[0])

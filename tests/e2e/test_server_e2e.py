@@ -150,7 +150,7 @@ def test_n_greater_than_one(server, client, receiver, traceparent):
 
 
 def test_many_choices_make_a_bounded_number_of_phase_spans(server, client, receiver, traceparent):
-    from otel_llm.vllm.request_telemetry import MAX_PHASE_SPAN_CHAINS
+    from otel_llm.vllm.request_facts import MAX_PHASE_SPAN_CHAINS
 
     n = MAX_PHASE_SPAN_CHAINS + 6
     client.completions.create(

@@ -1117,3 +1117,102 @@ def test_a_request_message_and_a_sweep_marshal_as_they_are():
     sink.channel.send_progress = sent.append
     sink.count_progress([(key, (10, 4, 7))])
     assert marshal.loads(marshal.dumps(sent[0])) == [(tuple(key), (10, 4, 7))]
+
+
+def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_process(export_env, monkeypatch):
+    """RequestTelemetry hands the export process its span unended and the request's facts
+    (request_facts.py); the span's end attributes, its phase spans and its metrics built there are
+    the ones the SDK builds from the same facts in the API server, field for field (the phase spans'
+    own ids aside: the export process makes them)."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from test_request_telemetry import state
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm import request_telemetry
+    from otel_llm.vllm.export.sink import ExportProcessSink
+    from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+    from otel_llm.vllm.sink import InProcessSink
+    from otel_llm.vllm.telemetry import Telemetry
+
+    wall, mono = T0 / 1e9 + 2.0, 5000.0  # the end: 2 s after the start, engine clock at 5000 s
+    monkeypatch.setattr(
+        request_telemetry,
+        "time",
+        SimpleNamespace(time_ns=lambda: int(wall * 1e9), time=lambda: wall, monotonic=lambda: mono),
+    )
+    stats = SimpleNamespace(
+        queued_ts=mono - 1.5,
+        scheduled_ts=mono - 1.4,
+        first_token_ts=mono - 1.0,
+        last_token_ts=mono - 0.2,
+        first_token_latency=0.61,
+        num_generation_tokens=9,
+        num_preemptions=1,
+    )
+
+    def one_request(sink, meter) -> None:
+        tel = Telemetry(sink, meter, Settings())
+        parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+        info = RequestInfo(operation="chat", model="tiny", max_tokens=9, tenant="acme", stream=True)
+        record = start_request(tel, info, start_ns=T0, context=parent)
+        record.first_chunk_ns = T0 + 700_000_000
+        record.attach_engine_request(state("r1", prompt_len=12, output_tokens=9, cached=4, st=stats))
+        record.on_engine_finished(SimpleNamespace(request_id="r1"), "length")
+        record.end(error_type="EngineDeadError", error_message="engine died (key sk-live-0123456789abcdefghij)")
+
+    def comparable(spans) -> list:
+        genai = next(s for s in spans if s.name.startswith("chat"))
+        return sorted(
+            (s.name, s.parent_span_id == genai.span_id, s.start_ns, s.end_ns, s.attributes, s.status, s.status_message)
+            for s in spans
+        ) + [(genai.span_id, genai.parent_span_id, genai.trace_id, genai.events)]
+
+    with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
+        export_env(sdk_receiver.endpoint)
+        provider = TracerProvider(resource=RESOURCE, id_generator=Sequence())
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[reader], resource=RESOURCE).get_meter("t")
+        one_request(InProcessSink(provider.get_tracer(semconv.VLLM_SCOPE, __version__), meter), meter)
+        provider.shutdown()
+        expected_points = {
+            m.name: [
+                (dict(p.attributes), getattr(p, "sum", None), getattr(p, "value", None)) for p in m.data.data_points
+            ]
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name.startswith("otel_llm.server.")
+        }
+
+        export_env(our_receiver.endpoint)
+        plan = {"traces": True, "metrics": True, "usage_events": False, "resource": dict(RESOURCE.attributes)}
+        sink = ExportProcessSink(
+            TracerProvider(resource=RESOURCE, id_generator=Sequence()),
+            MeterProvider().get_meter("t"),
+            {**plan, "schema_url": None},
+            __version__,
+            5,
+        )
+        sink.start()
+        one_request(sink, MeterProvider().get_meter("t"))
+        our_receiver.wait_for(lambda r: len(r.spans) == 4)
+        got_points = our_receiver.wait_for(
+            lambda r: [p for p in r.latest_metrics() if p.name.startswith("otel_llm.server.")]
+        )
+        sink.close(5)
+
+        assert len(sdk_receiver.spans) == 4
+        assert comparable(our_receiver.spans) == comparable(sdk_receiver.spans)
+        genai = next(s for s in our_receiver.spans if s.name.startswith("chat"))
+        assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 12
+        assert genai.attributes[semconv.VLLM_PREEMPTIONS] == 1
+        assert "sk-live" not in genai.status_message
+        got = {}
+        for p in got_points:
+            got.setdefault(p.name, []).append((p.attributes, p.total, p.value))
+        for name, points in expected_points.items():
+            assert sorted(map(repr, got[name])) == sorted(map(repr, points)), name

@@ -406,3 +406,24 @@ def test_vllms_warnings_and_errors_are_redacted_before_any_handler_writes_them(e
     assert "ValueError: bad prompt <SECRET>" in text and "Traceback" in text
     assert "ERROR Exception in ASGI application" in text and "KeyError: 'tool <SECRET>'" in text
     assert text.count(LEAKED_KEY) == 1 and f"INFO routine {LEAKED_KEY}" in text
+
+
+def test_a_fault_in_the_phase_timing_loses_only_the_phases(env, monkeypatch):
+    """The build of a request's end (request_facts.py, the same code in the export process): a failing
+    phase step costs the phase attributes and spans, not the span's tokens or the request's metrics."""
+    from otel_llm.vllm import request_facts
+
+    def broken(*args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(request_facts, "_phases", broken)
+    rec = start_request(env.tel, RequestInfo(operation="chat", model="tiny"))
+    rec.attach_engine_request(state(st=stats()))
+    rec.end()
+    spans = spans_by_name(env.exporter)
+    assert set(spans) == {"chat tiny"}
+    attrs = spans["chat tiny"].attributes
+    assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 10 and attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    assert semconv.VLLM_DECODE_SECONDS not in attrs
+    [point] = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
+    assert point.count == 1

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import redaction
@@ -248,30 +248,98 @@ class DeferredSpan(trace.Span):
                 return
             self._ended = True
             if self._sampled:
-                ctx, parent = self._context, self._parent
-                self.outbox.spans.append(
-                    SpanRecord(
-                        self._name,
-                        ctx.trace_id,
-                        ctx.span_id,
-                        int(ctx.trace_flags),
-                        self._trace_state_header(),
-                        parent.span_id if parent is not None else 0,
-                        parent is not None and parent.is_remote,
-                        int(parent.trace_flags) if parent is not None else 0,
-                        self._kind.value,
-                        self._start,
-                        end_time or time.time_ns(),
-                        self._attributes,
-                        self._status,
-                        [_link(link) for link in self._links],
-                        self._events,
-                    )
-                )
+                self.outbox.spans.append(self.record(end_time or time.time_ns()))
             if self._tracer.hand_over is not None:  # another instrumentation's span: nobody else sends it
                 self._tracer.hand_over(self)
         except Exception:  # noqa: BLE001 - the span's telemetry (and what it holds) is lost, not the request
             failed("DeferredSpan.end")
+
+    def record(self, end_ns: int) -> SpanRecord:
+        """The span as it is now, ending at end_ns."""
+        ctx, parent = self._context, self._parent
+        return SpanRecord(
+            self._name,
+            ctx.trace_id,
+            ctx.span_id,
+            int(ctx.trace_flags),
+            self._trace_state_header(),
+            parent.span_id if parent is not None else 0,
+            parent is not None and parent.is_remote,
+            int(parent.trace_flags) if parent is not None else 0,
+            self._kind.value,
+            self._start,
+            end_ns,
+            self._attributes,
+            self._status,
+            [_link(link) for link in self._links],
+            self._events,
+        )
+
+    def hand_over_unended(self, facts: tuple, channel) -> None:
+        """A request's span, not ended here: it goes to the export process as it is, with the facts
+        its end is built from there (request_facts.py, `resume`)."""
+        self._ended = True
+        self.outbox.request = (tuple(self.record(0)), self._sampled, facts)
+        hand_over(self, channel)
+
+
+def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
+    """In the export process: a span an API server handed over unended (`hand_over_unended`), to be
+    ended there, in an Outbox of its own."""
+    record, sampled, _ = request
+    (
+        name,
+        trace_id,
+        span_id,
+        flags,
+        state,
+        parent_id,
+        parent_remote,
+        parent_flags,
+        kind,
+        start,
+        _,
+        attributes,
+        status,
+        links,
+        events,
+    ) = record
+    trace_state = TraceState.from_header([state]) if state else TraceState()
+    context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state)
+    parent = (
+        SpanContext(trace_id, parent_id, is_remote=parent_remote, trace_flags=TraceFlags(parent_flags))
+        if parent_id
+        else None
+    )
+    span = DeferredSpan(name, context, parent, SpanKind(kind), attributes, (), start, sampled, Outbox(), tracer)
+    span._links = [
+        trace.Link(
+            SpanContext(
+                l_trace,
+                l_span,
+                is_remote=l_remote,
+                trace_flags=TraceFlags(l_flags),
+                trace_state=TraceState.from_header([l_state]) if l_state else TraceState(),
+            ),
+            l_attrs,
+        )
+        for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links
+    ]
+    span._status = tuple(status) if status is not None else None
+    span._events = list(events)
+    return span
+
+
+class OutboxSink:
+    """Where request_facts.build puts a DeferredSpan's phase spans and measurement: in its Outbox."""
+
+    @staticmethod
+    def child_span(parent, context, name: str, start_ns: int, end_ns: int, attributes) -> None:
+        parent.add_child(name, start_ns, end_ns, attributes)
+
+    @staticmethod
+    def record_request(span, context, measurement) -> None:
+        span.outbox.measurement = (tuple(measurement.key), *measurement[1:])  # (plain: marshal's)
 
 
 def _link(link) -> tuple:

@@ -35,6 +35,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import config, semconv, usage
 from otel_llm.sdk import internals, shutdown
+from otel_llm.vllm.export import deferred
 from otel_llm.vllm.export.wire import (
     BYE,
     CONFIG,
@@ -48,6 +49,7 @@ from otel_llm.vllm.export.wire import (
     Part,
     SpanRecord,
 )
+from otel_llm.vllm.request_facts import EngineFacts, RequestFacts, build
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.warn import failed
 
@@ -106,6 +108,9 @@ class Exporter:
             self.tracer_provider.add_span_processor(shutdown.span_processor_factory(exporter()))
         self._processors = [*internals.span_processors(self.tracer_provider)]
         self._limits = SpanLimits()
+        # the API server's sampler and id generator, from the same environment (a request's phase spans)
+        self.deferred_tracer = deferred.DeferredTracer(self.tracer_provider)
+        self.settings = config.Settings.from_env()
 
         self.meter_provider = self.metrics = None
         if settings["metrics"]:
@@ -141,6 +146,10 @@ class Exporter:
             part.http_replay,
         )
         scope = self.scope if part.scope is None else self._scope(part.scope)
+        if part.request is not None:
+            built, built_measurement = self.build_request(part.request)
+            spans = [*spans, *built]
+            measurement = measurement if built_measurement is None else built_measurement
         if http_replay is not None:
             spans = self.replay_http(spans, http_replay)
         for span in spans:
@@ -167,6 +176,15 @@ class Exporter:
         if usage_event is not None and self.usage_logger is not None:
             fields, end_ns = usage_event
             usage.emit_event(self.usage_logger, fields, end_ns, context)
+
+    def build_request(self, request: tuple) -> tuple[list, tuple | None]:
+        """A GenAI request's span an API server handed over unended, and its facts: its end, phase spans
+        and measurement built as the API server would have built them (request_facts.py)."""
+        span = deferred.resume(request, self.deferred_tracer)
+        facts = request[2]
+        facts = RequestFacts(*facts[:6], [EngineFacts(*engine) for engine in facts[6]], *facts[7:])
+        build(facts, span, None, deferred.OutboxSink, self.settings)
+        return span.outbox.spans, span.outbox.measurement
 
     def count_progress(self, increments) -> None:
         """A live sweep's token counter increments (otel_llm/vllm/live.py)."""

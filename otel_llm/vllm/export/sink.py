@@ -7,9 +7,18 @@ from __future__ import annotations
 from otel_llm import semconv
 from otel_llm.vllm.export import http as export_http
 from otel_llm.vllm.export.channel import ExportChannel
-from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer, DeferredTracerProvider, UsageEvents, hand_over
+from otel_llm.vllm.export.deferred import (
+    DeferredSpan,
+    DeferredTracer,
+    DeferredTracerProvider,
+    OutboxSink,
+    UsageEvents,
+    hand_over,
+)
+from otel_llm.vllm.request_facts import RequestFacts
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
-from otel_llm.vllm.sink import InProcessSink
+from otel_llm.vllm.sink import InProcessSink, build_here
+from otel_llm.warn import guarded
 
 
 class ExportProcessSink(InProcessSink):
@@ -29,9 +38,17 @@ class ExportProcessSink(InProcessSink):
     def _count_drop(self, reason: str) -> None:
         self._dropped.add(1, {semconv.ERROR_TYPE: reason})
 
+    def finish_request(self, span, context, facts: RequestFacts, telemetry) -> None:
+        """A request's span goes to the export process unended with its facts, and its end, phase spans
+        and metrics are built there; here only where the request metrics stay in this process."""
+        if self.metrics is None and isinstance(span, DeferredSpan) and not span._ended:
+            guarded("handing a request's telemetry to the export process", _hand_over_facts, span, facts, self)
+        else:
+            build_here(self, span, context, facts, telemetry)
+
     def child_span(self, parent, context, name: str, start_ns: int, end_ns: int, attributes) -> None:
         if isinstance(parent, DeferredSpan):  # exported with this request
-            parent.add_child(name, start_ns, end_ns, attributes)
+            OutboxSink.child_span(parent, context, name, start_ns, end_ns, attributes)
         else:
             InProcessSink.child_span(self, parent, context, name, start_ns, end_ns, attributes)
 
@@ -40,7 +57,7 @@ class ExportProcessSink(InProcessSink):
         if self.metrics is not None:
             InProcessSink.record_request(self, span, context, measurement)
         elif isinstance(span, DeferredSpan):
-            span.outbox.measurement = (tuple(measurement.key), *measurement[1:])  # (plain: marshal's)
+            OutboxSink.record_request(span, context, measurement)
 
     def count_progress(self, increments: list[tuple]) -> None:
         """Added here, or sent to the export process in one message."""
@@ -74,3 +91,8 @@ class ExportProcessSink(InProcessSink):
         """Flush and stop the export process within timeout_s; its report of what it could not export
         (the bounded exit flush, otel_llm/sdk/shutdown.py, counts it in its one warning)."""
         return self.channel.close(timeout_s)
+
+
+def _hand_over_facts(span: DeferredSpan, facts: RequestFacts, sink: ExportProcessSink) -> None:
+    plain = (*facts[:6], [tuple(engine) for engine in facts.engines], *facts[7:])
+    span.hand_over_unended(plain, sink.channel)

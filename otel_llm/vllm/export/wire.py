@@ -56,6 +56,9 @@ class Part(NamedTuple):
     scope: tuple | None  # (name, version, schema_url, attributes) of another instrumentation; None: ours
     http_metrics: tuple | None  # (meter scope, [(instrument, value, attributes)])
     http_replay: tuple | None  # otel_llm/vllm/export/http.py ReplayRecord
+    # a GenAI request's span handed over unended, and the facts its end is built from (request_facts.py):
+    # (SpanRecord as it was, sampled, RequestFacts)
+    request: tuple | None = None
 
 
 class Outbox:
@@ -77,6 +80,7 @@ class Outbox:
         "adopted",
         "http_metrics",
         "http_replay",
+        "request",
         "held",
     )
 
@@ -89,6 +93,7 @@ class Outbox:
         self.adopted: list[tuple] = []
         self.http_metrics: tuple | None = None
         self.http_replay: tuple | None = None
+        self.request: tuple | None = None
         self.held = False
 
     def empty(self) -> bool:
@@ -99,6 +104,7 @@ class Outbox:
             and not self.adopted
             and self.http_metrics is None
             and self.http_replay is None
+            and self.request is None
         )
 
     def parts(self) -> list[tuple]:
@@ -114,6 +120,7 @@ class Outbox:
                 self.scope,
                 self.http_metrics,
                 None if replay is None else tuple(replay),
+                self.request,
             ),
             *self.adopted,
         ]
@@ -135,7 +142,7 @@ def plain(message: tuple) -> tuple:
     if kind != REQUEST:  # (a live sweep's increments: label values and counts)
         return _base_types(message)
     plain = []
-    for spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay in parts:
+    for spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay, request in parts:
         spans = [
             (
                 *s[:11],
@@ -153,7 +160,13 @@ def plain(message: tuple) -> tuple:
         if http_metrics is not None:
             meter_scope, records = http_metrics
             http_metrics = (meter_scope, [(name, value, clean(attributes)) for name, value, attributes in records])
-        plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay))
+        if request is not None:  # (its span's attributes and the content captured, cleaned)
+            record, sampled, facts = request
+            record = (*record[:11], clean(record[11]), *record[12:])
+            captured = facts[-1]
+            facts = (*facts[:-1], clean(captured) if captured else captured)
+            request = (record, sampled, facts)
+        plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay, request))
     return _base_types((kind, plain))
 
 

@@ -12,8 +12,8 @@ test switches the active fault at run time through a file, so one server serves 
    call: request start (`_request_info`, attribution, `Telemetry.start`, the AsyncLLM fallback),
    making the record current and restoring the context, the traced mark, reading the response, the
    stream's first chunk and its end on an exception, attaching an engine request, engine finished and
-   aborted, the validation-rejection hook, `RequestTelemetry._end` and its phase timing, the usage
-   record (`_write_usage`, the spool) and the metrics, and the HTTP layer's query redaction. For each
+   aborted, the validation-rejection hook, `RequestTelemetry._end`, the usage record (`_write_usage`,
+   the spool) and the metric key, and the HTTP layer's query redaction. For each
    target two chat requests, two streamed completions, two streams the client leaves and two
    requests FastAPI rejects are served complete (`[DONE]` included); the fault fired for each
    request that reaches it (the injector counts); what does not depend on the failing piece still
@@ -104,7 +104,6 @@ class Target:
     no_metrics: tuple[str, ...] = ()  # kinds not counted in otel_llm.server.requests
     bare: bool = False  # the spans end with their start attributes only (nothing from the end)
     no_wire_ttft: bool = False  # the stream's span lacks the first-chunk time
-    no_phases: bool = False  # spans without phase timing and phase child spans
     guards: int = 1  # the guards that catch it, each logging it once
 
     @property
@@ -168,12 +167,13 @@ TARGETS = (
     Target("guard:claiming a request for its route", fires=GENERATING),
     Target("otel_llm.vllm.routes:_enter", fires=EVERY),
     Target("otel_llm.vllm.routes:_finish", fires=EVERY),
-    # the end: span attributes, phase timing, usage record, metrics
+    # the end in the API server: the request's facts, usage record, metric key (the span's end attributes,
+    # phase spans and measurement are built from the facts in the export process: a fault there is
+    # tests/vllm/test_offload.py's)
     Target(f"{R}:RequestTelemetry._end", fires=EVERY, bare=True),
-    Target(f"{R}:RequestTelemetry._phases", fires=EVERY, no_phases=True),
     Target(f"{R}:RequestTelemetry._write_usage", fires=GENERATING, no_ledger=GENERATING),
     Target("otel_llm.usage:Spool.write", fires=GENERATING, no_ledger=GENERATING),
-    Target(f"{R}:RequestTelemetry._record_metrics", fires=EVERY, no_metrics=EVERY),
+    Target(f"{R}:RequestTelemetry._metric", fires=EVERY, no_metrics=EVERY),
 )
 # The HTTP layer's hooks on vLLM's app: the server span's request hook and uvicorn's access-log
 # filter redact a URL's query (the chat requests have one). Run after everything else: a fault that
@@ -559,9 +559,8 @@ def _check_span(target, kind, span, http, spans, usage, engine, where):
     if kind == REJECT:
         assert attrs[semconv.ERROR_TYPE] == "Bad Request", where
     if engine and kind != ABORT:
-        expected = () if target.no_phases else semconv.PHASE_SPANS
-        assert tuple(s.name for s in sorted(phases, key=lambda s: s.start_ns)) == expected, where
-        assert (semconv.VLLM_DECODE_SECONDS in attrs) is not target.no_phases, where
+        assert tuple(s.name for s in sorted(phases, key=lambda s: s.start_ns)) == semconv.PHASE_SPANS, where
+        assert semconv.VLLM_DECODE_SECONDS in attrs, where
 
 
 def test_faults_are_logged_once_and_counted_where_unaffected(setup, receiver):
