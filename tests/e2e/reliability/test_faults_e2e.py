@@ -235,6 +235,12 @@ ENTRIES_OFF_THIS_PATH = {
     "otel_llm.vllm.export.deferred:DeferredSpan.kind": _MAINTAINED_CALL,
     "otel_llm.vllm.export.deferred:DeferredSpan.attributes": _MAINTAINED_CALL,
     "otel_llm.vllm.export.deferred:DeferredSpan.set_attribute": _MAINTAINED_CALL,
+    # a GenAI request's end is built in the export process here (otel_llm/vllm/request_facts.py build), and
+    # the maintained middleware's own __call__ sets the HTTP span's
+    "otel_llm.vllm.export.deferred:DeferredSpan.set_attributes": "in the export process here (request_facts.build); "
+    + _MAINTAINED_CALL,
+    "otel_llm.vllm.export.deferred:DeferredSpan.set_status": "in the export process here (request_facts.build) on an "
+    "error; " + _MAINTAINED_CALL,
     "otel_llm.vllm.http:redact_query_hook": "in the export process here (the replayed middleware's hook); the access "
     "log's filter, under the same guard, is faulted here",
 }
