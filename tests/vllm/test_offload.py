@@ -1157,7 +1157,8 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         tel = Telemetry(sink, meter, Settings())
         parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
         info = RequestInfo(operation="chat", model="tiny", max_tokens=9, tenant="acme", stream=True)
-        record = start_request(tel, info, start_ns=T0, context=parent)
+        origin = Link(SpanContext(0x1234, 0x5678, is_remote=True), {"otel_llm.test": 1})
+        record = start_request(tel, info, start_ns=T0, context=parent, links=[origin])
         record.first_chunk_ns = T0 + 700_000_000
         record.attach_engine_request(state("r1", prompt_len=12, output_tokens=9, cached=4, st=stats))
         record.on_engine_finished(SimpleNamespace(request_id="r1"), "length")
@@ -1168,7 +1169,7 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         return sorted(
             (s.name, s.parent_span_id == genai.span_id, s.start_ns, s.end_ns, s.attributes, s.status, s.status_message)
             for s in spans
-        ) + [(genai.span_id, genai.parent_span_id, genai.trace_id, genai.events)]
+        ) + [(genai.span_id, genai.parent_span_id, genai.trace_id, genai.events, genai.links)]
 
     with Receiver(grpc=False) as sdk_receiver, Receiver(grpc=False) as our_receiver:
         export_env(sdk_receiver.endpoint)
@@ -1210,6 +1211,7 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         genai = next(s for s in our_receiver.spans if s.name.startswith("chat"))
         assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 12
         assert genai.attributes[semconv.VLLM_PREEMPTIONS] == 1
+        assert [(link.trace_id, link.span_id) for link in genai.links] == [(format(0x1234, "032x"), "0" * 12 + "5678")]
         assert "sk-live" not in genai.status_message
         got = {}
         for p in got_points:

@@ -286,48 +286,35 @@ class DeferredSpan(trace.Span):
 def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
     """In the export process: a span an API server handed over unended (`hand_over_unended`), to be
     ended there, in an Outbox of its own."""
-    record, sampled, _ = request
-    (
-        name,
-        trace_id,
-        span_id,
-        flags,
-        state,
-        parent_id,
-        parent_remote,
-        parent_flags,
-        kind,
-        start,
-        _,
-        attributes,
-        status,
-        links,
-        events,
-    ) = record
-    trace_state = TraceState.from_header([state]) if state else TraceState()
-    context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state)
+    record, sampled = SpanRecord(*request[0]), request[1]
+    trace_id = record.trace_id
+    context = _span_context(trace_id, record.span_id, record.trace_flags, record.trace_state, False)
     parent = (
-        SpanContext(trace_id, parent_id, is_remote=parent_remote, trace_flags=TraceFlags(parent_flags))
-        if parent_id
+        SpanContext(trace_id, record.parent_span_id, record.parent_is_remote, TraceFlags(record.parent_trace_flags))
+        if record.parent_span_id
         else None
     )
-    span = DeferredSpan(name, context, parent, SpanKind(kind), attributes, (), start, sampled, Outbox(), tracer)
-    span._links = [
-        trace.Link(
-            SpanContext(
-                l_trace,
-                l_span,
-                is_remote=l_remote,
-                trace_flags=TraceFlags(l_flags),
-                trace_state=TraceState.from_header([l_state]) if l_state else TraceState(),
-            ),
-            l_attrs,
-        )
-        for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links
-    ]
-    span._status = tuple(status) if status is not None else None
-    span._events = list(events)
+    links = [trace.Link(_span_context(*link[:5]), link[5]) for link in record.links]
+    span = DeferredSpan(
+        record.name,
+        context,
+        parent,
+        SpanKind(record.kind),
+        record.attributes,
+        links,
+        record.start_ns,
+        sampled,
+        Outbox(),
+        tracer,
+    )
+    span._status = tuple(record.status) if record.status is not None else None
+    span._events = list(record.events)
     return span
+
+
+def _span_context(trace_id: int, span_id: int, flags: int, state: str, remote: bool) -> SpanContext:
+    trace_state = TraceState.from_header([state]) if state else TraceState()
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(flags), trace_state=trace_state)
 
 
 class OutboxSink:
