@@ -321,9 +321,9 @@ class UsageLedger:
     def _write_line(self, fields: dict[str, Any], time_ns: int, span_context) -> None:
         line = dict(fields)
         line[semconv.USAGE_TIME] = time_ns
-        if span_context is not None and span_context.is_valid:
-            line[semconv.USAGE_TRACE_ID] = format(span_context.trace_id, "032x")
-            line[semconv.USAGE_SPAN_ID] = format(span_context.span_id, "016x")
+        if span_context is not None and span_context[5]:  # (sdk/internals.py SPAN_CONTEXT_FIELDS: is_valid)
+            line[semconv.USAGE_TRACE_ID] = format(span_context[0], "032x")
+            line[semconv.USAGE_SPAN_ID] = format(span_context[1], "016x")
         self.spool.write(json_line(line))
 
     def close(self) -> None:

@@ -182,6 +182,11 @@ def children_follow_sampled_parent(sampler) -> bool:
     return isinstance(sampler, ParentBased) and getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
 
 
+# SpanContext (opentelemetry-api) is a tuple of these, in this order, each read through a Python property;
+# the request path unpacks it once instead of calling a property per field
+SPAN_CONTEXT_FIELDS = ("trace_id", "span_id", "is_remote", "trace_flags", "trace_state", "is_valid")
+
+
 def sdk_record_exception(span, exception, attributes=None, timestamp=None, escaped=False) -> None:
     """The SDK Span's `record_exception` run on another span: it builds the exception event's
     attributes and calls only `span.add_event(name="exception", attributes=..., timestamp=...)`.

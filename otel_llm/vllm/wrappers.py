@@ -169,10 +169,10 @@ def _baggage(tel: Telemetry, info) -> str | None:
 
 
 def _traceparent(span) -> str | None:
-    ctx = span.get_span_context()
-    if not ctx.is_valid:
+    trace_id, span_id, _, flags, _, valid = span.get_span_context()  # (internals.SPAN_CONTEXT_FIELDS)
+    if not valid:
         return None
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    return f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}"
 
 
 def _pd_role(request) -> str | None:

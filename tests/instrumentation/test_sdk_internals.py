@@ -568,3 +568,17 @@ def test_asgi_set_server_span():
     assert dict(span.attributes) == {"http.status_code": 404}
     assert duration_attrs == {"http.status_code": 404}
     assert span.status.status_code == trace.StatusCode.UNSET  # (a server's 4xx is not its error)
+
+
+def test_a_span_context_is_the_tuple_of_its_fields_in_order():
+    """The request path unpacks a SpanContext (internals.SPAN_CONTEXT_FIELDS) instead of reading its
+    properties: the layout it relies on."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    from otel_llm.sdk import internals
+
+    for ctx in (
+        SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(3), trace_state=TraceState([("k", "v")])),
+        SpanContext(0, 0, is_remote=False),
+    ):
+        assert tuple(ctx) == tuple(getattr(ctx, name) for name in internals.SPAN_CONTEXT_FIELDS)

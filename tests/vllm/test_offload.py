@@ -915,6 +915,45 @@ def test_the_replayed_active_requests_attributes_are_the_maintained_ones(monkeyp
     assert len(lean.active_cache) == 8  # (the first three share one key)
 
 
+def test_the_replayed_exclusion_is_the_maintained_one():
+    """LeanMiddleware keeps whether a request is excluded (OTEL_PYTHON_FASTAPI_EXCLUDED_URLS) per scheme,
+    Host, server and path: for requests that differ in those and in everything else, it equals the
+    maintained middleware's answer for each."""
+    from opentelemetry.instrumentation import asgi
+    from opentelemetry.util.http import parse_excluded_urls
+
+    lean = _lean()
+    lean.excluded_urls = parse_excluded_urls("/health,internal:9,^https://")
+    scopes = [
+        _scope(),
+        _scope(path="/health"),
+        _scope(path="/v1/health/x", query=b"a=1"),
+        _scope(host=b"internal:9"),
+        _scope(extra=((b"Host", b"internal:9"),)),  # (the first Host header counts)
+        _scope(host=b"internal:90", agent=b"curl/8"),
+        _scope(scheme="https"),
+        _scope(server=("internal", 9)),
+        {**_scope(), "headers": [(b"user-agent", b"x")], "server": ("internal", 9)},  # no Host: the server's
+        _scope(method="GET", path="/v1/models"),
+    ]
+    for scope in scopes * 2:
+        expected = lean.excluded_urls.url_disabled(asgi.get_host_port_url_tuple(scope)[2])
+        assert lean._excluded(scope) is expected, scope
+    assert [lean._excluded(scope) for scope in scopes] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert len(lean.exclusion_cache) == 9  # (a query, a user agent or a method is not part of the URL)
+
+
 def test_credentials_stay_in_the_api_server():
     """The replay record (what crosses to the export process) has the request's headers but its
     credentials, unless the user captures request headers (then the maintained middleware sanitizes

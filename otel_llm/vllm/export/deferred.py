@@ -256,16 +256,21 @@ class DeferredSpan(trace.Span):
 
     def record(self, end_ns: int) -> SpanRecord:
         """The span as it is now, ending at end_ns."""
-        ctx, parent = self._context, self._parent
+        trace_id, span_id, _, flags, state, _ = self._context  # (internals.SPAN_CONTEXT_FIELDS)
+        parent = self._parent
+        if parent is None:
+            parent_id, parent_remote, parent_flags = 0, False, 0
+        else:
+            _, parent_id, parent_remote, parent_flags, _, _ = parent
         return SpanRecord(
             self._name,
-            ctx.trace_id,
-            ctx.span_id,
-            int(ctx.trace_flags),
-            self._trace_state_header(),
-            parent.span_id if parent is not None else 0,
-            parent is not None and parent.is_remote,
-            int(parent.trace_flags) if parent is not None else 0,
+            trace_id,
+            span_id,
+            int(flags),
+            state.to_header() if state else "",
+            parent_id,
+            parent_remote,
+            int(parent_flags),
             self._kind.value,
             self._start,
             end_ns,
@@ -374,30 +379,28 @@ class DeferredTracer(trace.Tracer):
             links = links or ()
             parent_span = trace.get_current_span(context)
             parent = parent_span.get_span_context()
-            if parent is None or not parent.is_valid:
+            local_sampled_parent = False
+            if parent is None or not parent[5]:  # (internals.SPAN_CONTEXT_FIELDS: is_valid)
                 parent = None
                 trace_id = self.id_generator.generate_trace_id()
                 random_trace_id = self.id_generator.is_trace_id_random()
             else:
-                trace_id = parent.trace_id
-                random_trace_id = parent.trace_flags.random_trace_id
-            local_sampled_parent = parent is not None and not parent.is_remote and parent.trace_flags.sampled
+                trace_id, _, parent_remote, parent_flags, parent_state, _ = parent  # (SPAN_CONTEXT_FIELDS)
+                random_trace_id = parent_flags & TraceFlags.RANDOM_TRACE_ID
+                local_sampled_parent = not parent_remote and parent_flags & TraceFlags.SAMPLED
             if self.children_follow_parent and local_sampled_parent:
                 # the sampler's answer for a sampled local parent, without asking it (as add_child): sampled,
                 # the attributes as given, the parent's trace state
-                sampled, trace_state = True, parent.trace_state
+                sampled, trace_state = True, parent_state
             else:
                 result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
                 sampled, trace_state, attributes = result.decision.is_sampled(), result.trace_state, result.attributes
             flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
             if random_trace_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
+            span_id = self.id_generator.generate_span_id()
             span_context = SpanContext(
-                trace_id,
-                self.id_generator.generate_span_id(),
-                is_remote=False,
-                trace_flags=TraceFlags(flags),
-                trace_state=trace_state,
+                trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state
             )
             outbox = _outbox if _outbox is not None else Outbox(self.scope)
             # (recording-but-unsampled spans are never exported by the SDK's batch processor: not kept)
@@ -424,7 +427,7 @@ class DeferredTracer(trace.Tracer):
                 holder,
             )
             if outbox.exemplar is None:
-                outbox.exemplar = (trace_id, span_context.span_id, int(span_context.trace_flags))
+                outbox.exemplar = (trace_id, span_id, int(flags))
             return span
         except Exception:  # noqa: BLE001
             failed("DeferredTracer.start_span")

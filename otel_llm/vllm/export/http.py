@@ -93,6 +93,7 @@ class ReplayingMiddleware(LeanMiddleware):
     replayed = False  # an HTTP request's span and metrics are made by the export process (`HttpReplay`)
     redacts = False  # (with `replayed`) the replay runs the query-redaction hook
     active_cache: dict
+    exclusion_cache: dict
 
     async def replayed_call(self, scope, receive, send) -> bool:
         """What the maintained middleware's `__call__` does for an HTTP request in the API server when
@@ -128,8 +129,7 @@ class ReplayingMiddleware(LeanMiddleware):
         again (`HttpReplay`): the exclusion, the route, the span (its ids, parent and sampling)
         made current, the active-requests count. None on a failure of ours."""
         try:
-            _, _, url = asgi.get_host_port_url_tuple(scope)
-            if self.excluded_urls and self.excluded_urls.url_disabled(url):
+            if self.excluded_urls and self._excluded(scope):
                 return _EXCLUDED
             details = self.default_span_details(scope)
             active = self._active_attributes(scope)
@@ -147,6 +147,21 @@ class ReplayingMiddleware(LeanMiddleware):
         except Exception:  # noqa: BLE001
             failed("LeanMiddleware._begin")
             return None
+
+    def _excluded(self, scope) -> bool:
+        """The maintained exclusion (its URL matched against OTEL_PYTHON_FASTAPI_EXCLUDED_URLS), kept per
+        scheme, first Host header, server and path, which are all the URL is made of (the maintained
+        `get_host_port_url_tuple` decodes every header of every request to find the Host)."""
+        headers = scope.get("headers")
+        host = _header_getter.index(headers).get(b"host") if headers else None
+        key = (scope.get("scheme"), host[0] if host else None, tuple(scope.get("server") or ()), scope.get("path"))
+        found = self.exclusion_cache.get(key)
+        if found is None:
+            _, _, url = asgi.get_host_port_url_tuple(scope)
+            found = self.excluded_urls.url_disabled(url)
+            if len(self.exclusion_cache) < ROUTE_CACHE_SIZE:
+                self.exclusion_cache[key] = found
+        return found
 
     def _active_attributes(self, scope) -> dict:
         """The active-requests counter's attributes (the maintained middleware's: from the request's
@@ -198,13 +213,13 @@ class ReplayingMiddleware(LeanMiddleware):
         if response:  # (status, headers, whether the span's status was set in the API server after it)
             message, status = response[0]
             start = (message["status"], list(message.get("headers") or ()), span._status is not status)
-        ctx = span._context
+        trace_id, span_id, _, flags, _, _ = span._context  # (internals.SPAN_CONTEXT_FIELDS)
         return ReplayRecord(
             self.meter_scope,
             self.redacts,
-            ctx.trace_id,
-            ctx.span_id,
-            int(ctx.trace_flags),
+            trace_id,
+            span_id,
+            int(flags),
             span._sampled,
             details[0],
             details[1],
@@ -316,6 +331,7 @@ def take_over(middleware: OpenTelemetryMiddleware, offload_metrics: bool):
         return lean_middleware(middleware)
     lean = lean_middleware(middleware, ReplayingMiddleware)
     lean.active_cache = {}
+    lean.exclusion_cache = {}
     lean.meter_scope = (scope.name, scope.version, scope.schema_url)
     for name in HTTP_HISTOGRAMS:
         if getattr(lean, name) is not None:
