@@ -1158,7 +1158,8 @@ def test_a_request_message_and_a_sweep_marshal_as_they_are():
     assert marshal.loads(marshal.dumps(sent[0])) == [(tuple(key), (10, 4, 7))]
 
 
-def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_process(export_env, monkeypatch):
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_process(export_env, monkeypatch, sampled):
     """RequestTelemetry hands the export process its span unended and the request's facts
     (request_facts.py); the span's end attributes, its phase spans and its metrics built there are
     the ones the SDK builds from the same facts in the API server, field for field (the phase spans'
@@ -1194,7 +1195,8 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
 
     def one_request(sink, meter) -> None:
         tel = Telemetry(sink, meter, Settings())
-        parent = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+        remote = REMOTE_PARENT if sampled else SpanContext(REMOTE_PARENT.trace_id, REMOTE_PARENT.span_id, True)
+        parent = trace.set_span_in_context(NonRecordingSpan(remote))  # (parent based: sampled as it is)
         info = RequestInfo(operation="chat", model="tiny", max_tokens=9, tenant="acme", stream=True)
         origin = Link(SpanContext(0x1234, 0x5678, is_remote=True), {"otel_llm.test": 1})
         record = start_request(tel, info, start_ns=T0, context=parent, links=[origin])
@@ -1239,21 +1241,51 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         )
         sink.start()
         one_request(sink, MeterProvider().get_meter("t"))
-        our_receiver.wait_for(lambda r: len(r.spans) == 4)
         got_points = our_receiver.wait_for(
             lambda r: [p for p in r.latest_metrics() if p.name.startswith("otel_llm.server.")]
         )
-        sink.close(5)
+        sink.close(5)  # (the export process flushes its spans and exits)
 
-        assert len(sdk_receiver.spans) == 4
+        assert len(our_receiver.spans) == len(sdk_receiver.spans) == (4 if sampled else 0)
+        assert expected_points[semconv.SERVER_REQUESTS]
+        got = {}
+        for p in got_points:
+            got.setdefault(p.name, []).append((p.attributes, p.total, p.value))
+        for name, points in expected_points.items():
+            assert sorted(map(repr, got[name])) == sorted(map(repr, points)), name
+        if not sampled:
+            return
         assert comparable(our_receiver.spans) == comparable(sdk_receiver.spans)
         genai = next(s for s in our_receiver.spans if s.name.startswith("chat"))
         assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 12
         assert genai.attributes[semconv.VLLM_PREEMPTIONS] == 1
         assert [(link.trace_id, link.span_id) for link in genai.links] == [(format(0x1234, "032x"), "0" * 12 + "5678")]
         assert "sk-live" not in genai.status_message
-        got = {}
-        for p in got_points:
-            got.setdefault(p.name, []).append((p.attributes, p.total, p.value))
-        for name, points in expected_points.items():
-            assert sorted(map(repr, got[name])) == sorted(map(repr, points)), name
+
+
+def test_a_request_whose_build_fails_in_the_export_process_goes_with_its_start_attributes(monkeypatch):
+    """A failure building a request's end in the export process (request_facts.build) is counted, and
+    the span still goes, ended at the request's end with what it started with; the rest of the message
+    (its HTTP span) is not lost with it."""
+    from otel_llm import warn
+    from otel_llm.vllm.export import process
+
+    def broken(*args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(process, "build", broken)
+    exporter = process.Exporter(
+        {"resource": {}, "version": __version__, "traces": False, "metrics": False, "usage_events": False}
+    )
+    span = deferred.DeferredTracer(TracerProvider()).start_span("chat tiny", attributes={"a": 1}, start_time=T0)
+    from otel_llm.vllm.request_facts import RequestFacts
+
+    facts = tuple(RequestFacts(*[None] * len(RequestFacts._fields))._replace(start_ns=T0, end_ns=T0 + 50, engines=[]))
+    request = (tuple(span.record(0)), True, facts)
+    what = "building a request's span in the export process"
+    before = warn.failures().get(what, 0)
+    spans, measurement = exporter.build_request(request)
+    assert warn.failures()[what] == before + 1
+    [record] = [wire.SpanRecord(*s) for s in spans]
+    assert (record.name, record.start_ns, record.end_ns, record.attributes) == ("chat tiny", T0, T0 + 50, {"a": 1})
+    assert measurement is None

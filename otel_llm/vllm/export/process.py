@@ -91,6 +91,9 @@ def messages(sock: socket.socket, frame: int):
             parts = []
 
 
+_END_NS = RequestFacts._fields.index("end_ns")
+
+
 class Exporter:
     """The SDK providers of this process, and how one request's message becomes their input."""
 
@@ -181,9 +184,14 @@ class Exporter:
         """A GenAI request's span an API server handed over unended, and its facts: its end, phase spans
         and measurement built as the API server would have built them (request_facts.py)."""
         span = deferred.resume(request, self.deferred_tracer)
-        facts = request[2]
-        facts = RequestFacts(*facts[:6], [EngineFacts(*engine) for engine in facts[6]], *facts[7:])
-        build(facts, span, None, deferred.OutboxSink, self.settings)
+        try:
+            facts = request[2]
+            facts = RequestFacts(*facts[:6], [EngineFacts(*engine) for engine in facts[6]], *facts[7:])
+            build(facts, span, None, deferred.OutboxSink, self.settings)
+        except Exception:  # noqa: BLE001 - the request's other spans (its HTTP span) still go
+            failed("building a request's span in the export process", "it goes with its start attributes only")
+            if not span._ended:
+                span.end(request[2][_END_NS])
         return span.outbox.spans, span.outbox.measurement
 
     def count_progress(self, increments) -> None:
