@@ -16,7 +16,7 @@ What it builds (under .cache/bench-ledger/, reused while the parameters are unch
   types, 64 MiB rotation).
 - `prom-<params>/`: a Prometheus TSDB (`promtool tsdb create-blocks-from openmetrics`) holding
   `otel_llm_server_token_usage_total` for the same traffic as the exporter would have exposed it
-  and Prometheus scraped it every 15 s: the labels of `_record_metrics` (operation, provider,
+  and Prometheus scraped it every 15 s: the labels of `request_facts._record_metrics` (operation, provider,
   request/response model, tenant, scene, cost center, token type) plus job/instance, with the
   tenant label capped as LabelGuard does (the 50 largest tenants keep theirs, the rest are
   "other": the best case for Prometheus). Only `--prom-hours` of the 30 days, ending at 23:00 of
