@@ -1,9 +1,10 @@
-"""One OpenAI-compatible (or offline) request -> GenAI span, phase child spans and metrics.
+"""One OpenAI-compatible (or offline) request -> GenAI span, phase child spans, metrics and usage record.
 
 A RequestTelemetry is created when a request enters vLLM (the serving handler, or
 AsyncLLM/LLMEngine used directly). vLLM's per-request `RequestState` objects are attached to
 it as the engine accepts them; everything is read from them once, when the request ends, so
-nothing here runs per output token.
+nothing here runs per output token. At the end it writes the usage record and hands the sink the
+request's facts, from which the span's end, phase spans and metrics are built (request_facts.py).
 """
 
 from __future__ import annotations
