@@ -84,6 +84,22 @@ def engine_facts(engine) -> EngineFacts:
     return EngineFacts(engine.request_id, engine.external_id, generates, timing, engine.engine_cost)
 
 
+_ENGINES = RequestFacts._fields.index("engines")
+END_NS = RequestFacts._fields.index("end_ns")
+CAPTURED = RequestFacts._fields.index("captured")
+
+
+def plain_facts(facts: RequestFacts) -> tuple:
+    """The facts as the plain tuples marshal carries (no named tuples)."""
+    return (*facts[:_ENGINES], [tuple(engine) for engine in facts.engines], *facts[_ENGINES + 1 :])
+
+
+def facts_from_plain(values) -> RequestFacts:
+    """`plain_facts`'s tuple, read by name again (in the export process)."""
+    engines = [EngineFacts(*engine) for engine in values[_ENGINES]]
+    return RequestFacts(*values[:_ENGINES], engines, *values[_ENGINES + 1 :])
+
+
 class Timing:
     __slots__ = ("attributes", "ttft", "tpot", "scheduled_ttft")
 

@@ -293,13 +293,13 @@ def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
     ended there, in an Outbox of its own."""
     record, sampled = SpanRecord(*request[0]), request[1]
     trace_id = record.trace_id
-    context = _span_context(trace_id, record.span_id, record.trace_flags, record.trace_state, False)
+    context = span_context(trace_id, record.span_id, record.trace_flags, record.trace_state, False)
     parent = (
         SpanContext(trace_id, record.parent_span_id, record.parent_is_remote, TraceFlags(record.parent_trace_flags))
         if record.parent_span_id
         else None
     )
-    links = [trace.Link(_span_context(*link[:5]), link[5]) for link in record.links]
+    links = [trace.Link(span_context(*link[:5]), link[5]) for link in record.links]
     span = DeferredSpan(
         record.name,
         context,
@@ -317,7 +317,8 @@ def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
     return span
 
 
-def _span_context(trace_id: int, span_id: int, flags: int, state: str, remote: bool) -> SpanContext:
+def span_context(trace_id: int, span_id: int, flags: int, state: str, remote: bool) -> SpanContext:
+    """A SpanContext from a SpanRecord's plain values (its trace state as a W3C tracestate header)."""
     trace_state = TraceState.from_header([state]) if state else TraceState()
     return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(flags), trace_state=trace_state)
 

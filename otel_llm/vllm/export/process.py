@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import config, semconv, usage
@@ -49,7 +49,7 @@ from otel_llm.vllm.export.wire import (
     Part,
     SpanRecord,
 )
-from otel_llm.vllm.request_facts import EngineFacts, RequestFacts, build
+from otel_llm.vllm.request_facts import END_NS, build, facts_from_plain
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.warn import failed
 
@@ -89,9 +89,6 @@ def messages(sock: socket.socket, frame: int):
         if flags & LAST:
             yield marshal.loads(b"".join(parts))
             parts = []
-
-
-_END_NS = RequestFacts._fields.index("end_ns")
 
 
 class Exporter:
@@ -185,13 +182,11 @@ class Exporter:
         and measurement built as the API server would have built them (request_facts.py)."""
         span = deferred.resume(request, self.deferred_tracer)
         try:
-            facts = request[2]
-            facts = RequestFacts(*facts[:6], [EngineFacts(*engine) for engine in facts[6]], *facts[7:])
-            build(facts, span, None, deferred.OutboxSink, self.settings)
+            build(facts_from_plain(request[2]), span, None, deferred.OutboxSink, self.settings)
         except Exception:  # noqa: BLE001 - the request's other spans (its HTTP span) still go
             failed("building a request's span in the export process", "it goes with its start attributes only")
             if not span._ended:
-                span.end(request[2][_END_NS])
+                span.end(request[2][END_NS])
         return span.outbox.spans, span.outbox.measurement
 
     def count_progress(self, increments) -> None:
@@ -261,17 +256,14 @@ class Exporter:
             links,
             events,
         ) = span
-        trace_state = TraceState.from_header([state]) if state else TraceState()
-        context = SpanContext(
-            trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state
-        )
+        context = deferred.span_context(trace_id, span_id, flags, state, False)
         parent = (
             SpanContext(
                 trace_id,
                 parent_id,
                 is_remote=parent_remote,
                 trace_flags=TraceFlags(parent_flags),
-                trace_state=trace_state,
+                trace_state=context.trace_state,
             )
             if parent_id
             else None
@@ -279,16 +271,10 @@ class Exporter:
         limits = self._limits
         link_objects = [
             Link(
-                SpanContext(
-                    l_trace,
-                    l_span,
-                    is_remote=l_remote,
-                    trace_flags=TraceFlags(l_flags),
-                    trace_state=TraceState.from_header([l_state]) if l_state else TraceState(),
-                ),
-                BoundedAttributes(limits.max_link_attributes, l_attrs, max_value_len=limits.max_attribute_length),
+                deferred.span_context(*link[:5]),
+                BoundedAttributes(limits.max_link_attributes, link[5], max_value_len=limits.max_attribute_length),
             )
-            for l_trace, l_span, l_flags, l_state, l_remote, l_attrs in links
+            for link in links
         ]
         event_objects = [
             Event(

@@ -15,7 +15,7 @@ from otel_llm.vllm.export.deferred import (
     UsageEvents,
     hand_over,
 )
-from otel_llm.vllm.request_facts import RequestFacts
+from otel_llm.vllm.request_facts import RequestFacts, plain_facts
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.vllm.sink import InProcessSink, build_here
 from otel_llm.warn import guarded
@@ -94,5 +94,4 @@ class ExportProcessSink(InProcessSink):
 
 
 def _hand_over_facts(span: DeferredSpan, facts: RequestFacts, sink: ExportProcessSink) -> None:
-    plain = (*facts[:6], [tuple(engine) for engine in facts.engines], *facts[7:])
-    span.hand_over_unended(plain, sink.channel)
+    span.hand_over_unended(plain_facts(facts), sink.channel)

@@ -135,6 +135,8 @@ def plain(message: tuple) -> tuple:
     type, which marshal takes."""
     from opentelemetry.attributes import BoundedAttributes
 
+    from otel_llm.vllm.request_facts import CAPTURED
+
     def clean(attributes) -> dict:
         return dict(BoundedAttributes(attributes=attributes))
 
@@ -163,8 +165,9 @@ def plain(message: tuple) -> tuple:
         if request is not None:  # (its span's attributes and the content captured, cleaned)
             record, sampled, facts = request
             record = (*record[:11], clean(record[11]), *record[12:])
-            captured = facts[-1]
-            facts = (*facts[:-1], clean(captured) if captured else captured)
+            captured = facts[CAPTURED]
+            if captured:
+                facts = (*facts[:CAPTURED], clean(captured), *facts[CAPTURED + 1 :])
             request = (record, sampled, facts)
         plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay, request))
     return _base_types((kind, plain))
