@@ -360,7 +360,8 @@ class RequestTelemetry:
     def _response_values(self, ending: "_Ending") -> None:
         """Response id and model, the conversation, reasoning tokens and speculative decoding."""
         engines, response = ending.engines, ending.response
-        response_id = self.response_id or contract.read_response_id(response)
+        # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
+        ending.answered_id = response_id = self.response_id or contract.read_response_id(response)
         if response_id is None and engines and self.info.generates:
             response_id = engines[0].external_id
         ending.response_id = response_id or None
@@ -423,7 +424,7 @@ class RequestTelemetry:
             (semconv.GEN_AI_REQUEST_MODEL, ending.request_model),
             (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or ending.request_model),
             (semconv.VLLM_LORA_NAME, served),
-            (semconv.GEN_AI_RESPONSE_ID, self.response_id or contract.read_response_id(ending.response)),
+            (semconv.GEN_AI_RESPONSE_ID, ending.answered_id),
             (semconv.TENANT_ID, info.tenant),
             (semconv.TENANT_SCENE, info.scene),
             (semconv.TENANT_COST_CENTER, info.cost_center),
@@ -588,6 +589,7 @@ class _Ending:
         "request_model",
         "response_model",
         "response_id",
+        "answered_id",
         "conversation_id",
         "reasoning",
         "spec",
