@@ -26,11 +26,19 @@ import logging
 
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from opentelemetry.instrumentation.propagators import get_global_response_propagator
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.requests import Request
 from starlette.routing import Mount, Route, WebSocketRoute
 
 from otel_llm.config import Settings, disabled_instrumentations
 from otel_llm.sdk import internals
 from otel_llm.warn import entry, failed, inline_entry
+
+try:  # (ServerErrorMiddleware's own import of it)
+    from starlette._utils import is_async_callable
+except ImportError:  # then the ServerErrorMiddleware runs as it is (`server_error_middleware`)
+    is_async_callable = None
 
 _log = logging.getLogger("otel_llm.vllm")
 
@@ -193,19 +201,57 @@ class LeanMiddleware(OpenTelemetryMiddleware):
 
 def _ending_send(span, send, on_other):
     """An ASGI send that ends `span` after the response's last body, as the maintained `otel_send`
-    does, with one check per body chunk; any other message (the response start) goes to `on_other`
-    before it is sent."""
+    does; any other message (the response start) goes to `on_other` before it is sent. A body chunk
+    with more to come goes straight to `send`: a dictionary lookup and no coroutine of ours, the only
+    work of ours per chunk of a stream."""
 
-    async def otel_send(message):
-        if message["type"] == "http.response.body":
-            await send(message)
-            if not message.get("more_body", False):
-                span.end()
-            return
-        on_other(message)
-        await send(message)
+    def otel_send(message):
+        if message["type"] == "http.response.body" and message.get("more_body", False):
+            return send(message)
+        return _sent_or_ended(span, send, on_other, message)
 
     return otel_send
+
+
+async def _sent_or_ended(span, send, on_other, message) -> None:
+    if message["type"] == "http.response.body":
+        await send(message)
+        span.end()
+        return
+    on_other(message)
+    await send(message)
+
+
+def server_error_middleware(app):
+    """`app` if it is Starlette's ServerErrorMiddleware as `serve_server_error` knows it (the one
+    FastAPIInstrumentor puts inside the maintained middleware, so that an error response is sent inside
+    the span); else None (then it runs as it is)."""
+    if (
+        is_async_callable is not None
+        and type(app) is ServerErrorMiddleware
+        and all(hasattr(app, name) for name in ("app", "handler", "debug", "error_response", "debug_response"))
+    ):
+        return app
+    return None
+
+
+async def serve_server_error(errors, scope, receive, send, exc: Exception, started: bool) -> None:
+    """What Starlette's ServerErrorMiddleware (`errors`) does with an exception from the app it wraps:
+    its 500 response (its debug page, its handler's or its default one), sent unless a response has
+    started; the caller raises the exception on. The replayed path calls `errors.app` itself and
+    tracks the response start in its own send, so a stream's chunks pass one wrapper of ours, not two
+    (tests/vllm/test_offload.py compares the responses with Starlette's own)."""
+    request = Request(scope)
+    if errors.debug:
+        response = await run_in_threadpool(errors.debug_response, request, exc)
+    elif errors.handler is None:
+        response = errors.error_response(request, exc)
+    elif is_async_callable(errors.handler):
+        response = await errors.handler(request, exc)
+    else:
+        response = await run_in_threadpool(errors.handler, request, exc)
+    if not started:
+        await response(scope, receive, send)
 
 
 ROUTE_CACHE_SIZE = 1024

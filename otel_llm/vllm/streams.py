@@ -44,43 +44,39 @@ class current_span:
 class _StreamTelemetry:
     """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
 
-    Per chunk this adds one await and a flag test; the span ends exactly once on
-    exhaustion, error, cancellation (client gone) or close.
+    The first chunk runs with the record current (vLLM adds its engine request then); every later one
+    comes from `_following`, an async generator whose item is returned as it is (`__anext__` is no
+    coroutine of ours): per chunk one comparison. The span ends exactly once on exhaustion, error,
+    cancellation (client gone) or close.
     """
 
-    __slots__ = ("_inner", "_record", "_started", "_sse")
+    __slots__ = ("_inner", "_record", "_next", "_sse")
 
     def __init__(self, inner, record, sse: bool = True):
         finalizer.ensure_started()
         self._inner = inner
         self._record = record
-        self._started = False
+        self._next = None  # after the first chunk: `_following(...).__anext__`
         self._sse = sse  # an HTTP stream: its first chunk is the client's first byte
 
     def __aiter__(self):
         return self
 
-    async def __anext__(self):
+    def __anext__(self):
+        following = self._next
+        if following is not None:
+            return following()
+        return self._first()
+
+    async def _first(self):
         record = self._record
-        if self._started:
-            try:
-                chunk = await self._inner.__anext__()
-            except BaseException as exc:
-                _end_on_exception(record, exc)
-                _end_if_not_ended(record)
-                raise
-            if chunk == _SSE_DONE:
-                # the client holds a complete response once this is sent: end (and bill) it now,
-                # so a server killed before the generator's own end loses no usage record
-                record.end()
-            return chunk
         try:
             with current_span(record):  # first chunk: the engine request is added now, in whatever task iterates us
                 chunk = await self._inner.__anext__()
         except BaseException:
             _end_if_not_ended(record)
             raise
-        self._started = True
+        self._next = _following(self._inner, record).__anext__
         if self._sse:
             _first_chunk(record)
         return chunk
@@ -98,6 +94,27 @@ class _StreamTelemetry:
         record = self._record
         if not record.ended:  # never ended here: see otel_llm/finalizer.py
             finalizer.defer(record.end, aborted=True)
+
+
+_EXHAUSTED = StopAsyncIteration()
+
+
+async def _following(inner, record):
+    """The stream's chunks after the first. The record ends at the [DONE] chunk (before it is sent:
+    the client holds a complete response once it is, so a server killed before the generator's own
+    end loses no usage record), at exhaustion, or on the exception that stops the stream (a
+    cancellation or close: aborted)."""
+    try:
+        async for chunk in inner:
+            if chunk == _SSE_DONE:
+                record.end()
+            yield chunk
+    except BaseException as exc:
+        _end_on_exception(record, exc)
+        _end_if_not_ended(record)
+        raise
+    _end_on_exception(record, _EXHAUSTED)
+    _end_if_not_ended(record)
 
 
 @_safe("recording a stream's first chunk")

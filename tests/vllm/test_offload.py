@@ -5,6 +5,7 @@ as a server needs."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import os
 import signal
@@ -1094,6 +1095,82 @@ def test_recording_an_escaping_exception_never_raises_one_of_ours():
     before = warn.failures().get("recording an exception on the HTTP server span", 0)
     export_http._record_escaping(span, Unprintable())
     assert warn.failures()["recording an exception on the HTTP server span"] == before + 1
+
+
+@pytest.mark.parametrize("handler", ["default", "debug", "async handler", "sync handler"])
+def test_the_replayed_path_answers_an_exception_as_starlettes_server_error_middleware(handler):
+    """The replayed path runs the ServerErrorMiddleware that FastAPIInstrumentor puts inside the
+    maintained middleware itself (http.serve_server_error, one send wrapper per stream chunk instead
+    of two): an exception from the app gets the same response as from Starlette's own, with its
+    debug page or a handler of the user's, and a stream that fails after its start gets no second
+    response."""
+    from fastapi.responses import PlainTextResponse, StreamingResponse
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_llm.config import Settings
+    from otel_llm.vllm import http
+
+    def app_with(instrumented: bool):
+        app = FastAPI(debug=handler == "debug")
+
+        @app.get("/fails")
+        async def fails():
+            raise ValueError("the engine is gone")
+
+        @app.get("/fails-later")
+        async def fails_later():
+            async def chunks():
+                yield "data: 1\n\n"
+                raise ValueError("the engine is gone")
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        if handler == "async handler":
+
+            @app.exception_handler(Exception)
+            async def answer(request, exc):
+                return PlainTextResponse(f"sorry: {exc}", status_code=503)
+
+        elif handler == "sync handler":
+            app.add_exception_handler(Exception, lambda request, exc: PlainTextResponse(f"{exc}!", status_code=502))
+        if instrumented:
+            spans = []
+            provider = deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), spans.append)
+            export_http.instrument_app(app, Settings(), provider, offload_metrics=True, meter_provider=MeterProvider())
+        return app
+
+    def sent(app, path: str) -> list:
+        """The ASGI messages the app sends for one GET of `path` (the exception goes on, as from Starlette's)."""
+        messages: list = []
+        requests = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():  # (the request, then no disconnect: a stream listens for one)
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()
+
+        async def send(message):
+            messages.append(message)
+
+        scope = {**_scope(method="GET", path=path), "app": app}
+        with pytest.raises(ValueError, match="the engine is gone"):
+            asyncio.run(app(scope, receive, send))
+        if handler == "debug":  # (its page shows the traceback: our frames are in it)
+            return [(m["type"], m.get("status"), "the engine is gone" in m.get("body", b"").decode()) for m in messages]
+        return [{key: value for key, value in m.items() if key != "headers"} for m in messages]
+
+    instrumented = app_with(True)
+    got = [sent(instrumented, "/fails"), sent(instrumented, "/fails-later")]
+    lean = instrumented.middleware_stack.app.app
+    assert lean.replayed and http.server_error_middleware(lean.app) is lean.server_errors is not None
+    bare = app_with(False)
+    assert got == [sent(bare, "/fails"), sent(bare, "/fails-later")]
+    status = got[0][0][1] if handler == "debug" else got[0][0]["status"]
+    assert status == {"default": 500, "debug": 500, "async handler": 503, "sync handler": 502}[handler]
+    assert [m["type"] if isinstance(m, dict) else m[0] for m in got[1]] == [
+        "http.response.start",
+        "http.response.body",
+    ]  # (the stream's first chunk: no second response after the start)
 
 
 def test_the_header_index_follows_a_list_that_grew():

@@ -94,6 +94,7 @@ class ReplayingMiddleware(LeanMiddleware):
     redacts = False  # (with `replayed`) the replay runs the query-redaction hook
     active_cache: dict
     exclusion_cache: dict
+    server_errors = None  # the ServerErrorMiddleware FastAPIInstrumentor puts inside the maintained middleware
 
     async def replayed_call(self, scope, receive, send) -> bool:
         """What the maintained middleware's `__call__` does for an HTTP request in the API server when
@@ -114,8 +115,17 @@ class ReplayingMiddleware(LeanMiddleware):
             if message["type"] == "http.response.start":
                 response.append((message, span._status))
 
+        ending_send = _ending_send(span, send, keep_start)
         try:
-            await self.app(scope, receive, _ending_send(span, send, keep_start))
+            errors = self.server_errors
+            if errors is None:
+                await self.app(scope, receive, ending_send)
+            else:  # the ServerErrorMiddleware inside the maintained one, without its wrapper on every message
+                try:
+                    await errors.app(scope, receive, ending_send)
+                except Exception as exc:
+                    await http.serve_server_error(errors, scope, receive, ending_send, exc, started=bool(response))
+                    raise
         except Exception as exc:  # what the maintained middleware's `use_span` records of it
             _record_escaping(span, exc)
             raise
@@ -339,6 +349,7 @@ def take_over(middleware: OpenTelemetryMiddleware, offload_metrics: bool):
     lean.active_requests_counter = ActiveRequests(lean.meter, middleware.active_requests_counter)
     lean.replayed = replayable(lean)
     lean.redacts = _hook(lean) is redacting_hold_nothing_hook
+    lean.server_errors = http.server_error_middleware(lean.app)
     return HeldUntilRecorded(lean)
 
 
