@@ -1434,6 +1434,18 @@ def part_api(
             f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare"
         )
         print(f"  {mode:19}: default <= native: {'met' if default <= native[stream] else 'NOT met'}")
+        if stream:  # the stream's added cost over the non-stream request's, per chunk: an upper bound on
+            # per-chunk work (it includes the stream's own start and end), by max_tokens its slope
+            slopes = ", ".join(
+                f"{label} {(added(v, True) - added(v, False)) / max_tokens * 1e9:+.0f} ns"
+                for label, v in (
+                    ("default", API_DEFAULT),
+                    ("no HTTP span", API_NO_HTTP),
+                    ("native", API_NATIVE),
+                    ("A/A", API_AA),
+                )
+            )
+            print(f"  {mode:19}: per chunk (stream - non-stream added, / {max_tokens}): {slopes}")
         if layers:
             no_routes, http_only, hooks_only = (added(v, stream) for v in API_LAYERS)
             print(

@@ -1173,6 +1173,43 @@ def test_the_replayed_path_answers_an_exception_as_starlettes_server_error_middl
     ]  # (the stream's first chunk: no second response after the start)
 
 
+def test_a_body_chunk_with_more_to_come_goes_straight_to_the_next_send():
+    """The HTTP span's send (http._ending_send): a body chunk with more to come is the next send's own
+    call (no coroutine of ours per chunk); the response start goes to `on_other` first; the last body
+    ends the span after it is sent."""
+    from otel_llm.vllm import http
+
+    seen: list = []
+
+    class Span:
+        def end(self):
+            seen.append("end")
+
+    def send(message):
+        seen.append(message["type"])
+        return ("sent", message)
+
+    start = {"type": "http.response.start", "status": 200, "headers": []}
+    chunk = {"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True}
+    last = {"type": "http.response.body", "body": b"", "more_body": False}
+
+    async def awaited(message):
+        seen.append(message["type"])
+
+    otel_send = http._ending_send(Span(), send, lambda message: seen.append(("on_other", message["status"])))
+    assert otel_send(chunk) == ("sent", chunk)  # (the next send's own return value)
+    otel_send = http._ending_send(Span(), awaited, lambda message: seen.append(("on_other", message["status"])))
+    seen.clear()
+
+    async def run():
+        await otel_send(start)
+        await otel_send(chunk)
+        await otel_send(last)
+
+    asyncio.run(run())
+    assert seen == [("on_other", 200), "http.response.start", "http.response.body", "http.response.body", "end"]
+
+
 def test_the_header_index_follows_a_list_that_grew():
     from otel_llm.vllm.export.http import _header_getter
 

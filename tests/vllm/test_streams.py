@@ -177,3 +177,21 @@ def test_a_failure_of_ours_in_current_span_never_fails_the_block(monkeypatch):
         with streams.current_span(record):
             raise error
     assert raised.value is error and not record.ended
+
+
+def test_later_chunks_pass_no_coroutine_of_ours(fake_record):
+    """Per chunk after the first, the proxy's __anext__ hands out its async generator's own awaitable
+    (no coroutine object of ours per chunk: the issue's per-chunk constant)."""
+    import types
+
+    async def run():
+        stream = streams._StreamTelemetry(_chunks(3), fake_record)
+        first = stream.__anext__()
+        assert isinstance(first, types.CoroutineType)  # (the first chunk: the record made current)
+        await first
+        later = stream.__anext__()
+        assert not isinstance(later, types.CoroutineType) and type(later).__name__ == "async_generator_asend"
+        return [await later, *[c async for c in stream]]
+
+    assert asyncio.run(run()) == ["data: 1\n\n", "data: 2\n\n"]
+    assert fake_record.calls == [{}]
