@@ -70,6 +70,7 @@ class Attribution:
         """The request's Caller: an API key the map names gives all four; else tenant, scene and cost
         center from the request headers (first match), else W3C baggage, and no key id."""
         found: list[str | None] = [None, None, None]
+        headers = first_values(headers)
         if self.api_keys and headers is not None:
             scheme, _, key = (headers.get("authorization") or "").partition(" ")
             if scheme.lower() == "bearer" and key.strip():
@@ -126,7 +127,7 @@ class Attribution:
 
     def conversation(self, headers) -> str | None:
         """gen_ai.conversation.id from the first configured conversation header (OTEL_LLM_CONVERSATION_HEADERS)."""
-        return self.conversation_value(_first_header(headers, self.settings.conversation_headers))
+        return self.conversation_value(_first_header(first_values(headers), self.settings.conversation_headers))
 
     def conversation_value(self, raw) -> str | None:
         """A conversation id the client sent (a header, or vLLM's session id), checked as a tenant value is."""
@@ -162,6 +163,30 @@ class Attribution:
                 ENV_ATTRIBUTION_MAX_LENGTH,
             )
         return value
+
+
+def first_values(headers):
+    """Starlette's Headers as a mapping of each name's first value, made in one pass over its raw list:
+    its own get() scans that list and raises and catches a KeyError for each name a request lacks (the
+    tenant, scene and cost-center headers most requests do not send), per request. Any other mapping
+    (or None) as it is."""
+    raw = getattr(headers, "raw", None)
+    if type(raw) is not list:
+        return headers
+    return _FirstValues(raw)
+
+
+class _FirstValues:
+    """Headers.get's answers (the first value of a name, looked up lowercased, as latin-1) from a dict."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, raw: list):
+        self._values = dict(reversed(raw))  # (the first of a repeated name is written last: it stays)
+
+    def get(self, name: str, default=None):
+        value = self._values.get(name.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
 
 
 def _first_header(headers, names) -> str | None:

@@ -384,8 +384,8 @@ def read_reasoning_tokens(response, metadata) -> int | None:
     """completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat request: the
     response's, else its RequestResponseMetadata.final_usage_info (set for streams too). vLLM counts
     them only when it runs a reasoning parser."""
-    for usage in (getattr(response, "usage", None), getattr(metadata, "final_usage_info", None)):
-        value = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+    for usage in (read_field(response, "usage"), read_field(metadata, "final_usage_info")):
+        value = read_field(read_field(usage, "completion_tokens_details"), "reasoning_tokens")
         if type(value) is int:
             return value
     return None
@@ -428,10 +428,10 @@ def read_sampling_params(params) -> dict:
 def read_error(result) -> tuple[str, str] | None:
     """(error.type, message) when a handler returned an error instead of raising: vLLM's
     ErrorResponse, or a starlette Response with an error status (pooling endpoints)."""
-    error = getattr(result, "error", None)
+    error = read_field(result, "error")
     if error is not None and hasattr(error, "code"):
         return str(getattr(error, "type", None) or error.code), str(getattr(error, "message", ""))
-    status = getattr(result, "status_code", None)
+    status = read_field(result, "status_code")
     if isinstance(status, int) and status >= 400:
         return str(status), ""
     return None
@@ -471,33 +471,51 @@ def read_metadata_id(metadata) -> str | None:
 
 def request_fields(request):
     """get(name) over a handler's request (ChatCompletionRequest, CompletionRequest, ResponsesRequest,
-    an embeddings request): the field, or None where its type has none. Read from its __dict__ (getattr
-    warns on deprecated fields, max_tokens, per request), then from pydantic's extra fields (vLLM's
-    models allow them: a client's `safety_identifier` where vLLM has no such field); getattr only for
-    a name its class has (asked once per class and name): on a pydantic model a missing name costs
-    getattr a raised and caught AttributeError, per request."""
+    an embeddings request): the field, or None where its type has none (`read_field`, its dictionaries
+    looked up once per request)."""
     fields = getattr(request, "__dict__", None) or {}
     extra = getattr(request, "__pydantic_extra__", None) or {}
-    cls = type(request)
 
     def get(name):
         if name in fields:
             return fields[name]
         if name in extra:
             return extra[name]
-        key = (cls, name)
-        found = _CLASS_HAS.get(key)
-        if found is None:
-            # (an object that is no pydantic model may answer any name from its own __getattr__: asked)
-            found = hasattr(cls, name) or not hasattr(cls, "model_fields")
-            if len(_CLASS_HAS) < 4096:
-                _CLASS_HAS[key] = found
-        return getattr(request, name, None) if found else None
+        return _class_attribute(request, name)
 
     return get
 
 
-_CLASS_HAS: dict[tuple[type, str], bool] = {}  # request_fields: (class, name) -> getattr may find it
+def read_field(obj, name: str):
+    """getattr(obj, name, None) for a pydantic model (vLLM's requests and responses) without pydantic's
+    `__getattr__` raising and catching an AttributeError for a name the model lacks, per request: read
+    from its __dict__ (getattr warns on deprecated fields, max_tokens, per request), then its extra
+    fields (vLLM's models allow them: a client's `safety_identifier` where vLLM has no such field);
+    getattr only for a name its class has (asked once per class and name), or on any other object."""
+    fields = getattr(obj, "__dict__", None)
+    if fields is None:  # (None, a generator: no pydantic model)
+        return getattr(obj, name, None)
+    if name in fields:
+        return fields[name]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra and name in extra:
+        return extra[name]
+    return _class_attribute(obj, name)
+
+
+def _class_attribute(obj, name: str):
+    key = (type(obj), name)
+    found = _CLASS_HAS.get(key)
+    if found is None:
+        # (an object that is no pydantic model may answer any name from its own __getattr__: asked)
+        cls = type(obj)
+        found = hasattr(cls, name) or not hasattr(cls, "model_fields")
+        if len(_CLASS_HAS) < 4096:
+            _CLASS_HAS[key] = found
+    return getattr(obj, name, None) if found else None
+
+
+_CLASS_HAS: dict[tuple[type, str], bool] = {}  # read_field: (class, name) -> getattr may find it
 
 
 def read_request_content(request) -> dict:
@@ -524,17 +542,17 @@ def is_stream(result) -> bool:
 def generation_response(result):
     """A handler's result when it is a ChatCompletionResponse or CompletionResponse (it has choices),
     else None: nothing else of a result (embeddings, Responses API) is read."""
-    return result if hasattr(result, "choices") else None
+    return result if read_field(result, "choices") is not None else None
 
 
 def read_response_id(response) -> str | None:
     """The id of a generation_response; None without one."""
-    return getattr(response, "id", None)
+    return read_field(response, "id")
 
 
 def read_response_model(response) -> str | None:
     """The model a generation_response names (the served name it was asked for); None without one."""
-    return getattr(response, "model", None)
+    return read_field(response, "model")
 
 
 def read_finish_reasons(response) -> list[str]:

@@ -147,6 +147,7 @@ def test_starlette_headers_give_the_answers_of_a_plain_mapping():
         [(b"x-tenant-id", b""), (b"x-org", b"beta"), (b"x-cc", "caf\xe9".encode("latin-1"))],
         [(b"x-org", b"gamma"), (b"x-tenant-id", b"delta")],
         [(b"content-type", b"application/json")],
+        [(b"X-Scene", b"upper"), (b"x-scene", b"lower")],  # (ASGI names are lowercase: Starlette matches them so)
         [],
     ]
     for raw in cases:
@@ -155,3 +156,4 @@ def test_starlette_headers_give_the_answers_of_a_plain_mapping():
         assert attribution.caller(headers) == attribution.caller(by_get), raw
     assert attribution.caller(Headers(raw=cases[1])) == Caller("beta", None, "caf\xe9", None)
     assert attribution.caller(Headers(raw=cases[2])) == Caller("delta", None, None, None)
+    assert attribution.caller(Headers(raw=cases[4])) == Caller(None, "lower", None, None)

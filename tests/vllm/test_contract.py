@@ -368,6 +368,55 @@ def test_the_serving_layer_readers_on_vllms_own_objects():
     assert contract.read_request_metadata(SimpleNamespace(state=SimpleNamespace())) is None
 
 
+def test_the_serving_layer_readers_make_pydantic_raise_nothing(monkeypatch):
+    """Per request the readers ask vLLM's pydantic models for names they may lack (a response's
+    `error`, `status_code`; a request's fields of other endpoints): pydantic's __getattr__ raises and
+    catches an AttributeError for each. They read the models' dictionaries instead, with the answers
+    getattr gives."""
+    from types import SimpleNamespace
+
+    from pydantic import BaseModel
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatMessage,
+    )
+    from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse, UsageInfo
+
+    asked = []
+    missing = BaseModel.__getattr__
+
+    def spy(self, name):
+        asked.append(name)
+        return missing(self, name)
+
+    monkeypatch.setattr(BaseModel, "__getattr__", spy)
+    chat = ChatCompletionResponse(
+        id="chatcmpl-1",
+        model="served",
+        choices=[ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content="a"))],
+        usage=UsageInfo(),
+    )
+    metadata = RequestResponseMetadata(request_id="chatcmpl-1")
+    request = ChatCompletionRequest(model="m", messages=[])
+    assert getattr(chat, "error", None) is None and asked == ["error"]  # (what getattr costs)
+    asked.clear()
+    assert contract.read_error(chat) is None
+    assert contract.generation_response(chat) is chat
+    assert (contract.read_response_id(chat), contract.read_response_model(chat)) == ("chatcmpl-1", "served")
+    assert contract.read_reasoning_tokens(chat, metadata) is None
+    get = contract.request_fields(request)
+    assert [get(name) for name in ("max_output_tokens", "use_beam_search", "safety_identifier")] == [None, False, None]
+    assert asked == []
+    error = ErrorResponse(error=ErrorInfo(message="no", type="NotFoundError", code=404))
+    assert contract.read_error(error) == ("NotFoundError", "no")
+    assert contract.read_error(SimpleNamespace(status_code=503)) == ("503", "")
+    assert contract.read_error(None) is None and contract.read_response_model(None) is None
+    assert asked == []
+
+
 def test_a_rejected_requests_error_type():
     """vLLM's exception handler answers with its ErrorResponse as JSON: its error.type, else the status."""
     from types import SimpleNamespace

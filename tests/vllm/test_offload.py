@@ -965,6 +965,7 @@ def test_credentials_stay_in_the_api_server():
         (b"x-api-key", b"sk-3"),
         (b"proxy-authorization", b"Basic 4"),
         (b"api-key", b"sk-5"),
+        (b"Authorization", b"Bearer sk-6"),  # (ASGI names are lowercase; a server that sent it as it came)
     )
     scope = _scope(extra=credentials)
     span = deferred.DeferredTracer(TracerProvider()).start_span("POST")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from contextvars import ContextVar
 from typing import NamedTuple
 
@@ -213,10 +214,16 @@ class ReplayingMiddleware(LeanMiddleware):
         """Plain values: the request's ASGI scope (the HTTP connection scope's keys; its headers but
         credentials, unless request headers are captured), the route template the router matched, the
         response start (status, headers), the duration, the span's ids, name and route attributes."""
-        snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+        try:  # (a server's scope has them all)
+            snapshot = dict(zip(_SCOPE_KEYS, _scope_values(scope)))
+        except KeyError:
+            snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
         headers = scope.get("headers") or []
         if self.http_capture_headers_server_request is None:
-            headers = [header for header in headers if header[0] not in _CREDENTIAL_HEADERS]
+            for name, _ in headers:
+                if name.lower() in _CREDENTIAL_HEADERS:  # (copied without them only where there are some)
+                    headers = [header for header in headers if header[0].lower() not in _CREDENTIAL_HEADERS]
+                    break
         snapshot["headers"] = headers
         route = getattr(scope.get("route"), "path_format", None)
         start = None
@@ -329,6 +336,7 @@ _SCOPE_KEYS = (
     "client",
     "server",
 )
+_scope_values = operator.itemgetter(*_SCOPE_KEYS)
 # never sent to the export process unless the user captures request headers (then sanitized there)
 _CREDENTIAL_HEADERS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
 
