@@ -57,7 +57,8 @@ real chat handler wrapper); the same without the HTTP span; vLLM's native tracin
 auto-instrumentation; a second bare app (A/A). --rounds alternated rounds (default 6) of --requests
 requests (default 200); a few minutes (it records the engine first). --layers adds the default setup
 with one layer after another taken off; --floor adds benchmarks/floor.py, the least API-server work
-any design that keeps the usage record in the API server could do (docs/api-server-cost.md).
+any design that keeps the usage record in the API server could do (docs/api-server-cost.md); --opcodes
+adds the Python bytecodes per request on the serving thread, a count with no spread (benchmarks/opcodes.py).
 
     python benchmarks/server_overhead.py [--part e2e|inprocess|ledger|fastapi|default|api|all] [--requests 128]
 
@@ -1047,6 +1048,7 @@ API_FLOOR = "floor (benchmarks/floor.py)"
 API_FLOOR_UNSENT = "floor, message not written"
 API_FLOORS = (API_FLOOR, API_FLOOR_UNSENT)
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
+API_COUNTED = 100  # --opcodes: requests per variant and mode whose bytecodes are counted
 
 
 def part_api(
@@ -1058,6 +1060,7 @@ def part_api(
     layers: bool = False,
     floor: bool = False,
     gap_s: float = 0.0,
+    opcodes: bool = False,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1079,7 +1082,8 @@ def part_api(
     alone, the engine hooks that find no request. floor: also benchmarks/floor.py's lower bound (the
     least API-server work of any design that keeps the usage record in the API server). gap_s: a sleep
     after every request (no CPU) instead of after every 16th: requests arriving apart, as at moderate
-    load, rather than back to back."""
+    load, rather than back to back. opcodes: after the rounds, one more load per variant counting the
+    Python bytecodes the serving thread runs per request (benchmarks/opcodes.py)."""
     import json
 
     import httpx
@@ -1307,6 +1311,44 @@ def part_api(
             child_cost = (quiet_cpu_seconds(child) - child0) / requests
         return cost, child_cost
 
+    async def count_load(app, stream: bool, channel) -> dict:
+        """Bytecodes per request of API_COUNTED requests after API_WARM, on this (the serving) thread."""
+        from opcodes import OpcodeCount
+
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "tell me about tracing"}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+        count = OpcodeCount()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://vllm", headers={"x-tenant-id": "bench"}
+        ) as client:
+            for i in range(API_WARM + API_COUNTED):
+                if i == API_WARM:
+                    count.start()
+                r = await client.post("/v1/chat/completions", json=body)
+                if i % 16 == 15 and channel is not None:  # (the export process keeps up: nothing dropped)
+                    count.stop()
+                    wait_for_backlog(channel, 0.25)
+                    if i >= API_WARM:
+                        count.start()
+                r.raise_for_status()
+            count.stop()
+        return {group: n / API_COUNTED for group, n in count.groups().items()}
+
+    def count_bytecodes() -> dict:
+        found = {}
+        for variant in variants:
+            app, channel = set_up(variant, "opcodes")
+            try:
+                for stream in (False, True):
+                    found[(variant, stream)] = asyncio.run(count_load(app, stream, channel))
+            finally:
+                tear_down(variant, app)
+        return found
+
     per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
     samples: dict = {}
     child_samples: dict = {}
@@ -1357,6 +1399,7 @@ def part_api(
             full = sum(1 for x in lines if x.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == max_tokens)
             if len(lines) != per_run or full != len(lines):
                 problems.append(f"{variant}: {len(lines)} usage records, {full} with {max_tokens} output tokens")
+        bytecodes = count_bytecodes() if opcodes else {}
     finally:
         shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
     wall = time.perf_counter() - started_wall
@@ -1461,6 +1504,22 @@ def part_api(
                 f"({unsent * 1e6:+.0f} us = {unsent / native[stream]:.2f} x with its message not written); "
                 f"default - floor {added(API_DEFAULT, stream, API_FLOOR) * 1e6:+.0f} us"
             )
+    if bytecodes:
+        print(
+            f"\nPython bytecodes per request on the serving thread ({API_COUNTED} requests per variant and mode "
+            f"after {API_WARM}; benchmarks/opcodes.py: the same in every run; vLLM native tracing's export on the "
+            f"SDK's worker thread is not counted)"
+        )
+        print(
+            f"  {'variant':27} {'non-stream':>10} {'added':>7} {'stream':>8} {'added':>7}   added: otel-llm / OTel / other"
+        )
+        for variant in variants:
+            line, parts = f"  {variant:27}", []
+            for stream in (False, True):
+                got, bare = bytecodes[(variant, stream)], bytecodes[(API_BARE, stream)]
+                line += f" {got['total']:{8 if stream else 10}.0f} {got['total'] - bare['total']:+7.0f}"
+                parts.append(" / ".join(f"{got[g] - bare[g]:+.0f}" for g in ("otel-llm", "OpenTelemetry", "other")))
+            print(line + "   " + "; ".join(parts))
 
 
 def sample_usage_fields() -> dict:
@@ -1728,6 +1787,11 @@ def main() -> int:
         action="store_true",
         help="--part api: also the default setup's CPU per piece of the request path (benchmarks/breakdown.py)",
     )
+    parser.add_argument(
+        "--opcodes",
+        action="store_true",
+        help="--part api: also the Python bytecodes per request on the serving thread (benchmarks/opcodes.py)",
+    )
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
     if part == "api":
@@ -1739,6 +1803,7 @@ def main() -> int:
             breakdown=args.breakdown,
             layers=args.layers,
             floor=args.floor,
+            opcodes=args.opcodes,
             gap_s=args.gap_ms / 1000,
         )
         return 0
