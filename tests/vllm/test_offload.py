@@ -1019,6 +1019,15 @@ def test_the_header_getter_answers_as_the_asgi_getter():
             ]
         },
         {"headers": [(b"TRACEPARENT", b"00-3-4-01")]},
+        # each name once and lowercase: the index made in C (`_OneEach`)
+        {
+            "headers": [
+                (b"traceparent", b"00-5-6-01"),
+                (b"baggage", b"c=3"),
+                (b"tracestate", b""),
+                (b"x-\xc3\xa9", b"v"),
+            ]
+        },
         {"headers": []},
         {},
     ]

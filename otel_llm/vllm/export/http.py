@@ -304,10 +304,20 @@ class _HeaderGetter(type(asgi_getter)):
             return asgi_getter.get(carrier, key)
 
     def index(self, headers: list) -> dict:
-        """ASGI headers (bytes) by lowercased name, values in order: made once per header list."""
+        """ASGI headers (bytes) by lowercased name, values in order: made once per header list. Where
+        each name comes once and lowercase (the ASGI rule; a client rarely repeats one), from one dict
+        made in C (`_OneEach`), not a loop of ours over the headers."""
         last = self._last
         if last[0] is headers and last[1] == len(headers):
             return last[2]
+        try:
+            first = _OneEach(reversed(headers))
+            names = b"\n".join(first)
+            if len(first) == len(headers) and names == names.lower():
+                self._last = (headers, len(headers), first)
+                return first
+        except (TypeError, ValueError):  # (names that are not bytes: the loop lowercases them as they are)
+            pass
         index: dict[bytes, list] = {}
         for name, value in headers:
             name = name.lower()
@@ -318,6 +328,14 @@ class _HeaderGetter(type(asgi_getter)):
                 found.append(value)
         self._last = (headers, len(headers), index)
         return index
+
+
+class _OneEach(dict):
+    """An index of headers whose every name comes once: each name's value as a list of one (`index`)."""
+
+    def get(self, name, default=None):
+        value = dict.get(self, name)
+        return default if value is None else [value]
 
 
 _header_getter = _HeaderGetter()
