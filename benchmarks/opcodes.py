@@ -20,10 +20,11 @@ GROUPS = (("otel-llm", "/otel_llm/"), ("OpenTelemetry", "/opentelemetry/"))
 
 
 class OpcodeCount:
-    """Bytecodes executed on this thread between start() and stop(), per code file."""
+    """Bytecodes executed on this thread between start() and stop(), per code object (by_file and
+    by_function sum them per file and per (file, qualified name))."""
 
     def __init__(self):
-        self.by_file: Counter = Counter()
+        self.by_code: Counter = Counter()
 
     def start(self) -> None:
         sys.settrace(self._call)
@@ -33,14 +34,29 @@ class OpcodeCount:
 
     def _call(self, frame, event, arg):
         frame.f_trace_opcodes = True
-        by_file, name = self.by_file, frame.f_code.co_filename
+        by_code, code = self.by_code, frame.f_code
 
         def local(frame, event, arg):
             if event == "opcode":
-                by_file[name] += 1
+                by_code[code] += 1
             return local
 
         return local
+
+    @property
+    def by_file(self) -> Counter:
+        found: Counter = Counter()
+        for code, count in self.by_code.items():
+            found[code.co_filename] += count
+        return found
+
+    def top(self, part: str, n: int) -> list[tuple[int, str]]:
+        """The n functions whose file's path contains `part` that ran the most bytecodes: (count, name)."""
+        found: Counter = Counter()
+        for code, count in self.by_code.items():
+            if part in code.co_filename:
+                found[f"{code.co_filename.rpartition(part)[2]}:{code.co_qualname}"] += count
+        return [(count, name) for name, count in found.most_common(n)]
 
     def groups(self) -> dict[str, int]:
         """Bytecodes per group of GROUPS, and "other", and "total"."""

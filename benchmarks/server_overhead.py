@@ -1049,6 +1049,7 @@ API_FLOOR_UNSENT = "floor, message not written"
 API_FLOORS = (API_FLOOR, API_FLOOR_UNSENT)
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 API_COUNTED = 100  # --opcodes: requests per variant and mode whose bytecodes are counted
+API_TOP_FUNCTIONS = 15  # --opcodes: the default setup's functions of ours printed
 
 
 def part_api(
@@ -1336,7 +1337,9 @@ def part_api(
                         count.start()
                 r.raise_for_status()
             count.stop()
-        return {group: n / API_COUNTED for group, n in count.groups().items()}
+        found = {group: n / API_COUNTED for group, n in count.groups().items()}
+        found["top"] = [(n / API_COUNTED, name) for n, name in count.top("/otel_llm/", API_TOP_FUNCTIONS)]
+        return found
 
     def count_bytecodes() -> dict:
         found = {}
@@ -1520,6 +1523,12 @@ def part_api(
                 line += f" {got['total']:{8 if stream else 10}.0f} {got['total'] - bare['total']:+7.0f}"
                 parts.append(" / ".join(f"{got[g] - bare[g]:+.0f}" for g in ("otel-llm", "OpenTelemetry", "other")))
             print(line + "   " + "; ".join(parts))
+        print(f"  the default setup's {API_TOP_FUNCTIONS} otel-llm functions that run the most, non-stream / stream:")
+        top = {
+            stream: dict((name, n) for n, name in bytecodes[(API_DEFAULT, stream)]["top"]) for stream in (False, True)
+        }
+        for name in sorted(set(top[False]) | set(top[True]), key=lambda k: -top[False].get(k, 0)):
+            print(f"    {top[False].get(name, 0):6.0f} / {top[True].get(name, 0):6.0f}  {name}")
 
 
 def sample_usage_fields() -> dict:
