@@ -1269,16 +1269,22 @@ def part_api(
 
     problems: list[str] = []
 
-    async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
-        body = {
+    def chat_body(stream: bool) -> dict:
+        return {
             "model": MODEL_NAME,
             "messages": [{"role": "user", "content": "tell me about tracing"}],
             "max_tokens": max_tokens,
             "stream": stream,
         }
-        async with httpx.AsyncClient(
+
+    def asgi_client(app) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://vllm", headers={"x-tenant-id": "bench"}
-        ) as client:
+        )
+
+    async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
+        body = chat_body(stream)
+        async with asgi_client(app) as client:
             for i in range(API_WARM):
                 r = await client.post("/v1/chat/completions", json=body)
                 r.raise_for_status()
@@ -1316,16 +1322,9 @@ def part_api(
         """Bytecodes per request of API_COUNTED requests after API_WARM, on this (the serving) thread."""
         from opcodes import OpcodeCount
 
-        body = {
-            "model": MODEL_NAME,
-            "messages": [{"role": "user", "content": "tell me about tracing"}],
-            "max_tokens": max_tokens,
-            "stream": stream,
-        }
+        body = chat_body(stream)
         count = OpcodeCount()
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://vllm", headers={"x-tenant-id": "bench"}
-        ) as client:
+        async with asgi_client(app) as client:
             for i in range(API_WARM + API_COUNTED):
                 if i == API_WARM:
                     count.start()

@@ -169,7 +169,7 @@ def first_values(headers):
     """Starlette's Headers as a mapping of each name's first value, made in one pass over its raw list:
     its own get() scans that list and raises and catches a KeyError for each name a request lacks (the
     tenant, scene and cost-center headers most requests do not send), per request. Any other mapping
-    (or None) as it is."""
+    (or None, or a view this made) as it is."""
     raw = getattr(headers, "raw", None)
     if type(raw) is not list:
         return headers

@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
+from otel_llm.vllm.attribution import first_values
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
 from otel_llm.vllm.streams import _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
@@ -24,13 +25,14 @@ from otel_llm.warn import guard as _safe
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
     """A handler's request (raw_request: the HTTP request it came with, None for a background response)."""
     get = contract.request_fields(request)
+    headers = first_values(contract.read_headers(raw_request))  # (one view for the caller and the conversation)
     return request_info(
         operation,
         get,
-        caller=tel.attribution.request_caller(contract.read_headers(raw_request), get),
+        caller=tel.attribution.request_caller(headers, get),
         api_type=api_type,
         request=request if tel.capture is not None else None,
-        conversation_id=_conversation(tel, raw_request),
+        conversation_id=_conversation(tel, headers),
     )
 
 
@@ -42,10 +44,10 @@ def _engine_request_info(engine, params) -> RequestInfo:
 
 
 @_safe("reading a request's conversation header")
-def _conversation(tel: Telemetry, raw_request) -> str | None:
+def _conversation(tel: Telemetry, headers) -> str | None:
     if not tel.settings.conversation_headers:
         return None
-    return tel.attribution.conversation(contract.read_headers(raw_request))
+    return tel.attribution.conversation(headers)
 
 
 def handler_wrapper(operation: str, api_type: str | None = None):
