@@ -737,7 +737,7 @@ def part_inprocess(
                     tel = VLLMInstrumentor._patcher.telemetry
                     # the SDK keeps one Tracer per scope, made with the sampler of its first get_tracer():
                     # today's path gets the same Tracer object on every instrument(), so set it here
-                    tel.tracer.sampler = sampler
+                    tel.sink.tracer.sampler = sampler
                     channel = getattr(tel.sink, "channel", None)
                     if (channel is None) != (path == "today"):
                         raise RuntimeError(f"{variant}: instrument() chose the wrong path (channel {channel!r})")

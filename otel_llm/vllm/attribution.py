@@ -10,7 +10,9 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
+from urllib.parse import quote
 
 from opentelemetry import baggage
 
@@ -47,6 +49,10 @@ class Caller(NamedTuple):
 NO_CALLER = Caller(None, None, None, None)
 
 
+# callers whose baggage header Attribution.baggage keeps
+BAGGAGE_CACHE = 256
+
+
 class Attribution:
     """(tenant, scene, cost center) of a request, each None when unknown; `caller` adds its API key's id."""
 
@@ -54,6 +60,24 @@ class Attribution:
         self.settings = settings
         self.api_keys = _load_api_keys(settings.api_keys_file)
         self._warn = WarnOnce()  # per instance: each Telemetry warns about its own requests
+        # the baggage header per caller: the same few tenants ask again and again (bounded: values are
+        # at most attribution_max_length long)
+        self.baggage = lru_cache(maxsize=BAGGAGE_CACHE)(self._baggage)
+
+    def _baggage(self, tenant: str | None, scene: str | None, cost_center: str | None) -> str | None:
+        """The tenant, scene and cost center as W3C baggage (under the first baggage key of each), for
+        the engine's record of a request; None when there are none."""
+        settings = self.settings
+        entries = [
+            f"{keys[0]}={quote(value, safe='')}"
+            for keys, value in (
+                (settings.tenant_baggage_keys, tenant),
+                (settings.scene_baggage_keys, scene),
+                (settings.cost_center_baggage_keys, cost_center),
+            )
+            if keys and value
+        ]
+        return ",".join(entries) or None
 
     def vouched(self) -> list:
         """Per field, the values the API-key map names (None: no map, any value may get a label)."""

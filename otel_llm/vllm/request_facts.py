@@ -25,6 +25,44 @@ from otel_llm.warn import guarded, warn_once
 MAX_PHASE_SPAN_CHAINS = 4
 
 
+# A GenAI span's start attributes set when not None, in the order of RequestInfo.start_values after
+# its operation (the stream flag and choice count follow them)
+_START_OPTIONAL = (
+    semconv.GEN_AI_REQUEST_MODEL,
+    semconv.GEN_AI_REQUEST_MAX_TOKENS,
+    semconv.GEN_AI_REQUEST_TEMPERATURE,
+    semconv.GEN_AI_REQUEST_TOP_P,
+    semconv.GEN_AI_REQUEST_TOP_K,
+    semconv.GEN_AI_REQUEST_SEED,
+    semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    semconv.GEN_AI_REQUEST_PRESENCE_PENALTY,
+    semconv.TENANT_ID,
+    semconv.TENANT_SCENE,
+    semconv.TENANT_COST_CENTER,
+    semconv.API_KEY_ID,
+    semconv.USER_ID,
+    semconv.OPENAI_API_TYPE,
+)
+
+
+def start_attributes(values: tuple) -> dict[str, Any]:
+    """A GenAI span's start attributes from its RequestInfo.start_values: in the API server, or in the
+    export process for a span whose start attributes the sampler did not need there."""
+    operation, *optional, stream, choice_count = values
+    attrs: dict[str, Any] = {
+        semconv.GEN_AI_OPERATION_NAME: operation,
+        semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
+    }
+    for key, value in zip(_START_OPTIONAL, optional):
+        if value is not None:
+            attrs[key] = value
+    if stream:
+        attrs[semconv.GEN_AI_REQUEST_STREAM] = True
+    if choice_count is not None and choice_count != 1:
+        attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = choice_count
+    return attrs
+
+
 class EngineFacts(NamedTuple):
     """What the build reads of one engine request (contract.EngineRequest)."""
 

@@ -14,16 +14,18 @@ import logging
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import compress
+from operator import is_not
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
 
 from otel_llm import content, redaction, semconv
 from otel_llm.vllm import contract
 from otel_llm.vllm.attribution import NO_CALLER, Caller
-from otel_llm.vllm.request_facts import RequestFacts, cost_summary, engine_facts
+from otel_llm.vllm.request_facts import RequestFacts, cost_summary, engine_facts, start_attributes
 from otel_llm.vllm.request_metrics import MetricKey, outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
 from otel_llm.warn import failed, guarded
@@ -35,6 +37,28 @@ _log = logging.getLogger(__name__)
 # carry the prompt. The redactor reads at most MAX_ERROR_SCAN characters of it; MAX_ERROR_TEXT are kept.
 MAX_ERROR_SCAN = 16_384
 MAX_ERROR_TEXT = 500
+
+# The usage record's fields written when their value is not None, in the order _write_usage gives the values
+_USAGE_OPTIONAL = (
+    semconv.GEN_AI_REQUEST_MODEL,
+    semconv.GEN_AI_RESPONSE_MODEL,
+    semconv.VLLM_LORA_NAME,
+    semconv.GEN_AI_RESPONSE_ID,
+    semconv.TENANT_ID,
+    semconv.TENANT_SCENE,
+    semconv.TENANT_COST_CENTER,
+    semconv.API_KEY_ID,
+    semconv.USER_ID,
+    semconv.GEN_AI_CONVERSATION_ID,
+    semconv.ERROR_TYPE,
+    # the breakdowns (semconv.USAGE_DETAIL_TOKEN_FIELDS: inclusive), only when non-zero
+    semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+    semconv.VLLM_EXTERNAL_CACHED_TOKENS,
+    semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+    semconv.VLLM_SPEC_DRAFT_TOKENS,
+    semconv.VLLM_SPEC_ACCEPTED_TOKENS,
+)
+_given = partial(is_not, None)  # value -> value is not None, in C
 
 # The request being served in the current task; the engine hooks attach to it.
 CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
@@ -72,35 +96,30 @@ class RequestInfo:
         """False for pooling (embeddings, score, ...): no output tokens, finish reasons or decode."""
         return self.operation not in semconv.POOLING_OPERATIONS
 
-    def span_attributes(self) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            semconv.GEN_AI_OPERATION_NAME: self.operation,
-            semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
-        }
-        optional = (
-            (semconv.GEN_AI_REQUEST_MODEL, self.model),
-            (semconv.GEN_AI_REQUEST_MAX_TOKENS, self.max_tokens),
-            (semconv.GEN_AI_REQUEST_TEMPERATURE, self.temperature),
-            (semconv.GEN_AI_REQUEST_TOP_P, self.top_p),
-            (semconv.GEN_AI_REQUEST_TOP_K, self.top_k),
-            (semconv.GEN_AI_REQUEST_SEED, self.seed),
-            (semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY, self.frequency_penalty),
-            (semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, self.presence_penalty),
-            (semconv.TENANT_ID, self.tenant),
-            (semconv.TENANT_SCENE, self.scene),
-            (semconv.TENANT_COST_CENTER, self.cost_center),
-            (semconv.API_KEY_ID, self.api_key_id),
-            (semconv.USER_ID, self.user),
-            (semconv.OPENAI_API_TYPE, self.api_type),
+    def start_values(self) -> tuple:
+        """The span's start attributes as plain values (request_facts.start_attributes makes them)."""
+        return (
+            self.operation,
+            self.model,
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.frequency_penalty,
+            self.presence_penalty,
+            self.tenant,
+            self.scene,
+            self.cost_center,
+            self.api_key_id,
+            self.user,
+            self.api_type,
+            self.stream,
+            self.choice_count,
         )
-        for key, value in optional:
-            if value is not None:
-                attrs[key] = value
-        if self.stream:
-            attrs[semconv.GEN_AI_REQUEST_STREAM] = True
-        if self.choice_count is not None and self.choice_count != 1:
-            attrs[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = self.choice_count
-        return attrs
+
+    def span_attributes(self) -> dict[str, Any]:
+        return start_attributes(self.start_values())
 
 
 def _no_fields(name: str) -> None:
@@ -187,14 +206,7 @@ class RequestTelemetry:
         self.telemetry = telemetry
         self.info = info
         self.start_ns = start_ns or time.time_ns()
-        self.span = telemetry.tracer.start_span(
-            semconv.genai_span_name(info.operation, info.model),
-            context=context,
-            kind=SpanKind.INTERNAL,
-            attributes=info.span_attributes(),
-            links=links,
-            start_time=self.start_ns,
-        )
+        self.span = telemetry.sink.start_request_span(info, context, links, self.start_ns)
         self.context = trace.set_span_in_context(self.span)
         self.engine_states: list[Any] = []
         self.finish_reasons: dict[str, str] = {}
@@ -420,28 +432,25 @@ class RequestTelemetry:
             semconv.USAGE_ENGINE_REQUEST_IDS: [engine.request_id for engine in engines],
         }
         served = first.lora_name
-        optional = (
-            (semconv.GEN_AI_REQUEST_MODEL, ending.request_model),
-            (semconv.GEN_AI_RESPONSE_MODEL, served or response_model or ending.request_model),
-            (semconv.VLLM_LORA_NAME, served),
-            (semconv.GEN_AI_RESPONSE_ID, ending.answered_id),
-            (semconv.TENANT_ID, info.tenant),
-            (semconv.TENANT_SCENE, info.scene),
-            (semconv.TENANT_COST_CENTER, info.cost_center),
-            (semconv.API_KEY_ID, info.api_key_id),
-            (semconv.USER_ID, info.user),
-            (semconv.GEN_AI_CONVERSATION_ID, ending.conversation_id),
-            (semconv.ERROR_TYPE, ending.error_type),
-            # the breakdowns (semconv.USAGE_DETAIL_TOKEN_FIELDS: inclusive), only when non-zero
-            (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens or None),
-            (semconv.VLLM_EXTERNAL_CACHED_TOKENS, usage.external_cached_input_tokens or None),
-            (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, ending.reasoning),
-            (semconv.VLLM_SPEC_DRAFT_TOKENS, None if spec is None else spec[0]),
-            (semconv.VLLM_SPEC_ACCEPTED_TOKENS, None if spec is None else spec[1]),
+        optional = (  # (_USAGE_OPTIONAL's order)
+            ending.request_model,
+            served or response_model or ending.request_model,
+            served,
+            ending.answered_id,
+            info.tenant,
+            info.scene,
+            info.cost_center,
+            info.api_key_id,
+            info.user,
+            ending.conversation_id,
+            ending.error_type,
+            usage.cache_creation_input_tokens or None,
+            usage.external_cached_input_tokens or None,
+            ending.reasoning,
+            None if spec is None else spec[0],
+            None if spec is None else spec[1],
         )
-        for key, value in optional:
-            if value is not None:
-                fields[key] = value
+        fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
         if ending.finish_reasons and info.generates:
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(ending.finish_reasons)
         ledger.write(fields, ending.end_ns, self.span.get_span_context(), self.context)

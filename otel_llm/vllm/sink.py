@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import SpanKind
 
+from otel_llm import semconv
 from otel_llm.vllm import http
 from otel_llm.vllm.request_facts import build
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
@@ -20,6 +21,17 @@ class InProcessSink:
     def __init__(self, tracer, meter):
         self.tracer = tracer
         self.metrics = RequestMetrics(meter)
+
+    def start_request_span(self, info, context, links, start_ns: int):
+        """A request's GenAI span (info: request_telemetry.RequestInfo)."""
+        return self.tracer.start_span(
+            semconv.genai_span_name(info.operation, info.model),
+            context=context,
+            kind=SpanKind.INTERNAL,
+            attributes=info.span_attributes(),
+            links=links,
+            start_time=start_ns,
+        )
 
     def child_span(self, parent, context, name: str, start_ns: int, end_ns: int, attributes) -> None:
         """A finished child span of a request's span (a phase span)."""

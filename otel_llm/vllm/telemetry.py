@@ -39,7 +39,6 @@ class Telemetry:
 
     def __init__(self, sink, meter, settings: Settings, resource_attributes=None):
         self.sink = sink
-        self.tracer = sink.tracer
         self.settings = settings
         resource_attributes = resource_attributes or {}
         self.ledger = UsageLedger(

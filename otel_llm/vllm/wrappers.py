@@ -7,7 +7,6 @@ and never reaches vLLM. What they read of vLLM's objects, contract.py reads.
 from __future__ import annotations
 
 import logging
-from urllib.parse import quote
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -144,30 +143,15 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         if tel.ledger.enabled:  # the engine core's record of it adds its cost to our bill (engine_cost.py)
             if tel.reads_final_outputs:
                 contract.enable_final_outputs(output_processor)
+            info = record.info
             contract.mark_frontend_billed(
                 request,
                 _traceparent(record.span),
-                _baggage(tel, record.info),
+                tel.attribution.baggage(info.tenant, info.scene, info.cost_center),
                 contract.ENGINE_BILLED_PD_PREFILL
                 if record.pd_role == semconv.PD_ROLE_PREFILL
                 else contract.ENGINE_BILLED,
             )
-
-
-def _baggage(tel: Telemetry, info) -> str | None:
-    """The request's tenant, scene and cost center as W3C baggage (under the first baggage key of
-    each), for the engine's record of it."""
-    settings = tel.settings
-    entries = [
-        f"{keys[0]}={quote(value, safe='')}"
-        for keys, value in (
-            (settings.tenant_baggage_keys, info.tenant),
-            (settings.scene_baggage_keys, info.scene),
-            (settings.cost_center_baggage_keys, info.cost_center),
-        )
-        if keys and value
-    ]
-    return ",".join(entries) or None
 
 
 def _traceparent(span) -> str | None:

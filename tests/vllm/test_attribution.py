@@ -157,3 +157,24 @@ def test_starlette_headers_give_the_answers_of_a_plain_mapping():
     assert attribution.caller(Headers(raw=cases[1])) == Caller("beta", None, "caf\xe9", None)
     assert attribution.caller(Headers(raw=cases[2])) == Caller("delta", None, None, None)
     assert attribution.caller(Headers(raw=cases[4])) == Caller(None, "lower", None, None)
+
+
+def test_the_engine_gets_the_callers_baggage_escaped_and_kept_for_the_next_request():
+    """Attribution.baggage: the header the engine's record of a request takes its tenant, scene and cost
+    center from (under the first baggage key of each), values percent-escaped; None without any. One
+    string per caller, kept for the next request (BAGGAGE_CACHE callers at most)."""
+    from opentelemetry import baggage
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+    from otel_llm.vllm.attribution import BAGGAGE_CACHE
+
+    attribution = Attribution(Settings(scene_baggage_keys=("team", semconv.TENANT_SCENE), cost_center_baggage_keys=()))
+    header = attribution.baggage("acme, inc=1;x", "chat/ui", "cc-1")
+    assert header == f"{semconv.TENANT_ID}=acme%2C%20inc%3D1%3Bx,team=chat%2Fui"
+    read = baggage.get_all(W3CBaggagePropagator().extract({"baggage": header}))
+    assert dict(read) == {semconv.TENANT_ID: "acme, inc=1;x", "team": "chat/ui"}
+    assert attribution.baggage(None, None, "cc-1") is None
+    assert attribution.baggage("acme, inc=1;x", "chat/ui", "cc-1") is header
+    for i in range(2 * BAGGAGE_CACHE):
+        attribution.baggage(f"t{i}", None, None)
+    assert attribution.baggage.cache_info().currsize == BAGGAGE_CACHE

@@ -76,7 +76,7 @@ def request_tree(tracer) -> trace.Span:
         kind=SpanKind.INTERNAL,
         start_time=T0,
         attributes={
-            semconv.GEN_AI_OPERATION_NAME: "chat",
+            semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
             semconv.GEN_AI_REQUEST_MODEL: "tiny",
             semconv.GEN_AI_REQUEST_TEMPERATURE: 0.5,
         },
@@ -371,6 +371,42 @@ def test_a_child_of_a_sampled_local_span_is_made_as_the_sdk_samples_it():
     parent = asked.start_span("POST", context=remote)
     assert parent.is_recording()
     assert not asked.start_span("chat", context=trace.set_span_in_context(parent)).is_recording()
+
+
+def test_a_request_span_makes_its_start_attributes_when_they_are_read_or_set_here():
+    """DeferredTracer.start_request_span keeps a GenAI span's start attributes as values; what reads or
+    sets its attributes in this process, or ends it here, sees them as the SDK's span has them: the
+    same ids and flags as start_span, the start attributes first, an overwritten one moved last."""
+    from otel_llm.vllm.request_facts import start_attributes
+    from otel_llm.vllm.request_telemetry import RequestInfo
+
+    values = RequestInfo(operation=semconv.OP_CHAT, model="tiny", temperature=0.5, tenant="acme").start_values()
+    remote = trace.set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    made = {}
+    for how in ("read", "set", "ended"):
+        tracer = deferred.DeferredTracer(TracerProvider(id_generator=Sequence()))
+        parent = trace.set_span_in_context(tracer.start_span("POST", context=remote))
+        span = tracer.start_request_span("chat tiny", values, parent, None, T0)
+        assert type(span) is deferred.RequestSpan and span.start_values == values
+        made[how] = span
+        if how == "read":
+            assert dict(span.attributes) == start_attributes(values)
+        elif how == "set":
+            span.set_attribute(semconv.GEN_AI_REQUEST_TEMPERATURE, 0.7)
+            span.set_attributes({"otel_llm.test": 1})
+            moved = [key for key in start_attributes(values) if key != semconv.GEN_AI_REQUEST_TEMPERATURE]
+            assert list(span.attributes) == [*moved, semconv.GEN_AI_REQUEST_TEMPERATURE, "otel_llm.test"]
+            assert span.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] == 0.7
+        else:
+            span.end(T0 + 5)
+            [record] = span.outbox.spans
+            assert wire.SpanRecord(*record).attributes == start_attributes(values)
+    slow = deferred.DeferredTracer(TracerProvider(id_generator=Sequence()))
+    parent = trace.set_span_in_context(slow.start_span("POST", context=remote))
+    asked = slow.start_span("chat tiny", parent, attributes=start_attributes(values), start_time=T0)
+    assert made["read"].get_span_context() == asked.get_span_context()
+    assert made["read"].outbox.exemplar == asked.outbox.exemplar
+    assert made["read"].holder is None and made["read"]._parent == asked._parent
 
 
 def test_metrics_and_usage_events_are_recorded_with_exemplars(export_env):
@@ -1282,12 +1318,15 @@ def test_a_request_message_and_a_sweep_marshal_as_they_are():
     assert marshal.loads(marshal.dumps(sent[0])) == [(tuple(key), (10, 4, 7))]
 
 
-@pytest.mark.parametrize("sampled", [True, False])
-def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_process(export_env, monkeypatch, sampled):
+@pytest.mark.parametrize("sampled, local_parent", [(True, False), (False, False), (True, True)])
+def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_process(
+    export_env, monkeypatch, sampled, local_parent
+):
     """RequestTelemetry hands the export process its span unended and the request's facts
     (request_facts.py); the span's end attributes, its phase spans and its metrics built there are
     the ones the SDK builds from the same facts in the API server, field for field (the phase spans'
-    own ids aside: the export process makes them)."""
+    own ids aside: the export process makes them). Under a sampled local parent (an HTTP server span)
+    its start attributes are made there too (DeferredTracer.start_request_span)."""
     from types import SimpleNamespace
 
     from opentelemetry.sdk.metrics import MeterProvider
@@ -1317,17 +1356,20 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         num_preemptions=1,
     )
 
-    def one_request(sink, meter) -> None:
+    def one_request(sink, meter):
         tel = Telemetry(sink, meter, Settings())
         remote = REMOTE_PARENT if sampled else SpanContext(REMOTE_PARENT.trace_id, REMOTE_PARENT.span_id, True)
         parent = trace.set_span_in_context(NonRecordingSpan(remote))  # (parent based: sampled as it is)
-        info = RequestInfo(operation="chat", model="tiny", max_tokens=9, tenant="acme", stream=True)
-        origin = Link(SpanContext(0x1234, 0x5678, is_remote=True), {"otel_llm.test": 1})
-        record = start_request(tel, info, start_ns=T0, context=parent, links=[origin])
+        info = RequestInfo(operation="chat", model="tiny", max_tokens=9, tenant="acme", stream=True, top_k=3)
+        links = [Link(SpanContext(0x1234, 0x5678, is_remote=True), {"otel_llm.test": 1})]
+        if local_parent:  # (left open: not exported)
+            parent, links = trace.set_span_in_context(sink.tracer.start_span("POST", parent, start_time=T0)), None
+        record = start_request(tel, info, start_ns=T0, context=parent, links=links)
         record.first_chunk_ns = T0 + 700_000_000
         record.attach_engine_request(state("r1", prompt_len=12, output_tokens=9, cached=4, st=stats))
         record.on_engine_finished(SimpleNamespace(request_id="r1"), "length")
         record.end(error_type="EngineDeadError", error_message="engine died (key sk-live-0123456789abcdefghij)")
+        return record
 
     def comparable(spans) -> list:
         genai = next(s for s in spans if s.name.startswith("chat"))
@@ -1364,7 +1406,9 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
             5,
         )
         sink.start()
-        one_request(sink, MeterProvider().get_meter("t"))
+        record = one_request(sink, MeterProvider().get_meter("t"))
+        # its start attributes' values went to the export process (made there), or the span had them
+        assert (type(record.span) is deferred.RequestSpan) == local_parent
         got_points = our_receiver.wait_for(
             lambda r: [p for p in r.latest_metrics() if p.name.startswith("otel_llm.server.")]
         )
@@ -1383,7 +1427,12 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
         genai = next(s for s in our_receiver.spans if s.name.startswith("chat"))
         assert genai.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 12
         assert genai.attributes[semconv.VLLM_PREEMPTIONS] == 1
-        assert [(link.trace_id, link.span_id) for link in genai.links] == [(format(0x1234, "032x"), "0" * 12 + "5678")]
+        assert genai.attributes[semconv.GEN_AI_REQUEST_TOP_K] == 3
+        assert genai.attributes[semconv.TENANT_ID] == "acme"
+        if not local_parent:
+            assert [(link.trace_id, link.span_id) for link in genai.links] == [
+                (format(0x1234, "032x"), "0" * 12 + "5678")
+            ]
         assert "sk-live" not in genai.status_message
 
 
@@ -1405,11 +1454,24 @@ def test_a_request_whose_build_fails_in_the_export_process_goes_with_its_start_a
     from otel_llm.vllm.request_facts import RequestFacts
 
     facts = tuple(RequestFacts(*[None] * len(RequestFacts._fields))._replace(start_ns=T0, end_ns=T0 + 50, engines=[]))
-    request = (tuple(span.record(0)), True, facts)
+    # its start attributes on the span, or as the values the export process makes them from
+    start_values = (semconv.OP_CHAT, "tiny", *[None] * 13, True, None)
+    made = {
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+        semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
+        semconv.GEN_AI_REQUEST_MODEL: "tiny",
+        semconv.GEN_AI_REQUEST_STREAM: True,
+    }
+    unmade = tuple(span.record(0))[:11] + ({},) + tuple(span.record(0))[12:]
     what = "building a request's span in the export process"
-    before = warn.failures().get(what, 0)
-    spans, measurement = exporter.build_request(request)
-    assert warn.failures()[what] == before + 1
-    [record] = [wire.SpanRecord(*s) for s in spans]
-    assert (record.name, record.start_ns, record.end_ns, record.attributes) == ("chat tiny", T0, T0 + 50, {"a": 1})
-    assert measurement is None
+    for request, attributes in (
+        ((tuple(span.record(0)), True, facts, None), {"a": 1}),
+        ((unmade, True, facts, start_values), made),
+    ):
+        before = warn.failures().get(what, 0)
+        spans, measurement = exporter.build_request(request)
+        assert warn.failures()[what] == before + 1
+        [record] = [wire.SpanRecord(*s) for s in spans]
+        assert (record.name, record.start_ns, record.end_ns) == ("chat tiny", T0, T0 + 50)
+        assert record.attributes == attributes
+        assert measurement is None

@@ -206,14 +206,14 @@ def test_unsampled_request_makes_no_phase_spans_but_keeps_metrics(env):
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
     calls = []
-    tracer = env.tel.tracer
+    tracer = env.tel.sink.tracer
 
     class CountingTracer:
         def start_span(self, *args, **kwargs):
             calls.append(args[0])
             return tracer.start_span(*args, **kwargs)
 
-    env.tel.tracer = CountingTracer()
+    env.tel.sink.tracer = CountingTracer()
     unsampled = SpanContext(trace_id=1, span_id=2, is_remote=True, trace_flags=TraceFlags(0))
     token = context.attach(trace.set_span_in_context(NonRecordingSpan(unsampled)))
     try:
@@ -350,7 +350,7 @@ def test_the_export_process_path_redacts_the_same(env):
 
     from otel_llm.vllm.export import deferred
 
-    env.tel.tracer = deferred.DeferredTracer(TracerProvider())
+    env.tel.sink.tracer = deferred.DeferredTracer(TracerProvider())
     record = start_request(env.tel, RequestInfo(operation="chat", model=LEAKED_KEY))
     record.end(error_type="NotFoundError", error_message=f"The model `{LEAKED_KEY}` does not exist.")
     (sent,) = record.span.outbox.spans

@@ -17,9 +17,11 @@ from opentelemetry.trace.status import Status, StatusCode
 from otel_llm import redaction
 from otel_llm.sdk import internals
 from otel_llm.vllm.export.wire import Outbox, SpanRecord
+from otel_llm.vllm.request_facts import start_attributes
 from otel_llm.warn import entry, failed, inline_entry
 
 _INTERNAL = SpanKind.INTERNAL.value
+_SAMPLED, _RANDOM_TRACE_ID = int(TraceFlags.SAMPLED), int(TraceFlags.RANDOM_TRACE_ID)
 
 
 class DeferredSpan(trace.Span):
@@ -284,14 +286,64 @@ class DeferredSpan(trace.Span):
         """A request's span, not ended here: it goes to the export process as it is, with the facts
         its end is built from there (request_facts.py, `resume`)."""
         self._ended = True
-        self.outbox.request = (tuple(self.record(0)), self._sampled, facts)
+        self.outbox.request = (tuple(self.record(0)), self._sampled, facts, None)
+        hand_over(self, channel)
+
+
+class RequestSpan(DeferredSpan):
+    """A request's GenAI span made by DeferredTracer.start_request_span: its start attributes kept as
+    RequestInfo.start_values, made into attributes only when something in this process reads or sets
+    the span's attributes, or ends it here. Handed over unended, the values go, and the export process
+    makes them (`resume`)."""
+
+    __slots__ = ("start_values",)
+
+    def _start_attributes(self) -> None:
+        values = self.start_values
+        if values is not None:  # (nothing was set before them: every setter comes here first)
+            self.start_values = None
+            self._attributes = start_attributes(values)
+
+    @property
+    @inline_entry("RequestSpan.attributes")
+    def attributes(self):
+        try:
+            self._start_attributes()
+            return MappingProxyType(self._attributes)
+        except Exception:  # noqa: BLE001
+            failed("RequestSpan.attributes")
+            return MappingProxyType({})
+
+    @inline_entry("RequestSpan.set_attribute")
+    def set_attribute(self, key: str, value) -> None:
+        try:
+            self._start_attributes()
+            DeferredSpan.set_attribute(self, key, value)
+        except Exception:  # noqa: BLE001
+            failed("RequestSpan.set_attribute")
+
+    @inline_entry("RequestSpan.set_attributes")
+    def set_attributes(self, attributes) -> None:
+        try:
+            self._start_attributes()
+            DeferredSpan.set_attributes(self, attributes)
+        except Exception:  # noqa: BLE001
+            failed("RequestSpan.set_attributes")
+
+    def record(self, end_ns: int) -> SpanRecord:
+        self._start_attributes()
+        return DeferredSpan.record(self, end_ns)
+
+    def hand_over_unended(self, facts: tuple, channel) -> None:
+        self._ended = True
+        self.outbox.request = (tuple(DeferredSpan.record(self, 0)), self._sampled, facts, self.start_values)
         hand_over(self, channel)
 
 
 def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
     """In the export process: a span an API server handed over unended (`hand_over_unended`), to be
     ended there, in an Outbox of its own."""
-    record, sampled = SpanRecord(*request[0]), request[1]
+    record, sampled, _, start = SpanRecord(*request[0]), *request[1:]
     trace_id = record.trace_id
     context = span_context(trace_id, record.span_id, record.trace_flags, record.trace_state, False)
     parent = (
@@ -305,7 +357,7 @@ def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
         context,
         parent,
         SpanKind(record.kind),
-        record.attributes,
+        record.attributes if start is None else start_attributes(start),
         links,
         record.start_ns,
         sampled,
@@ -432,6 +484,44 @@ class DeferredTracer(trace.Tracer):
             return span
         except Exception:  # noqa: BLE001
             failed("DeferredTracer.start_span")
+            return trace.INVALID_SPAN
+
+    @inline_entry("DeferredTracer.start_request_span")
+    def start_request_span(self, name: str, start_values: tuple, context, links, start_ns: int) -> trace.Span:
+        """A request's GenAI span: start_span's, as a RequestSpan whose start attributes
+        (request_facts.start_attributes(start_values)) are made only where needed, when the sampler's
+        answer is known without them (a sampled local parent, as add_child)."""
+        try:
+            parent_span = trace.get_current_span(context)
+            if not links and self.children_follow_parent and isinstance(parent_span, DeferredSpan):
+                parent = parent_span._context
+                trace_id, _, parent_remote, parent_flags, parent_state, _ = parent  # (SPAN_CONTEXT_FIELDS)
+                if parent_flags & _SAMPLED and not parent_remote:
+                    span_id = self.id_generator.generate_span_id()
+                    flags = _SAMPLED | (parent_flags & _RANDOM_TRACE_ID)
+                    outbox = Outbox(self.scope)
+                    outbox.exemplar = (trace_id, span_id, flags)
+                    holder = (
+                        parent_span if parent_span._tracer.hand_over is not None and not parent_span._ended else None
+                    )
+                    span = RequestSpan(
+                        name,
+                        SpanContext(trace_id, span_id, False, TraceFlags(flags), parent_state),
+                        parent,
+                        SpanKind.INTERNAL,
+                        None,
+                        (),
+                        start_ns,
+                        True,
+                        outbox,
+                        self,
+                        holder,
+                    )
+                    span.start_values = start_values
+                    return span
+            return self.start_span(name, context, SpanKind.INTERNAL, start_attributes(start_values), links, start_ns)
+        except Exception:  # noqa: BLE001
+            failed("DeferredTracer.start_request_span")
             return trace.INVALID_SPAN
 
     @inline_entry("DeferredTracer.start_as_current_span")

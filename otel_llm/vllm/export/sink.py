@@ -38,6 +38,13 @@ class ExportProcessSink(InProcessSink):
     def _count_drop(self, reason: str) -> None:
         self._dropped.add(1, {semconv.ERROR_TYPE: reason})
 
+    def start_request_span(self, info, context, links, start_ns: int):
+        """A request's GenAI span, its start attributes built in the export process where it can
+        (DeferredTracer.start_request_span)."""
+        return self.tracer.start_request_span(
+            semconv.genai_span_name(info.operation, info.model), info.start_values(), context, links, start_ns
+        )
+
     def finish_request(self, span, context, facts: RequestFacts, telemetry) -> None:
         """A request's span goes to the export process unended with its facts, and its end, phase spans
         and metrics are built there; here only where the request metrics stay in this process."""

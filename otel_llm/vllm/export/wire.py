@@ -57,7 +57,8 @@ class Part(NamedTuple):
     http_metrics: tuple | None  # (meter scope, [(instrument, value, attributes)])
     http_replay: tuple | None  # otel_llm/vllm/export/http.py ReplayRecord
     # a GenAI request's span handed over unended, and the facts its end is built from (request_facts.py):
-    # (SpanRecord as it was, sampled, RequestFacts)
+    # (SpanRecord as it was, sampled, RequestFacts, its start attributes' values when they were not made:
+    # RequestInfo.start_values)
     request: tuple | None = None
 
 
@@ -163,12 +164,12 @@ def plain(message: tuple) -> tuple:
             meter_scope, records = http_metrics
             http_metrics = (meter_scope, [(name, value, clean(attributes)) for name, value, attributes in records])
         if request is not None:  # (its span's attributes and the content captured, cleaned)
-            record, sampled, facts = request
+            record, sampled, facts, start_values = request
             record = (*record[:11], clean(record[11]), *record[12:])
             captured = facts[CAPTURED]
             if captured:
                 facts = (*facts[:CAPTURED], clean(captured), *facts[CAPTURED + 1 :])
-            request = (record, sampled, facts)
+            request = (record, sampled, facts, start_values)
         plain.append((spans, measurement, usage_event, exemplar, scope, http_metrics, http_replay, request))
     return _base_types((kind, plain))
 
