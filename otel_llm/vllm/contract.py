@@ -469,12 +469,37 @@ def read_metadata_id(metadata) -> str | None:
 # --- the serving layer: a handler's request, the HTTP request it came with, its result ----------
 
 
+# The fields of a handler's request the request path reads (request_telemetry.request_info, the end
+# user of attribution.py), the names request_fields' get is asked
+REQUEST_FIELD_NAMES = (
+    "model",
+    "stream",
+    "n",
+    "max_completion_tokens",
+    "max_tokens",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "use_beam_search",
+    "safety_identifier",
+    "user",
+)
+
+
 def request_fields(request):
     """get(name) over a handler's request (ChatCompletionRequest, CompletionRequest, ResponsesRequest,
-    an embeddings request): the field, or None where its type has none (`read_field`, its dictionaries
-    looked up once per request)."""
+    an embeddings request) for the names in REQUEST_FIELD_NAMES: the field, or None where its type has
+    none (`read_field`, its dictionaries looked up once per request). Where that is the answer of the
+    model's __dict__ for every such name (no extra fields sent, no class attribute of such a name
+    outside its fields), get is the dictionary's own."""
     fields = getattr(request, "__dict__", None) or {}
     extra = getattr(request, "__pydantic_extra__", None) or {}
+    if not extra and _dict_answers(type(request)):
+        return fields.get
 
     def get(name):
         if name in fields:
@@ -516,6 +541,23 @@ def _class_attribute(obj, name: str):
 
 
 _CLASS_HAS: dict[tuple[type, str], bool] = {}  # read_field: (class, name) -> getattr may find it
+
+
+def _dict_answers(cls: type) -> bool:
+    """A pydantic model class whose instances' __dict__ answers every name of REQUEST_FIELD_NAMES
+    (asked once per class)."""
+    found = _DICT_ANSWERS.get(cls)
+    if found is None:
+        model_fields = getattr(cls, "model_fields", None)
+        found = isinstance(model_fields, dict) and not any(
+            hasattr(cls, name) and name not in model_fields for name in REQUEST_FIELD_NAMES
+        )
+        if len(_DICT_ANSWERS) < 4096:
+            _DICT_ANSWERS[cls] = found
+    return found
+
+
+_DICT_ANSWERS: dict[type, bool] = {}
 
 
 def read_request_content(request) -> dict:

@@ -45,8 +45,10 @@ class _StreamTelemetry:
     """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
 
     The first chunk runs with the record current (vLLM adds its engine request then); every later one
-    comes from `_following`, an async generator whose item is returned as it is (`__anext__` is no
-    coroutine of ours): per chunk one comparison. The span ends exactly once on exhaustion, error,
+    comes from `_following`, an async generator whose item is returned as it is. `async for` (Starlette's
+    StreamingResponse, a user of AsyncLLM.generate) iterates `_following` itself (`__aiter__`): per chunk
+    its own loop and one comparison, no frame of this class. `__anext__` on the proxy hands out its
+    awaitable (no coroutine of ours per chunk). The span ends exactly once on exhaustion, error,
     cancellation (client gone) or close.
     """
 
@@ -60,7 +62,8 @@ class _StreamTelemetry:
         self._sse = sse  # an HTTP stream: its first chunk is the client's first byte
 
     def __aiter__(self):
-        return self
+        # (the generator keeps this proxy alive: its __del__ ends a stream never started, as before)
+        return _following(self._inner, self._record, self)
 
     def __anext__(self):
         following = self._next
@@ -69,6 +72,11 @@ class _StreamTelemetry:
         return self._first()
 
     async def _first(self):
+        chunk = await self._first_chunk()
+        self._next = _following(self._inner, self._record).__anext__
+        return chunk
+
+    async def _first_chunk(self):
         record = self._record
         try:
             with current_span(record):  # first chunk: the engine request is added now, in whatever task iterates us
@@ -76,7 +84,6 @@ class _StreamTelemetry:
         except BaseException:
             _end_if_not_ended(record)
             raise
-        self._next = _following(self._inner, record).__anext__
         if self._sse:
             _first_chunk(record)
         return chunk
@@ -99,12 +106,18 @@ class _StreamTelemetry:
 _EXHAUSTED = StopAsyncIteration()
 
 
-async def _following(inner, record):
-    """The stream's chunks after the first. The record ends at the [DONE] chunk (before it is sent:
-    the client holds a complete response once it is, so a server killed before the generator's own
-    end loses no usage record), at exhaustion, or on the exception that stops the stream (a
-    cancellation or close: aborted)."""
+async def _following(inner, record, proxy: _StreamTelemetry | None = None):
+    """The stream's chunks (after the first, or all of them from `proxy`'s first). The record ends at
+    the [DONE] chunk (before it is sent: the client holds a complete response once it is, so a server
+    killed before the generator's own end loses no usage record), at exhaustion, or on the exception
+    that stops the stream (a cancellation or close: aborted)."""
     try:
+        if proxy is not None:
+            try:
+                chunk = await proxy._first_chunk()
+            except StopAsyncIteration:  # an empty stream (its record ended): no RuntimeError from this generator
+                return
+            yield chunk
         async for chunk in inner:
             if chunk == _SSE_DONE:
                 record.end()

@@ -331,9 +331,15 @@ def test_the_serving_layer_readers_on_vllms_own_objects():
     extra = ChatCompletionRequest(model="m", messages=[], safety_identifier="hash-1")
     assert contract.request_fields(extra)("safety_identifier") == "hash-1"
     assert contract.request_fields(request)("safety_identifier") is None
-    # an attribute of the class (a method, a property) is still read; an object that is no pydantic
-    # model answers from its own __getattr__
-    assert callable(get("model_dump"))
+
+    # an attribute of the class (a property) is still read; an object that is no pydantic model
+    # answers from its own __getattr__
+    class WithProperty(ChatCompletionRequest):
+        @property
+        def max_output_tokens(self):
+            return 7
+
+    assert contract.request_fields(WithProperty(model="m", messages=[]))("max_output_tokens") == 7
 
     class Dynamic:
         def __getattr__(self, name):
@@ -425,3 +431,59 @@ def test_a_rejected_requests_error_type():
     assert contract.read_rejection_type(rejected) == "BadRequestError"
     assert contract.read_rejection_type(SimpleNamespace(status_code=422, body=b"not json")) == "422"
     assert contract.read_rejection_type(None) == "400"
+
+
+def test_the_dictionary_fast_path_answers_as_read_field_for_vllms_requests(memory_otel, monkeypatch):
+    """vLLM's request classes take request_fields' fast path (their __dict__'s get), whose answers are
+    read_field's for every name the request path asks; the request path asks no other name."""
+    import importlib
+
+    from otel_llm import semconv
+    from otel_llm.config import Settings
+    from otel_llm.vllm import wrappers
+    from otel_llm.vllm.sink import InProcessSink
+    from otel_llm.vllm.telemetry import Telemetry
+
+    classes = {
+        "chat_completion": ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
+        "completion": ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
+        "responses": ("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest"),
+        "embeddings": ("vllm.entrypoints.pooling.embed.protocol", "EmbeddingCompletionRequest"),
+    }
+    bodies = {
+        "chat_completion": {"messages": [], "max_tokens": 3, "top_k": 2, "user": "u"},
+        "completion": {"prompt": "hi", "n": 2, "seed": 1, "stream": True},
+        "responses": {"input": "hi", "max_output_tokens": 4},
+        "embeddings": {"input": "hi"},
+    }
+    for kind, (module, name) in classes.items():
+        cls = getattr(importlib.import_module(module), name)
+        request = cls(model="m", **bodies[kind])
+        get = contract.request_fields(request)
+        assert get == request.__dict__.get, kind
+        assert [get(n) for n in contract.REQUEST_FIELD_NAMES] == [
+            contract.read_field(request, n) for n in contract.REQUEST_FIELD_NAMES
+        ], kind
+        # with an extra field sent, the general path
+        extra = cls(model="m", safety_identifier="s-1", **bodies[kind])
+        assert contract.request_fields(extra)("safety_identifier") == "s-1", kind
+
+    asked = []
+    fast = contract.request_fields
+
+    def spy(request):
+        get = fast(request)
+
+        def recording(name):
+            asked.append(name)
+            return get(name)
+
+        return recording
+
+    meter = memory_otel.meter_provider.get_meter("t")
+    tel = Telemetry(InProcessSink(memory_otel.tracer_provider.get_tracer("t"), meter), meter, Settings())
+    module, name = classes["chat_completion"]
+    request = getattr(importlib.import_module(module), name)(model="m", messages=[])
+    monkeypatch.setattr(contract, "request_fields", spy)
+    info = wrappers._request_info(semconv.OP_CHAT, request, tel, None)
+    assert info.model == "m" and asked and set(asked) <= set(contract.REQUEST_FIELD_NAMES)

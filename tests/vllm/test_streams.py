@@ -195,3 +195,41 @@ def test_later_chunks_pass_no_coroutine_of_ours(fake_record):
 
     assert asyncio.run(run()) == ["data: 1\n\n", "data: 2\n\n"]
     assert fake_record.calls == [{}]
+
+
+def test_async_for_steps_the_proxys_generator_itself(fake_record):
+    """`async for` over the proxy (Starlette's StreamingResponse does) iterates its `_following`
+    generator: per chunk that generator's own step, no frame of the proxy's. The first chunk is still
+    timed, the record still ends once; the proxy dropped by its caller mid-stream ends nothing early
+    (the generator holds it); an empty stream ends with no error; a close after the first chunk is an
+    abort."""
+
+    async def run():
+        stream = streams._StreamTelemetry(_chunks(3), fake_record)
+        iterator = aiter(stream)
+        assert type(iterator).__name__ == "async_generator" and iterator.ag_code is streams._following.__code__
+        first = await anext(iterator)
+        del stream
+        gc.collect()
+        assert finalizer.drain() and fake_record.calls == []
+        return [first, *[c async for c in iterator]]
+
+    assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
+    assert fake_record.calls == [{}] and fake_record.first_chunk == 1
+
+    empty = FakeRecord()
+
+    async def run_empty():
+        return [c async for c in streams._StreamTelemetry(_chunks(0), empty)]
+
+    assert asyncio.run(run_empty()) == [] and empty.calls == [{}] and empty.first_chunk == 0
+
+    closed = FakeRecord()
+
+    async def run_closed():
+        iterator = aiter(streams._StreamTelemetry(_chunks(10), closed))
+        await anext(iterator)
+        await iterator.aclose()
+
+    asyncio.run(run_closed())
+    assert closed.calls == [{"aborted": True}]
