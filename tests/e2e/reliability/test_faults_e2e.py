@@ -211,6 +211,10 @@ ENTRIES_OFF_THIS_PATH = {
     "otel_llm.vllm.export.deferred:DeferredSpan.update_name": "no caller on this server",
     "otel_llm.vllm.export.deferred:DeferredSpan.add_event": "no caller on this server",
     "otel_llm.vllm.export.deferred:DeferredSpan.record_exception": "an exception escaping the app (none here)",
+    # a GenAI span's attributes, read or set in the API server only by another library (none here)
+    "otel_llm.vllm.export.deferred:RequestSpan.attributes": "no caller on this server",
+    "otel_llm.vllm.export.deferred:RequestSpan.set_attribute": "no caller on this server",
+    "otel_llm.vllm.export.deferred:RequestSpan.set_attributes": "no caller on this server",
     "otel_llm.vllm.wrappers:RedactingLogFilter.filter": "a warning or error of vLLM's loggers (none here)",
     "otel_llm.vllm.request_metrics:RequestMetrics._observe_tokens": "the metric reader's thread, in the export "
     "process here (it records the request metrics)",
