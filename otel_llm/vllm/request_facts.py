@@ -53,7 +53,7 @@ def start_attributes(values: tuple) -> dict[str, Any]:
         semconv.GEN_AI_OPERATION_NAME: operation,
         semconv.GEN_AI_PROVIDER_NAME: semconv.PROVIDER_VLLM,
     }
-    for key, value in zip(_START_OPTIONAL, optional):
+    for key, value in zip(_START_OPTIONAL, optional, strict=True):
         if value is not None:
             attrs[key] = value
     if stream:
