@@ -219,11 +219,12 @@ class ReplayingMiddleware(LeanMiddleware):
         except KeyError:
             snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
         headers = scope.get("headers") or []
-        if self.http_capture_headers_server_request is None:
-            for name, _ in headers:
-                if name.lower() in _CREDENTIAL_HEADERS:  # (copied without them only where there are some)
-                    headers = [header for header in headers if header[0].lower() not in _CREDENTIAL_HEADERS]
-                    break
+        # copied without credentials only where there are some: the header index (lowercased names) the
+        # span's context was extracted with says so in C
+        if self.http_capture_headers_server_request is None and not _CREDENTIAL_HEADERS.isdisjoint(
+            _header_getter.index(headers)
+        ):
+            headers = [header for header in headers if header[0].lower() not in _CREDENTIAL_HEADERS]
         snapshot["headers"] = headers
         route = getattr(scope.get("route"), "path_format", None)
         start = None
