@@ -736,8 +736,10 @@ def part_inprocess(
                     tracer_provider.sampler = default_sampler
                     tel = VLLMInstrumentor._patcher.telemetry
                     # the SDK keeps one Tracer per scope, made with the sampler of its first get_tracer():
-                    # today's path gets the same Tracer object on every instrument(), so set it here
-                    tel.sink.tracer.sampler = sampler
+                    # today's path gets the same Tracer object on every instrument(), so set it here (the
+                    # export path's tracer is made with the provider's, set above)
+                    if path == "today":
+                        tel.sink.tracer.sampler = sampler
                     channel = getattr(tel.sink, "channel", None)
                     if (channel is None) != (path == "today"):
                         raise RuntimeError(f"{variant}: instrument() chose the wrong path (channel {channel!r})")

@@ -173,13 +173,35 @@ def exporters_from_environment(traces: bool = False, metrics: bool = False, logs
 # ---- tracing ---------------------------------------------------------------------------------
 
 
+# ParentBased's delegate per kind of parent, in the order of parent_based_answers
+_PARENT_BASED_DELEGATES = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+
+
+def parent_based_answers(sampler) -> tuple | None:
+    """The answers of the SDK's ParentBased known without asking it, per kind of parent (no parent, a
+    remote sampled, remote unsampled, local sampled, local unsampled one): True where its delegate is
+    the static ALWAYS_ON, False where ALWAYS_OFF (each answers so whatever the span, with the attributes
+    as given and the parent's trace state), None where it must be asked. None for any other sampler.
+    Checked: sdk 1.45.0-1.45.2."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+
+    if not isinstance(sampler, ParentBased):
+        return None
+    delegates = [getattr(sampler, name, None) for name in _PARENT_BASED_DELEGATES]
+    return tuple(True if d is ALWAYS_ON else False if d is ALWAYS_OFF else None for d in delegates)
+
+
 def children_follow_sampled_parent(sampler) -> bool:
     """The SDK's ParentBased with its default ALWAYS_ON for a sampled local parent
-    (`ParentBased._local_parent_sampled`): every child of a sampled local span is sampled.
-    Checked: sdk 1.45.0-1.45.2."""
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-
-    return isinstance(sampler, ParentBased) and getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
+    (`ParentBased._local_parent_sampled`): every child of a sampled local span is sampled."""
+    answers = parent_based_answers(sampler)
+    return answers is not None and answers[3] is True
 
 
 # SpanContext (opentelemetry-api) is a tuple of these, in this order, each read through a Python property;

@@ -319,6 +319,15 @@ def test_exporters_from_environment(monkeypatch):
 # ---- tracing -----------------------------------------------------------------------------------
 
 
+def test_parent_based_answers():
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    assert internals.parent_based_answers(ParentBased(ALWAYS_ON)) == (True, True, False, True, False)
+    ratio = ParentBased(TraceIdRatioBased(0.1), remote_parent_not_sampled=ALWAYS_ON)
+    assert internals.parent_based_answers(ratio) == (None, True, True, True, False)
+    assert internals.parent_based_answers(ALWAYS_ON) is None
+
+
 def test_children_follow_sampled_parent():
     assert internals.children_follow_sampled_parent(ParentBased(ALWAYS_ON)) is True
     assert internals.children_follow_sampled_parent(ParentBased(ALWAYS_OFF)) is True  # (its root sampler)

@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
@@ -371,6 +371,58 @@ def test_a_child_of_a_sampled_local_span_is_made_as_the_sdk_samples_it():
     parent = asked.start_span("POST", context=remote)
     assert parent.is_recording()
     assert not asked.start_span("chat", context=trace.set_span_in_context(parent)).is_recording()
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        ParentBased(ALWAYS_ON),
+        ParentBased(ALWAYS_OFF),
+        ParentBased(TraceIdRatioBased(0.5)),
+        ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON, local_parent_sampled=ALWAYS_OFF),
+        ALWAYS_ON,
+        TraceIdRatioBased(0.5),
+    ],
+    ids=["default", "root-off", "root-ratio", "mixed", "always-on", "ratio"],
+)
+def test_the_sampler_answers_as_the_sdk_asks_it(sampler, monkeypatch):
+    """Under every kind of parent (none, remote sampled or not, local sampled or not) a DeferredSpan is
+    sampled as the SDK's span, with its trace state and attributes; the SDK's ParentBased is asked only
+    where its delegate is no static ALWAYS_ON / ALWAYS_OFF (internals.parent_based_answers)."""
+    from otel_llm.sdk import internals
+
+    attributes = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT}
+    state = TraceState([("vendor", "x")])
+    parents = {
+        "none": None,
+        "remote sampled": SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED), state),
+        "remote unsampled": SpanContext(0xABC, 0xDEF, True, TraceFlags(0), state),
+        "local sampled": SpanContext(0xABC, 0xDEF, False, TraceFlags(TraceFlags.SAMPLED), state),
+        "local unsampled": SpanContext(0xABC, 0xDEF, False, TraceFlags(0), state),
+    }
+    ours_tracer = deferred.DeferredTracer(TracerProvider(sampler=sampler, id_generator=Sequence()))
+    sdk = TracerProvider(sampler=sampler, id_generator=Sequence()).get_tracer("t")
+    asked = []
+    ask = sampler.should_sample
+    for what, parent in parents.items():
+        context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
+        with monkeypatch.context() as patch:
+            counted = lambda *args, _w=what, **kwargs: asked.append(_w) or ask(*args, **kwargs)  # noqa: E731
+            patch.setattr(sampler, "should_sample", counted)
+            ours = ours_tracer.start_span("chat", context, attributes=attributes)
+        theirs = sdk.start_span("chat", context, attributes=attributes)
+        mine, sdks = ours.get_span_context(), theirs.get_span_context()
+        assert (mine.trace_id, mine.trace_flags) == (sdks.trace_id, sdks.trace_flags), what
+        assert mine.trace_state == sdks.trace_state, what
+        assert ours.is_recording() == theirs.is_recording(), what
+        if theirs.is_recording():
+            assert dict(ours.attributes) == dict(theirs.attributes), what
+    answers = internals.parent_based_answers(sampler)
+    if answers is None:
+        assert asked == list(parents)
+    else:
+        assert asked == [what for what, answer in zip(parents, answers) if answer is None]
+        assert ("none" in asked) == isinstance(sampler._root, TraceIdRatioBased)
 
 
 def test_a_request_span_makes_its_start_attributes_when_they_are_read_or_set_here():

@@ -409,10 +409,15 @@ class DeferredTracer(trace.Tracer):
         """provider: the SDK's TracerProvider, or another DeferredTracer (its sampler and id generator)."""
         self.scope = scope
         self.hand_over = hand_over
-        self.sampler = provider.sampler
         self.id_generator = provider.id_generator
-        # the SDK's ParentBased samples every child of a sampled local span (its default)
-        self.children_follow_parent = internals.children_follow_sampled_parent(self.sampler)
+        self.use_sampler(provider.sampler)
+
+    def use_sampler(self, sampler) -> None:
+        self.sampler = sampler
+        # the SDK's ParentBased answers without being asked where its delegate is static (its defaults:
+        # ALWAYS_ON but for an unsampled parent); it samples every child of a sampled local span (its default)
+        self._answers = internals.parent_based_answers(sampler)
+        self.children_follow_parent = internals.children_follow_sampled_parent(sampler)
 
     @inline_entry("DeferredTracer.start_span")
     def start_span(
@@ -432,22 +437,24 @@ class DeferredTracer(trace.Tracer):
             links = links or ()
             parent_span = trace.get_current_span(context)
             parent = parent_span.get_span_context()
-            local_sampled_parent = False
             if parent is None or not parent[5]:  # (internals.SPAN_CONTEXT_FIELDS: is_valid)
-                parent = None
+                parent = parent_state = None
                 trace_id = self.id_generator.generate_trace_id()
                 random_trace_id = self.id_generator.is_trace_id_random()
+                kind_of_parent = 0
             else:
                 trace_id, _, parent_remote, parent_flags, parent_state, _ = parent  # (SPAN_CONTEXT_FIELDS)
-                random_trace_id = parent_flags & TraceFlags.RANDOM_TRACE_ID
-                local_sampled_parent = not parent_remote and parent_flags & TraceFlags.SAMPLED
-            if self.children_follow_parent and local_sampled_parent:
-                # the sampler's answer for a sampled local parent, without asking it (as add_child): sampled,
-                # the attributes as given, the parent's trace state
-                sampled, trace_state = True, parent_state
-            else:
+                random_trace_id = parent_flags & _RANDOM_TRACE_ID
+                kind_of_parent = (1 if parent_remote else 3) + (0 if parent_flags & _SAMPLED else 1)
+            answers = self._answers
+            known = None if answers is None else answers[kind_of_parent]
+            if known is None:
                 result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
                 sampled, trace_state, attributes = result.decision.is_sampled(), result.trace_state, result.attributes
+            else:
+                # the SDK's ParentBased's static answer for this kind of parent, without asking it (as
+                # add_child): the attributes as given, the parent's trace state
+                sampled, trace_state = known, parent_state
             flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
             if random_trace_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
