@@ -44,21 +44,6 @@ from otel_llm.vllm import contract
 from otel_llm.vllm.export.http import _CREDENTIAL_HEADERS, _SCOPE_KEYS  # what the API server keeps today
 
 _CURRENT: ContextVar[Facts | None] = ContextVar("floor_request", default=None)
-_FIELDS = (
-    "model",
-    "stream",
-    "n",
-    "max_completion_tokens",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "frequency_penalty",
-    "presence_penalty",
-    "user",
-    "use_beam_search",
-)
 _TENANT_HEADER = b"x-tenant-id"
 
 
@@ -191,7 +176,7 @@ class Floor:
             if facts is None:
                 return await wrapped(*args, **kwargs)
             values = request.__dict__
-            fields = tuple(values.get(name) for name in _FIELDS)
+            fields = tuple(values.get(name) for name in contract.REQUEST_FIELD_NAMES)  # (what the request path reads)
             tenant = facts.headers.get(_TENANT_HEADER)
             facts.genai_span_id = random.getrandbits(64)
             facts.genai_start_ns = time.time_ns()
