@@ -3,8 +3,9 @@
 `server_overhead.py --part api --opcodes` runs, after the timed rounds, one more load per variant with
 `sys.settrace` counting every bytecode the serving thread executes (CPython's per-opcode trace events,
 `frame.f_trace_opcodes`), by the file of the code that ran. The timed figures on the 2-core VM carry a
-spread of tens of microseconds per request; this count is the same in every run on the same versions,
-so a change of the request path shows up whole, however small. It covers the serving thread only (the
+spread of tens of microseconds per request; this count is the same in every run on the same versions
+(bare's and A/A's to the bytecode; native tracing's moves by a few dozen, with when its batch processor's
+thread is woken from the serving thread), so a change of the request path shows up whole, however small. It covers the serving thread only (the
 event loop's, where vLLM's API server serves every request): vLLM's native tracing exports its span
 on the SDK's worker thread, mostly in C, which the timed figures include and this count does not;
 C code (marshal, json, a syscall) counts as the one bytecode that calls it.

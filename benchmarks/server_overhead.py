@@ -1511,7 +1511,7 @@ def part_api(
     if bytecodes:
         print(
             f"\nPython bytecodes per request on the serving thread ({API_COUNTED} requests per variant and mode "
-            f"after {API_WARM}; benchmarks/opcodes.py: the same in every run; vLLM native tracing's export on the "
+            f"after {API_WARM}; benchmarks/opcodes.py: the same in every run, native tracing's within a few dozen; its export on the "
             f"SDK's worker thread is not counted)"
         )
         print(
