@@ -429,10 +429,13 @@ class DeferredTracer(trace.Tracer):
         links=None,
         start_time: int | None = None,
         _outbox: Outbox | None = None,
+        _start_values: tuple | None = None,
         **_ignored,
     ) -> trace.Span:
         """A DeferredSpan; on a failure of ours a span that records nothing (the caller, the FastAPI
-        middleware among them, goes on: the request is served without this span)."""
+        middleware among them, goes on: the request is served without this span). `_start_values`: a
+        GenAI span's start attributes as RequestInfo.start_values, made into attributes only where the
+        sampler must see them (else a RequestSpan keeps the values)."""
         try:
             links = links or ()
             parent_span = trace.get_current_span(context)
@@ -449,6 +452,8 @@ class DeferredTracer(trace.Tracer):
             answers = self._answers
             known = None if answers is None else answers[kind_of_parent]
             if known is None:
+                if _start_values is not None:
+                    attributes, _start_values = start_attributes(_start_values), None
                 result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
                 sampled, trace_state, attributes = result.decision.is_sampled(), result.trace_state, result.attributes
             else:
@@ -473,7 +478,8 @@ class DeferredTracer(trace.Tracer):
                 and parent_span.is_recording()
                 else None
             )
-            span = DeferredSpan(
+            deferred = sampled and _start_values is not None
+            span = (RequestSpan if deferred else DeferredSpan)(
                 name,
                 span_context,
                 parent,
@@ -486,6 +492,8 @@ class DeferredTracer(trace.Tracer):
                 self,
                 holder,
             )
+            if deferred:
+                span.start_values = _start_values
             if outbox.exemplar is None:
                 outbox.exemplar = (trace_id, span_id, int(flags))
             return span
@@ -495,38 +503,11 @@ class DeferredTracer(trace.Tracer):
 
     @inline_entry("DeferredTracer.start_request_span")
     def start_request_span(self, name: str, start_values: tuple, context, links, start_ns: int) -> trace.Span:
-        """A request's GenAI span: start_span's, as a RequestSpan whose start attributes
-        (request_facts.start_attributes(start_values)) are made only where needed, when the sampler's
-        answer is known without them (a sampled local parent, as add_child)."""
+        """A request's GenAI span: start_span's, a RequestSpan whose start attributes
+        (request_facts.start_attributes(start_values)) are made only where needed, wherever the sampler's
+        answer is known without them."""
         try:
-            parent_span = trace.get_current_span(context)
-            if not links and self.children_follow_parent and isinstance(parent_span, DeferredSpan):
-                parent = parent_span._context
-                trace_id, _, parent_remote, parent_flags, parent_state, _ = parent  # (SPAN_CONTEXT_FIELDS)
-                if parent_flags & _SAMPLED and not parent_remote:
-                    span_id = self.id_generator.generate_span_id()
-                    flags = _SAMPLED | (parent_flags & _RANDOM_TRACE_ID)
-                    outbox = Outbox(self.scope)
-                    outbox.exemplar = (trace_id, span_id, flags)
-                    holder = (
-                        parent_span if parent_span._tracer.hand_over is not None and not parent_span._ended else None
-                    )
-                    span = RequestSpan(
-                        name,
-                        SpanContext(trace_id, span_id, False, TraceFlags(flags), parent_state),
-                        parent,
-                        SpanKind.INTERNAL,
-                        None,
-                        (),
-                        start_ns,
-                        True,
-                        outbox,
-                        self,
-                        holder,
-                    )
-                    span.start_values = start_values
-                    return span
-            return self.start_span(name, context, SpanKind.INTERNAL, start_attributes(start_values), links, start_ns)
+            return self.start_span(name, context, SpanKind.INTERNAL, None, links, start_ns, _start_values=start_values)
         except Exception:  # noqa: BLE001
             failed("DeferredTracer.start_request_span")
             return trace.INVALID_SPAN
