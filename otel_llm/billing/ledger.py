@@ -119,6 +119,8 @@ JOIN_MARGIN_S = 3600
 _API = f"kind IN ('', {_literal(semconv.USAGE_KIND_REQUEST)})"
 _ENGINE = f"kind = {_literal(semconv.USAGE_KIND_ENGINE)}"
 _WINDOW = f"kind = {_literal(semconv.USAGE_KIND_ENGINE_WINDOW)}"
+# the token counts an aborted request's engine records may add to its API server's record
+_ENGINE_TOKENS = (semconv.TOKEN_TYPE_OUTPUT, semconv.TOKEN_TYPE_CACHED_INPUT)
 
 
 # --- sources: a subquery with the normalized COLUMNS -----------------------------------------------
@@ -177,11 +179,14 @@ def _deduplicated(source: str, start: float, end: float, kinds: str) -> str:
     return f"SELECT {keep} FROM ({inside}) GROUP BY key_hash"
 
 
-def _bills(source: str, start: float, end: float) -> str:
+def _bills(source: str, start: float, end: float, engine_tokens: bool = True) -> str:
     """One row per bill ended inside [start, end), each record counted once (however often it arrived):
 
     - an API server's record, with the sums of COST_FIELDS over the engine records (ended within
       JOIN_MARGIN_S of the window) of the engine requests it lists, and their engine_instance;
+      an aborted request's output and cached input tokens are its engine records' where those are
+      more (engine_tokens; the engine computed tokens the API server had stopped reading: see
+      docs/ledger.md, "Clients that leave a stream");
     - an engine record that no API server's record ended within JOIN_MARGIN_S lists: its engine has no
       instrumented frontend (frontend_billed false), or the API server's record never arrived (`orphan`);
       never a P/D prefill leg's (billed by its decode node; its compute stays in the engine's busy time).
@@ -190,14 +195,16 @@ def _bills(source: str, start: float, end: float) -> str:
     or its key when it lists none), then by the bill's key. `costed`: the bill has engine figures."""
     eid = "arrayJoin(if(is_api, if(empty(engine_ids), [key], engine_ids), [if(engine_id = '', key, engine_id)]))"
     rows = (
-        f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external FROM ({source}) "
+        f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external"
+        f"{''.join(f', {c} AS raw_{c}' for c in _ENGINE_TOKENS)} FROM ({source}) "
         f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
         f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}"
     )
     own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
     figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
-    # (raw_external: the column under another name, as `own` redefines external_cached_input)
+    # (raw_*: the columns under other names, as `own` redefines them)
     figures += ", anyIf(raw_external, NOT is_api) AS engine_external"
+    figures += "".join(f", anyIf(raw_{c}, NOT is_api) AS engine_{c}" for c in _ENGINE_TOKENS)
     per_engine_request = (
         f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
         f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
@@ -214,14 +221,25 @@ def _bills(source: str, start: float, end: float) -> str:
         [
             *(f"any({c}) AS {c}" for c in _BILL_COLUMNS),
             "sum(engine_external) AS engine_external",
+            f"sum(engine_{semconv.TOKEN_TYPE_OUTPUT}) AS engine_{semconv.TOKEN_TYPE_OUTPUT}",
+            # n > 1: the choices share the prompt, counted once (as the API server's record does)
+            f"max(engine_{semconv.TOKEN_TYPE_CACHED_INPUT}) AS engine_{semconv.TOKEN_TYPE_CACHED_INPUT}",
             *(f"sum({c}) AS {c}" for c in COST_FIELDS),
             "max(engine_instance) AS engine_instance",
             "max(costed) AS costed",
             "max(orphan) AS orphan",
         ]
     )
+    replaced = [external]
+    if engine_tokens:
+        aborted = f"outcome = {_literal(semconv.OUTCOME_ABORTED)}"
+        replaced += [f"if({aborted}, greatest({c}, engine_{c}), {c}) AS {c}" for c in _ENGINE_TOKENS]
     bills = f"SELECT {keep} FROM ({per_engine_request}) GROUP BY bill_hash"
-    return f"SELECT * EXCEPT (engine_external) REPLACE ({external}) FROM ({bills}) WHERE {_ended(start, end)}"
+    return (
+        f"SELECT * EXCEPT (engine_external, {', '.join(f'engine_{c}' for c in _ENGINE_TOKENS)}) "
+        f"REPLACE ({', '.join(replaced)}) "
+        f"FROM ({bills}) WHERE {_ended(start, end)}"
+    )
 
 
 def _dimension(name: str) -> str:
@@ -248,11 +266,14 @@ def usage_sql(source: str, start: float, end: float, by: list[str]) -> str:
 
 def reconcile_sql(source: str, start: float, end: float, by: list[str]) -> str:
     """Token sums per `by` key, plus the prompt tokens vLLM's counter adds for n > 1 (it counts the
-    prompt once per choice; usage and the ledger count it once)."""
+    prompt once per choice; usage and the ledger count it once). The API server's own token counts:
+    vLLM's counters, like its record, miss what the engine computed after the API server dropped an
+    aborted request."""
     dims = ", ".join(f"{_dimension(d)} AS d{i}" for i, d in enumerate(by))
     sums = ", ".join(f"sum({t}) AS {t}" for t in TOKEN_TYPES)
     groups = ", ".join(f"d{i}" for i in range(len(by)))
-    per_request = f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi FROM ({_bills(source, start, end)})"
+    bills = _bills(source, start, end, engine_tokens=False)
+    per_request = f"SELECT *, input * (greatest(n, 1) - 1) AS extra, n > 1 AS multi FROM ({bills})"
     return (
         f"SELECT {dims}, {sums}, sum(extra) AS extra_choice_prompts, sum(multi) AS multi_choice_requests, "
         f"count() AS requests FROM ({per_request}) GROUP BY {groups} ORDER BY {groups}"

@@ -234,6 +234,57 @@ def test_engine_records_leave_the_token_report_as_it_was(tmp_path):
         assert run_report(before, *argv) == run_report(after, *argv)
 
 
+def test_an_aborted_request_is_billed_what_its_engine_computed(tmp_path):
+    """The engine computes tokens the API server never reads once the client left (its outputs in flight
+    when vLLM dropped the request): an aborted bill takes the engine records' output and cached input
+    where they are more. A finished one keeps its own (a stop string: the client's usage said so), as
+    does an aborted one whose engine records are missing. reconcile compares the API server's own
+    counts, as vLLM's counters count what the API server read."""
+
+    def aborted(record):
+        return {**record, semconv.REQUEST_OUTCOME: semconv.OUTCOME_ABORTED}
+
+    def hits(record, cached):
+        return {**record, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached}
+
+    pair = ("0_cmpl-p-2", "1_cmpl-p-2")
+    records = [
+        # left mid-stream: 374 tokens read, 375 computed
+        aborted(api("cmpl-s-1", "left", T0 + 10, 100, 374, engine_ids=["cmpl-s-1"])),
+        aborted(engine("cmpl-s-1", T0 + 10.1, 1, 0.1, 10, inp=100, out=375)),
+        # n = 2, left before the first output arrived: nothing read, its hits unknown to the API server
+        aborted(api("cmpl-p-2", "early", T0 + 20, 64, 0, engine_ids=pair, n=2)),
+        aborted(hits(engine(pair[0], T0 + 20.1, 1, 0.5, 10, inp=64, out=2), 32)),
+        aborted(hits(engine(pair[1], T0 + 20.1, 1, 0.5, 10, inp=64, out=1), 32)),
+        # a stop string: the client got usage for 5; the engine ran 2 more until the abort reached it
+        api("cmpl-f-3", "stopped", T0 + 30, 10, 5, engine_ids=["cmpl-f-3"]),
+        aborted(engine("cmpl-f-3", T0 + 30.1, 1, 0.1, 10, inp=10, out=7)),
+        # aborted, its engine record not (yet) in the ledger
+        aborted(api("cmpl-m-4", "missing", T0 + 40, 10, 3, engine_ids=["cmpl-m-4"])),
+        *windows(A, 4),
+    ]
+    expected = {
+        ("left",): ({"input": 100, "cached_input": 0, "output": 375}, 1, S, S // 10, 10 * S, 0),
+        ("early",): ({"input": 64, "cached_input": 32, "output": 3}, 1, 2 * S, S, 20 * S, 0),
+        ("stopped",): ({"input": 10, "cached_input": 0, "output": 5}, 1, S, S // 10, 10 * S, 0),
+        ("missing",): ({"input": 10, "cached_input": 0, "output": 3}, 1, 0, 0, 0, 0),
+    }
+    spool = write_spool(tmp_path / "spool", records)
+    for open_source in (lambda: ledger.open_ledger(spool), lambda: otel_logs_ledger(tmp_path, records)):
+        source = open_source()  # (one chDB session at a time)
+        assert usage(source) == expected
+        read = source.reconcile_totals(*WINDOW, ["model"])[("tiny",)]
+        assert (read["input"], read["cached_input"], read["output"]) == (184, 0, 382)
+    code, out, err = run_report(spool, "--by", "tenant", "--format", "json")
+    assert code == 0, err
+    assert {r["tenant"]: r["tokens"]["output"] for r in json.loads(out)["rows"]} == {
+        "early": 3,
+        "left": 375,
+        "missing": 3,
+        "stopped": 5,
+    }
+
+
 def test_the_otel_logs_table_gives_the_same_bills(spool, tmp_path):
     table = otel_logs_ledger(tmp_path, RECORDS + DUPLICATES)
     assert usage(table) == EXPECTED_BILLS
