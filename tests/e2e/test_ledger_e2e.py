@@ -153,9 +153,27 @@ def records(traffic, spool):
     return ledger.read_spool(str(spool))
 
 
+def engine_record(spool, trace_id, timeout=30.0) -> dict:
+    """The engine core's record of the one engine request of a trace."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [
+            r
+            for r in ledger.read_spool(str(spool), kinds=(semconv.USAGE_KIND_ENGINE,))
+            if r.get(semconv.USAGE_TRACE_ID) == trace_id
+        ]
+        if rows:
+            (row,) = rows
+            return row
+        assert time.monotonic() < deadline, f"no engine record for trace {trace_id}"
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
-def expected(traffic, receiver):
-    """Per tenant: usage the responses carried, or the engine span's figures where the client saw none."""
+def expected(traffic, receiver, spool):
+    """Per tenant: usage the responses carried, or the engine span's figures where the client saw none;
+    for a stream the engine aborted, what its engine computed (the span's figures are what the API
+    server read of it: no more than that)."""
     totals = Counter()
     for trace_id, call in traffic.calls.items():
         usage = call.usage
@@ -166,6 +184,15 @@ def expected(traffic, receiver):
                 semconv.TOKEN_TYPE_CACHED_INPUT: attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS],
                 semconv.TOKEN_TYPE_OUTPUT: attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS],
             }
+        if traffic.engine_aborted.get(trace_id):
+            row = engine_record(spool, trace_id)
+            assert row[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage[semconv.TOKEN_TYPE_INPUT]
+            for token_type, field in (
+                (semconv.TOKEN_TYPE_CACHED_INPUT, semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+                (semconv.TOKEN_TYPE_OUTPUT, semconv.GEN_AI_USAGE_OUTPUT_TOKENS),
+            ):
+                assert usage[token_type] <= row[field]
+                usage[token_type] = row[field]
         for token_type in TYPES:
             totals[(call.tenant, token_type)] += usage[token_type]
     return totals
