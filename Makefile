@@ -42,8 +42,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two workers (CI has 2 cores), each taking whole files, so that a module's server fixture starts once
+TEST_WORKERS ?= 2
 test: install model prometheus lint check
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile tests
 
 unit: install
 	$(PY) -m pytest -q -m "not e2e" tests
