@@ -605,14 +605,14 @@ def record_engine_traffic(n_requests: int, max_tokens: int):
     return added, batches, tokenizer, n_outputs
 
 
-def configure_sdk(endpoint: str):
+def configure_sdk(endpoint: str, metric_interval_ms: int = 1000):
     """The SDK as `opentelemetry-instrument` sets it up: OTEL_* environment, our configurator.
     Returns the global tracer and meter providers."""
     from opentelemetry import metrics, trace
 
     from otel_llm.sdk.distro import OtelLLMConfigurator
 
-    os.environ.update(otlp_env(endpoint, service_name="bench"))
+    os.environ.update(otlp_env(endpoint, service_name="bench", metric_interval_ms=metric_interval_ms))
     # a queue that never drops (here and in the export process): a dropped span is one not paid for
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = "1000000"
     os.environ["OTEL_BLRP_MAX_QUEUE_SIZE"] = "1000000"
@@ -1052,6 +1052,9 @@ API_FLOORS = (API_FLOOR, API_FLOOR_UNSENT)
 API_WARM = 20  # requests before each measured run (first requests of a fresh app and instrumentation)
 API_COUNTED = 100  # --opcodes: requests per variant and mode whose bytecodes are counted
 API_TOP_FUNCTIONS = 15  # --opcodes: the default setup's functions of ours printed
+# The SDK's default OTEL_METRIC_EXPORT_INTERVAL. A metric export costs per interval, not per request: timed
+# apart from the requests (the API server's own points, which bare and native tracing do not have)
+API_METRIC_INTERVAL_MS = 60_000
 
 
 def part_api(
@@ -1077,7 +1080,8 @@ def part_api(
     =True), its span through the SDK in this process); plain FastAPI auto-instrumentation (its
     defaults, SDK in this process); a second bare app (A/A). CPU of this process per request
     (time.process_time, every thread: the SDK's span processor and metric reader included, the
-    providers flushed at the end of each run), rounds alternated; for the default setups also the
+    tracer provider flushed at the end of each run; the metric export, once per OTEL_METRIC_EXPORT_INTERVAL
+    whatever the request rate, timed apart), rounds alternated; for the default setups also the
     export process's CPU per request (another process). breakdown: also the default setup's CPU per
     piece of the request path (benchmarks/breakdown.py; its timers add about 0.3 us per piece call to
     that variant's figures). layers: also the default setup with one layer after another taken off
@@ -1129,7 +1133,7 @@ def part_api(
         "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
     ):
         os.environ.pop(name, None)
-    tracer_provider, meter_provider = configure_sdk(endpoint)
+    tracer_provider, meter_provider = configure_sdk(endpoint, metric_interval_ms=API_METRIC_INTERVAL_MS)
     instrumentor = VLLMInstrumentor()
     spool_root = Path(tempfile.mkdtemp(prefix="bench-api-spool-", dir=ROOT / ".cache"))
 
@@ -1310,15 +1314,17 @@ def part_api(
                     if channel is not None:
                         wait_for_backlog(channel, 0.25)
             tracer_provider.force_flush()
-            meter_provider.force_flush()
             cost = (time.process_time() - started) / requests
             if counted:
                 pieces.bucket = None
+            flushed = time.process_time()
+            meter_provider.force_flush()
+            metric_export = time.process_time() - flushed
         child_cost = None
         if channel is not None:
             wait_for_backlog(channel, 0.0)
             child_cost = (quiet_cpu_seconds(child) - child0) / requests
-        return cost, child_cost
+        return cost, child_cost, metric_export
 
     async def count_load(app, stream: bool, channel) -> dict:
         """Bytecodes per request of API_COUNTED requests after API_WARM, on this (the serving) thread."""
@@ -1356,6 +1362,7 @@ def part_api(
     per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
     samples: dict = {}
     child_samples: dict = {}
+    metric_exports: dict = {}  # variant -> this process's CPU of one metric collection and export, per run
     # sent, dropped (all runs, warm-ups too)
     channel_counts = {v: [0, 0] for v in (API_DEFAULT, API_NO_HTTP, *(API_LAYERS if layers else ()))}
     started_wall = time.perf_counter()
@@ -1369,12 +1376,15 @@ def part_api(
                     if child is not None:
                         quiet_cpu_seconds(child, min_threads=2)  # its start-up
                     for stream in (False, True) if r % 2 == 0 else (True, False):
-                        cost, child_cost = asyncio.run(load(app, stream, channel, child, f"{variant}, round {r}"))
+                        cost, child_cost, metric_export = asyncio.run(
+                            load(app, stream, channel, child, f"{variant}, round {r}")
+                        )
                         if channel is not None and (channel.process is None or channel.process.pid != child):
                             problems.append(f"{variant}, round {r}: the export process was restarted")
                             child_cost = None
                         if r >= 0:
                             samples.setdefault((variant, stream), []).append(cost)
+                            metric_exports.setdefault(variant, []).append(metric_export)
                             if child_cost is not None:
                                 child_samples.setdefault((variant, stream), []).append(child_cost)
                     if channel is not None:
@@ -1448,6 +1458,14 @@ def part_api(
     print(
         f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
         f"process, from /proc once it drained)"
+    )
+    exports = ", ".join(
+        f"{variant} {statistics.median(metric_exports[variant]) * 1e3:.2f} ms"
+        for variant in (API_BARE, API_DEFAULT, API_NATIVE)
+    )
+    print(
+        f"  not per request: one collection and OTLP export of this process's metrics (median of the runs' ends; "
+        f"every {API_METRIC_INTERVAL_MS / 1e3:g} s, the SDK's default OTEL_METRIC_EXPORT_INTERVAL): {exports}"
     )
     if pieces is not None:
         print(f"\nThe default setup, per piece of the request path ({rounds} rounds of {requests} requests):")
