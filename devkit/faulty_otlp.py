@@ -7,12 +7,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from http.server import ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from devkit.devserver import free_port
-from devkit.otlp_receiver import QuietHandler
+from devkit.otlp_receiver import QuietHandler, QuietServer
 
 
 class BlackHole:
@@ -69,8 +68,7 @@ class FaultyOTLP:
                     )
                 self.answer_ok()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = QuietServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 

@@ -10,6 +10,7 @@ use otelcol-contrib for that.
 from __future__ import annotations
 
 import gzip
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,18 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that says nothing when a client leaves mid-request (an exporter timing
+    out on a slow endpoint, a server killed while it exported); any other error is printed as usual."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class Receiver:
     """OTLP over HTTP (`endpoint`) and, optionally, gRPC (`grpc_endpoint`)."""
 
@@ -135,8 +148,7 @@ class Receiver:
                     receiver._logs(body)
                 self.answer_ok()
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = QuietServer((host, port), Handler)
         self.port = self._server.server_address[1]
         self.endpoint = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
