@@ -119,8 +119,19 @@ JOIN_MARGIN_S = 3600
 _API = f"kind IN ('', {_literal(semconv.USAGE_KIND_REQUEST)})"
 _ENGINE = f"kind = {_literal(semconv.USAGE_KIND_ENGINE)}"
 _WINDOW = f"kind = {_literal(semconv.USAGE_KIND_ENGINE_WINDOW)}"
-# the token counts an aborted request's engine records may add to its API server's record
-_ENGINE_TOKENS = (semconv.TOKEN_TYPE_OUTPUT, semconv.TOKEN_TYPE_CACHED_INPUT)
+_ABORTED = f"outcome = {_literal(semconv.OUTCOME_ABORTED)}"
+# The figures a bill takes from its engine records where they are more than its API server's record says:
+# column -> (how its engine requests' figures add up, when the bill takes them)
+_FROM_ENGINE = {
+    # the connector's part of the hit, which the API server's record misses when it came after the final
+    # output; but a P/D decode leg's is the prefill node's hits, as its frontend says
+    _EXTERNAL: ("sum", f"pd_role != {_literal(semconv.PD_ROLE_DECODE)}"),
+    # an aborted request: what its engine computed after the API server stopped reading (docs/ledger.md,
+    # "Clients that leave a stream")
+    semconv.TOKEN_TYPE_OUTPUT: ("sum", _ABORTED),
+    # (n > 1: the choices share the prompt, counted once, as the API server's record does)
+    semconv.TOKEN_TYPE_CACHED_INPUT: ("max", _ABORTED),
+}
 
 
 # --- sources: a subquery with the normalized COLUMNS -----------------------------------------------
@@ -195,49 +206,39 @@ def _bills(source: str, start: float, end: float, engine_tokens: bool = True) ->
     or its key when it lists none), then by the bill's key. `costed`: the bill has engine figures."""
     eid = "arrayJoin(if(is_api, if(empty(engine_ids), [key], engine_ids), [if(engine_id = '', key, engine_id)]))"
     rows = (
-        f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid, {_EXTERNAL} AS raw_external"
-        f"{''.join(f', {c} AS raw_{c}' for c in _ENGINE_TOKENS)} FROM ({source}) "
+        f"SELECT *, {_API} AS is_api, sipHash128({eid}) AS eid{''.join(f', {c} AS raw_{c}' for c in _FROM_ENGINE)} "
+        f"FROM ({source}) "
         f"WHERE ({_API} OR ({_ENGINE} AND pd_role != {_literal(semconv.PD_ROLE_PREFILL)})) AND key != '' "
         f"AND {_ended(start - JOIN_MARGIN_S, end + JOIN_MARGIN_S)}"
     )
     own = ", ".join(f"if(max(is_api), anyIf({c}, is_api), anyIf({c}, NOT is_api)) AS {c}" for c in _BILL_COLUMNS)
     figures = ", ".join(f"anyIf({c}, NOT is_api) AS {c}" for c in (*COST_FIELDS, "engine_instance"))
     # (raw_*: the columns under other names, as `own` redefines them)
-    figures += ", anyIf(raw_external, NOT is_api) AS engine_external"
-    figures += "".join(f", anyIf(raw_{c}, NOT is_api) AS engine_{c}" for c in _ENGINE_TOKENS)
+    figures += "".join(f", anyIf(raw_{c}, NOT is_api) AS engine_{c}" for c in _FROM_ENGINE)
     per_engine_request = (
         f"SELECT {own}, {figures}, min(is_api) = 0 AS costed, "
         f"max(is_api) = 0 AND anyIf(frontend_billed, NOT is_api) = 1 AS orphan "
         f"FROM ({rows}) GROUP BY eid"
     )
     per_engine_request = f"SELECT *, sipHash128(key) AS bill_hash FROM ({per_engine_request})"
-    # the connector's part of the hit: the engine's figure where the API server's record missed it (it
-    # came after the final output), but a P/D decode leg's is the prefill node's hits, as its frontend says
-    external = (
-        f"if(pd_role = {_literal(semconv.PD_ROLE_DECODE)}, {_EXTERNAL}, "
-        f"greatest({_EXTERNAL}, engine_external)) AS {_EXTERNAL}"
-    )
     keep = ", ".join(
         [
             *(f"any({c}) AS {c}" for c in _BILL_COLUMNS),
-            "sum(engine_external) AS engine_external",
-            f"sum(engine_{semconv.TOKEN_TYPE_OUTPUT}) AS engine_{semconv.TOKEN_TYPE_OUTPUT}",
-            # n > 1: the choices share the prompt, counted once (as the API server's record does)
-            f"max(engine_{semconv.TOKEN_TYPE_CACHED_INPUT}) AS engine_{semconv.TOKEN_TYPE_CACHED_INPUT}",
+            *(f"{add_up}(engine_{c}) AS engine_{c}" for c, (add_up, _) in _FROM_ENGINE.items()),
             *(f"sum({c}) AS {c}" for c in COST_FIELDS),
             "max(engine_instance) AS engine_instance",
             "max(costed) AS costed",
             "max(orphan) AS orphan",
         ]
     )
-    replaced = [external]
-    if engine_tokens:
-        aborted = f"outcome = {_literal(semconv.OUTCOME_ABORTED)}"
-        replaced += [f"if({aborted}, greatest({c}, engine_{c}), {c}) AS {c}" for c in _ENGINE_TOKENS]
+    taken = ", ".join(
+        f"if({when}, greatest({c}, engine_{c}), {c}) AS {c}"
+        for c, (_, when) in _FROM_ENGINE.items()
+        if engine_tokens or when != _ABORTED
+    )
     bills = f"SELECT {keep} FROM ({per_engine_request}) GROUP BY bill_hash"
     return (
-        f"SELECT * EXCEPT (engine_external, {', '.join(f'engine_{c}' for c in _ENGINE_TOKENS)}) "
-        f"REPLACE ({', '.join(replaced)}) "
+        f"SELECT * EXCEPT ({', '.join(f'engine_{c}' for c in _FROM_ENGINE)}) REPLACE ({taken}) "
         f"FROM ({bills}) WHERE {_ended(start, end)}"
     )
 
