@@ -203,7 +203,10 @@ def traffic(vllm, prometheus):
                 range(24),
             )
         )
-    while time.monotonic() - started < 30:  # keep a trickle going for ~30 s, on both model names
+    # keep a trickle going, on both model names, until ~30 s after the start, and for 10 s at least (a busy
+    # machine may take 30 s before it: the unpriced name and the speculator's panels need the trickle)
+    trickle_until = max(started + 30, time.monotonic() + 10)
+    while time.monotonic() < trickle_until:
         chat("alpha", "search", "trickle", max_tokens=4)
         chat("gamma", "chatbot", "unpriced trickle", max_tokens=5, model=UNPRICED_MODEL)
         # a prompt that repeats itself, greedy: the n-gram speculator proposes drafts (17 of 40 tokens)
