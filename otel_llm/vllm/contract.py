@@ -577,8 +577,10 @@ def read_request_metadata(raw_request):
 
 
 def is_stream(result) -> bool:
-    """A handler answered with a stream (an async generator of SSE chunks)."""
-    return hasattr(result, "__anext__")
+    """A handler answered with a stream (an async generator of SSE chunks). Asked of its type, where the
+    async iterator protocol looks: a pydantic response's own `__getattr__` raises and catches an
+    AttributeError for a name it lacks, per request."""
+    return hasattr(type(result), "__anext__")
 
 
 def generation_response(result):

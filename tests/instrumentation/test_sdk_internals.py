@@ -335,6 +335,26 @@ def test_children_follow_sampled_parent():
     assert internals.children_follow_sampled_parent(ALWAYS_ON) is False
 
 
+def test_default_propagation():
+    """The API's default propagator (as OTEL_PROPAGATORS unset makes it) is recognised, and extracts an
+    empty Context from headers without traceparent or baggage; any other composition is not."""
+    from opentelemetry import propagate
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.context import Context
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    default = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+    assert internals.default_propagation(default) is True
+    assert default.extract({"x-tenant-id": "t"}) == Context()
+    assert internals.default_propagation(CompositePropagator([TraceContextTextMapPropagator()])) is False
+    reversed_order = CompositePropagator([W3CBaggagePropagator(), TraceContextTextMapPropagator()])
+    assert internals.default_propagation(reversed_order) is False
+    assert internals.default_propagation(TraceContextTextMapPropagator()) is False
+    # (this test process: no OTEL_PROPAGATORS)
+    assert internals.default_propagation(propagate.get_global_textmap()) is True
+
+
 def test_sdk_record_exception():
     class Events:
         def __init__(self):

@@ -1174,6 +1174,89 @@ def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_ma
     assert current_baggage == {"tenant.id": "acme"}
 
 
+@pytest.mark.parametrize(
+    "headers, parent, expected_baggage",
+    [
+        ({"x-tenant-id": "acme"}, None, {}),  # neither header: the default propagator is not asked
+        ({"baggage": "tenant.id=acme"}, None, {"tenant.id": "acme"}),
+        ({"traceparent": f"00-{REMOTE_PARENT.trace_id:032x}-{REMOTE_PARENT.span_id:016x}-01"}, REMOTE_PARENT, {}),
+    ],
+)
+def test_the_replayed_span_takes_its_parent_as_the_default_propagator_extracts_it(headers, parent, expected_baggage):
+    """Without a traceparent or baggage header the replayed path makes the HTTP span a root span in an
+    empty context without asking the API's default propagator (which extracts exactly that); with
+    either header it asks it."""
+    from opentelemetry import baggage
+    from opentelemetry.sdk.metrics import MeterProvider
+    from starlette.testclient import TestClient
+
+    from otel_llm.config import Settings
+
+    seen = []
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        seen.append((trace.get_current_span(), baggage.get_all()))
+        return {}
+
+    export_http.instrument_app(
+        app,
+        Settings(),
+        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), lambda span: None),
+        offload_metrics=True,
+        meter_provider=MeterProvider(),
+    )
+    with TestClient(app) as client:
+        client.get("/v1/models", headers=headers)
+    ((span, current_baggage),) = seen
+    assert isinstance(span, deferred.DeferredSpan) and span._kind == SpanKind.SERVER
+    if parent is None:
+        assert span._parent is None
+    else:
+        assert (span._parent.trace_id, span._parent.span_id, span._parent.is_remote) == (
+            parent.trace_id,
+            parent.span_id,
+            True,
+        )
+    assert current_baggage == expected_baggage
+
+
+def test_the_replayed_request_kind_is_the_maintained_exclusion_route_and_counter_attributes():
+    """LeanMiddleware keeps, per request kind, whether it is excluded, its span name and route attributes
+    (FastAPI's, from the app's routes) and the active-requests counter's attributes: for requests that
+    differ in path, method, Host, scheme and server, each equals what the maintained functions answer."""
+    from opentelemetry.instrumentation import asgi
+    from opentelemetry.util.http import parse_excluded_urls
+
+    from otel_llm.vllm.export.http import _EXCLUDED, _header_getter
+
+    app = FastAPI()
+    app.add_api_route("/v1/chat/completions", lambda: {}, methods=["POST"])
+    app.add_api_route("/v1/models", lambda: {}, methods=["GET"])
+    lean = _lean()
+    lean.excluded_urls = parse_excluded_urls("/health")
+    scopes = [
+        _scope(),
+        _scope(path="/health"),
+        _scope(method="GET", path="/v1/models"),
+        _scope(path="/v1/unknown"),
+        _scope(host=b"other:8000"),
+        _scope(scheme="https", server=("10.0.0.2", 8001)),
+        _scope(agent=b"curl/8", query=b"a=1"),  # (the same kind as the first)
+    ]
+    for scope in scopes * 2:
+        scope = {**scope, "app": app}
+        found = lean._request_kind(scope, _header_getter.index(scope["headers"]))
+        if lean.excluded_urls.url_disabled(asgi.get_host_port_url_tuple(scope)[2]):
+            assert found is _EXCLUDED
+            continue
+        mode = lean._sem_conv_opt_in_mode
+        active = asgi._parse_active_request_count_attrs(asgi.collect_request_attributes(scope, mode), mode)
+        assert found == (lean.default_span_details(scope), tuple(active.items()))
+    assert len(lean.request_cache) == 6
+
+
 def test_recording_an_escaping_exception_never_raises_one_of_ours():
     """ReplayingMiddleware records an exception that leaves the app on the HTTP span as the maintained
     `use_span` does (an event, status ERROR with str(exc)); when that text cannot be made, the failure

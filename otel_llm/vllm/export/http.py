@@ -42,6 +42,7 @@ from otel_llm.vllm import http
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
 from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
 from otel_llm.vllm.http import (
+    CACHEABLE_ROUTES,
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
     _ending_send,
@@ -95,6 +96,7 @@ class ReplayingMiddleware(LeanMiddleware):
     redacts = False  # (with `replayed`) the replay runs the query-redaction hook
     active_cache: dict
     exclusion_cache: dict
+    request_cache: dict
     server_errors = None  # the ServerErrorMiddleware FastAPIInstrumentor puts inside the maintained middleware
 
     async def replayed_call(self, scope, receive, send) -> bool:
@@ -138,26 +140,73 @@ class ReplayingMiddleware(LeanMiddleware):
     def _begin(self, scope):
         """What the maintained middleware does before the app, less what the export process does
         again (`HttpReplay`): the exclusion, the route, the span (its ids, parent and sampling)
-        made current, the active-requests count. None on a failure of ours."""
+        made current, the active-requests count. None where the maintained `__call__` serves the
+        request (inside another span, instrumentation suppressed, a response propagator set) or on a
+        failure of ours."""
         try:
-            if self.excluded_urls and self._excluded(scope):
+            current = context_api.get_current()
+            if current and (
+                trace.get_current_span(current) is not trace.INVALID_SPAN
+                or not _replay_parts.is_http_instrumentation_enabled()
+            ):
+                return None
+            if get_global_response_propagator() is not None:
+                return None
+            headers = scope.get("headers")
+            index = _header_getter.index(headers) if headers else _NO_HEADERS
+            known = self._request_kind(scope, index)
+            if known is _EXCLUDED:
                 return _EXCLUDED
-            details = self.default_span_details(scope)
-            active = self._active_attributes(scope)
-            # the maintained `_start_internal_or_server_span` with no span current (HeldUntilRecorded
-            # checked): the parent context from the headers, a SERVER span in it, both made current at
-            # once (the maintained middleware attaches the extracted context, then the span in `use_span`)
-            parent = propagate.extract(scope, getter=_header_getter)
+            details, active = known
+            # the maintained `_start_internal_or_server_span` with no span current: the parent context from
+            # the headers, a SERVER span in it, both made current at once (the maintained middleware
+            # attaches the extracted context, then the span in `use_span`). The API's default propagator
+            # extracts an empty Context where neither of its headers came (most requests): not asked then.
+            if (
+                _default_propagation(propagate.get_global_textmap())
+                and b"traceparent" not in index
+                and b"baggage" not in index
+            ):
+                parent = context_api.Context()
+            else:
+                parent = propagate.extract(scope, getter=_header_getter)
             span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER)
             if not isinstance(span, DeferredSpan):  # (ours failed: a span that records nothing)
                 return None
             token = context_api.attach(trace.set_span_in_context(span, parent))
             span.outbox.held = True  # its message waits for what the export process needs after it ends
-            self.active_requests_counter.add(1, active)
+            self.active_requests_counter.add_key(active, 1)
             return span, token, active, details
         except Exception:  # noqa: BLE001
             failed("LeanMiddleware._begin")
             return None
+
+    def _request_kind(self, scope, index: dict):
+        """_EXCLUDED, or (span name and route attributes, the active-requests counter's attribute key) of
+        an HTTP request: kept per method, scheme, HTTP version, server, Host headers, root path, path and
+        the app's routes, which are all the maintained middleware's exclusion, span details and counter
+        attributes read (the span details only while the routes are host-independent)."""
+        routes = scope["app"].routes
+        key = (
+            scope.get("method"),
+            scope.get("scheme"),
+            scope.get("http_version"),
+            tuple(scope.get("server") or ()),
+            tuple(index.get(b"host", ())),
+            scope.get("root_path", ""),
+            scope.get("path"),
+            id(routes),
+            len(routes),
+        )
+        found = self.request_cache.get(key)
+        if found is None:
+            if self.excluded_urls and self._excluded(scope):
+                found = _EXCLUDED
+            else:
+                found = self.default_span_details(scope), tuple(self._active_attributes(scope).items())
+            if len(self.request_cache) < ROUTE_CACHE_SIZE and all(isinstance(r, CACHEABLE_ROUTES) for r in routes):
+                self.request_cache[key] = found
+        return found
 
     def _excluded(self, scope) -> bool:
         """The maintained exclusion (its URL matched against OTEL_PYTHON_FASTAPI_EXCLUDED_URLS), kept per
@@ -200,7 +249,7 @@ class ReplayingMiddleware(LeanMiddleware):
         """After the app (as the maintained middleware's `finally`): the count, the context, and the
         request's message with what the export process replays."""
         try:
-            self.active_requests_counter.add(-1, active)
+            self.active_requests_counter.add_key(active, -1)
             if token:
                 context_api.detach(token)
             span.outbox.http_replay = self._replay_record(span, details, scope, response, duration_s)
@@ -341,6 +390,15 @@ class _OneEach(dict):
 
 _header_getter = _HeaderGetter()
 _EXCLUDED = object()
+_NO_HEADERS: dict = {}
+
+
+@functools.lru_cache(maxsize=4)
+def _default_propagation(propagator) -> bool:
+    """internals.default_propagation, per global propagator (set once, at start-up)."""
+    return internals.default_propagation(propagator)
+
+
 # the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
 _SCOPE_KEYS = (
     "type",
@@ -369,6 +427,7 @@ def take_over(middleware: OpenTelemetryMiddleware, offload_metrics: bool):
     lean = lean_middleware(middleware, ReplayingMiddleware)
     lean.active_cache = {}
     lean.exclusion_cache = {}
+    lean.request_cache = {}
     lean.meter_scope = (scope.name, scope.version, scope.schema_url)
     for name in HTTP_HISTOGRAMS:
         if getattr(lean, name) is not None:
@@ -464,6 +523,13 @@ class ActiveRequests:
         except Exception:  # noqa: BLE001
             failed("ActiveRequests.add")
 
+    def add_key(self, key: tuple, amount: int) -> None:
+        """add() with the attributes as their items' tuple (the replayed path keeps them so)."""
+        counts = self._counts
+        if key not in counts and len(counts) >= ACTIVE_REQUESTS_LIMIT:
+            key = _OVERFLOW
+        counts[key] = counts.get(key, 0) + amount
+
     @entry("ActiveRequests.observe", fallback=())
     def observe(self, options=None):
         return [self._observation(count, dict(key)) for key, count in list(self._counts.items())]
@@ -493,13 +559,7 @@ class HeldUntilRecorded:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if (
-            self.app.replayed
-            and trace.get_current_span() is trace.INVALID_SPAN
-            and _replay_parts.is_http_instrumentation_enabled()
-            and get_global_response_propagator() is None
-            and await self.app.replayed_call(scope, receive, send)
-        ):
+        if self.app.replayed and await self.app.replayed_call(scope, receive, send):
             return
         held: list = []
         token = _held.set(held)
