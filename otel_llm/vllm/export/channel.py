@@ -75,6 +75,9 @@ def plan(settings, tracer_provider, explicit_providers: bool) -> dict[str, Any] 
     }
 
 
+_WHOLE_HEADER = bytes((WHOLE,))
+
+
 class ExportChannel:
     """The socket to this process's export process, which it starts, supervises and restarts."""
 
@@ -173,14 +176,17 @@ class ExportChannel:
         return self.send((PROGRESS, increments))
 
     def _send_frames(self, data: bytes) -> None:
+        """One packet per frame, its header byte and its part of `data` gathered by the kernel (no copy
+        of the message made here to put the byte in front)."""
         frame, sock = self._frame, self._sock
         if len(data) < frame:
-            sock.send(bytes((WHOLE,)) + data)
+            sock.sendmsg((_WHOLE_HEADER, data))
             return
+        view = memoryview(data)
         parts = range(0, len(data), frame - 1)
         for i in parts:
             flags = (FIRST if i == 0 else 0) | (LAST if i + frame - 1 >= len(data) else 0)
-            sock.send(bytes((flags,)) + data[i : i + frame - 1])
+            sock.sendmsg((bytes((flags,)), view[i : i + frame - 1]))
 
     def _drop(self, reason: str) -> bool:
         self.dropped += 1
