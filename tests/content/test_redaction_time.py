@@ -4,8 +4,8 @@ run of its alphabet, near misses repeated; digits and blanks, a.a.a...@, ...) at
 time per KB at 64 KB is within LINEAR of the time per KB at 8 KB, and within TYPICAL of a typical
 prompt per KB (prose with numbers, a few e-mails, phones and a card, a pasted config with keys in
 it), measured in the same run (the minimum of interleaved repetitions of the thread's CPU time, so
-that a busy machine does not fail it). Prose with nothing to redact is the fastest text of all (the search skips it in one
-DFA pass), so it is a floor, not the typical case.
+that a busy machine does not fail it). Prose with nothing to redact is the fastest text of all (the
+search skips it in one DFA pass), so it is a floor, not the typical case.
 
 The old rule set (before the secret rule table: one Python `re` alternation) fails: `a.a.a...@` took
 9.1 ms per KB at 8 KB and 97 ms per KB at 64 KB (300x a typical prompt with those rules),
