@@ -1124,14 +1124,11 @@ def test_the_header_getter_answers_as_the_asgi_getter():
             assert _header_getter.get(scope, key) == asgi_getter.get(scope, key), (scope, key)
 
 
-def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_makes_it():
-    """ReplayingMiddleware makes the HTTP span current as the maintained middleware does
-    (`_start_internal_or_server_span`, then `use_span`), in one attach: inside the app the span is the
-    current one, a SERVER child of the client's traceparent, and the client's baggage is current with
-    it; after the request the context is the one before it."""
-    from opentelemetry import baggage, context
+def _models_app(hand_over):
+    """An app whose GET /v1/models records (the current span, the current baggage) in `seen`, its HTTP
+    span on the replayed path (spans handed to `hand_over`): (app, seen)."""
+    from opentelemetry import baggage
     from opentelemetry.sdk.metrics import MeterProvider
-    from starlette.testclient import TestClient
 
     from otel_llm.config import Settings
 
@@ -1143,14 +1140,26 @@ def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_ma
         seen.append((trace.get_current_span(), baggage.get_all()))
         return {}
 
-    ended = []
     export_http.instrument_app(
         app,
         Settings(),
-        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), ended.append),
+        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), hand_over),
         offload_metrics=True,
         meter_provider=MeterProvider(),
     )
+    return app, seen
+
+
+def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_makes_it():
+    """ReplayingMiddleware makes the HTTP span current as the maintained middleware does
+    (`_start_internal_or_server_span`, then `use_span`), in one attach: inside the app the span is the
+    current one, a SERVER child of the client's traceparent, and the client's baggage is current with
+    it; after the request the context is the one before it."""
+    from opentelemetry import context
+    from starlette.testclient import TestClient
+
+    ended = []
+    app, seen = _models_app(ended.append)
     before = context.get_current()
     with TestClient(app) as client:
         client.get(
@@ -1186,27 +1195,9 @@ def test_the_replayed_span_takes_its_parent_as_the_default_propagator_extracts_i
     """Without a traceparent or baggage header the replayed path makes the HTTP span a root span in an
     empty context without asking the API's default propagator (which extracts exactly that); with
     either header it asks it."""
-    from opentelemetry import baggage
-    from opentelemetry.sdk.metrics import MeterProvider
     from starlette.testclient import TestClient
 
-    from otel_llm.config import Settings
-
-    seen = []
-    app = FastAPI()
-
-    @app.get("/v1/models")
-    async def models():
-        seen.append((trace.get_current_span(), baggage.get_all()))
-        return {}
-
-    export_http.instrument_app(
-        app,
-        Settings(),
-        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), lambda span: None),
-        offload_metrics=True,
-        meter_provider=MeterProvider(),
-    )
+    app, seen = _models_app(lambda span: None)
     with TestClient(app) as client:
         client.get("/v1/models", headers=headers)
     ((span, current_baggage),) = seen
