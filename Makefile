@@ -29,21 +29,20 @@ $(MODEL_DIR)/otel-llm-tiny-model.json: $(STAMP) devkit/tiny_model.py
 	$(PY) -m devkit.tiny_model $(MODEL_DIR)
 	touch $@
 
-# Real Prometheus (and promtool) for the report and rules tests: the Debian package.
-prometheus:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+# $(call debian,PACKAGE,COMMAND...): install the Debian package unless all its commands are there
+debian = @if ! (for c in $(2); do command -v $$c >/dev/null || exit 1; done); then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(1) >/dev/null; \
 	fi
+
+# Real Prometheus (and promtool) for the report and rules tests: the Debian package.
+prometheus:
+	$(call debian,prometheus,prometheus promtool)
 
 # valgrind (callgrind) for benchmarks/cachesim.py: the Debian package.
 valgrind:
-	@if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends valgrind >/dev/null; \
-	fi
+	$(call debian,valgrind,valgrind callgrind_control)
 
 # ruff (pyproject.toml [tool.ruff]) and the generated files: part of `make test`
 lint: install

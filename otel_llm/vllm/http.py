@@ -256,7 +256,14 @@ async def serve_server_error(errors, scope, receive, send, exc: Exception, start
 
 ROUTE_CACHE_SIZE = 1024
 # the routes whose match depends on the scope's type, path, root path and method only (not a Host's headers)
-CACHEABLE_ROUTES = (Route, WebSocketRoute, Mount)
+_CACHEABLE_ROUTES = (Route, WebSocketRoute, Mount)
+
+
+def may_keep(cache: dict, routes) -> bool:
+    """Whether `cache`, whose answers hold while the app's routes are the same list, may take one more:
+    room left (ROUTE_CACHE_SIZE), and every route matched on the scope's type, path, root path and
+    method alone."""
+    return len(cache) < ROUTE_CACHE_SIZE and all(isinstance(r, _CACHEABLE_ROUTES) for r in routes)
 
 
 def lean_middleware(middleware: OpenTelemetryMiddleware, cls=None) -> LeanMiddleware:
@@ -288,7 +295,7 @@ def cached_span_details(details, cache: dict):
         found = cache.get(key)
         if found is None:
             found = details(scope)
-            if len(cache) < ROUTE_CACHE_SIZE and all(isinstance(r, CACHEABLE_ROUTES) for r in routes):
+            if may_keep(cache, routes):
                 cache[key] = found
         return found[0], dict(found[1])
 

@@ -249,7 +249,7 @@ class ExportChannel:
         finally:
             child.close()
         try:
-            parent.sendall(bytes((WHOLE,)) + marshal.dumps((CONFIG, {**self._config, "frame": self._frame})))
+            parent.sendall(_WHOLE_HEADER + marshal.dumps((CONFIG, {**self._config, "frame": self._frame})))
         except OSError:
             parent.close()
             self._started_at = time.monotonic()
@@ -274,7 +274,7 @@ class ExportChannel:
         try:
             sock.settimeout(max(0.05, timeout))
             # the export process flushes a little within the bound: time to hear its report
-            sock.send(bytes((WHOLE,)) + marshal.dumps((BYE, max(0.0, timeout - min(0.5, 0.1 * timeout)))))
+            sock.send(_WHOLE_HEADER + marshal.dumps((BYE, max(0.0, timeout - min(0.5, 0.1 * timeout)))))
             data = sock.recv(self._frame + 1)
             if data:
                 kind, report = marshal.loads(data[1:])

@@ -42,7 +42,6 @@ from otel_llm.vllm import http
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
 from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
 from otel_llm.vllm.http import (
-    CACHEABLE_ROUTES,
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
     _ending_send,
@@ -204,7 +203,7 @@ class ReplayingMiddleware(LeanMiddleware):
                 found = _EXCLUDED
             else:
                 found = self.default_span_details(scope), tuple(self._active_attributes(scope).items())
-            if len(self.request_cache) < ROUTE_CACHE_SIZE and all(isinstance(r, CACHEABLE_ROUTES) for r in routes):
+            if http.may_keep(self.request_cache, routes):
                 self.request_cache[key] = found
         return found
 
@@ -515,16 +514,13 @@ class ActiveRequests:
     @inline_entry("ActiveRequests.add")
     def add(self, amount, attributes=None, context=None) -> None:
         try:
-            key = tuple(attributes.items()) if attributes else ()
-            counts = self._counts
-            if key not in counts and len(counts) >= ACTIVE_REQUESTS_LIMIT:
-                key = _OVERFLOW
-            counts[key] = counts.get(key, 0) + amount
+            self.add_key(tuple(attributes.items()) if attributes else (), amount)
         except Exception:  # noqa: BLE001
             failed("ActiveRequests.add")
 
     def add_key(self, key: tuple, amount: int) -> None:
-        """add() with the attributes as their items' tuple (the replayed path keeps them so)."""
+        """add() with the attributes as their items' tuple (the replayed path keeps them so); over
+        ACTIVE_REQUESTS_LIMIT attribute sets, a new one counts in the overflow set."""
         counts = self._counts
         if key not in counts and len(counts) >= ACTIVE_REQUESTS_LIMIT:
             key = _OVERFLOW
