@@ -72,7 +72,7 @@ def machine_caches() -> list[str]:
     return list(options.values())
 
 
-def inner(directory: Path, variants: list[str], requests: int, warm: int, rounds: int) -> None:
+def inner(directory: Path, variants: list[str], requests: int, warm: int, rounds: int, max_tokens: int) -> None:
     """Under callgrind: part_api's loads, each run's timed requests between two dumps."""
     import server_overhead as so
     from opentelemetry import trace
@@ -112,7 +112,12 @@ def inner(directory: Path, variants: list[str], requests: int, warm: int, rounds
 
     try:
         so.part_api(
-            rounds=rounds, requests=requests, layers=bool(so.API_LAYERS), floor=bool(so.API_FLOORS), measured=measured
+            rounds=rounds,
+            requests=requests,
+            max_tokens=max_tokens,
+            layers=bool(so.API_LAYERS),
+            floor=bool(so.API_FLOORS),
+            measured=measured,
         )
     except Exception as exc:  # noqa: BLE001 - the report of a run with only some variants; the dumps are made
         print(f"(part_api's report: {type(exc).__name__}: {exc})")
@@ -128,7 +133,7 @@ def totals(path: Path) -> dict[str, int]:
     return dict(zip(events or (), values or ()))
 
 
-def report(directory: Path, requests: int) -> None:
+def report(directory: Path, requests: int, chunks: int) -> None:
     """Per request: a run's requests and the flush after them (native tracing's export of their spans,
     as --part api counts it) over `requests`."""
     runs: dict[tuple[str, bool, str], list[dict]] = {}
@@ -170,7 +175,7 @@ def report(directory: Path, requests: int) -> None:
         native = per_request.get(("vLLM native tracing", stream))
         if bare is None:
             continue
-        print(f"  {'stream (16 chunks)' if stream else 'non-stream'}: bare {bare['Ir']:,.0f} instructions")
+        print(f"  {f'stream ({chunks} chunks)' if stream else 'non-stream'}: bare {bare['Ir']:,.0f} instructions")
         for (variant, s), counts in sorted(per_request.items()):
             if s != stream or variant == "bare":
                 continue
@@ -188,6 +193,20 @@ def report(directory: Path, requests: int) -> None:
                     ratio = f" ({added / native_added:.2f}x)" if native_added > 0 else ""
                 row.append(f"{name} {added:+10,.0f}{ratio}")
             print(f"    {variant:28} " + "  ".join(row))
+    if chunks > 1:  # the stream's per-chunk slope: (stream - non-stream, each above bare) over its chunks
+        print(f"  per chunk (stream minus non-stream, each above bare, over {chunks} chunks)")
+        for (variant, s), counts in sorted(per_request.items()):
+            plain = per_request.get((variant, False))
+            if not s or variant == "bare" or plain is None:
+                continue
+            row = []
+            for name, events in (("instructions", ("Ir",)), ("L1d misses", ("D1mr", "D1mw"))):
+                added = sum(
+                    (counts[e] - per_request[("bare", True)][e]) - (plain[e] - per_request[("bare", False)][e])
+                    for e in events
+                )
+                row.append(f"{name} {added / chunks:+9,.1f}")
+            print(f"    {variant:28} " + "  ".join(row))
 
 
 def main() -> int:
@@ -195,6 +214,12 @@ def main() -> int:
     parser.add_argument("--variants", default="default,no-http,native", help=",".join(VARIANTS))
     parser.add_argument("--requests", type=int, default=40, help="timed requests per run")
     parser.add_argument("--warm", type=int, default=10, help="requests before each run's timed ones")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        help="output tokens per request: the stream's chunks (its slope per chunk)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rounds after the warm-up round (not counted)")
     parser.add_argument("--keep", action="store_true", help="keep callgrind's dumps (their directory is printed)")
     parser.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
@@ -204,7 +229,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if args.inner is not None:
-        inner(args.inner, variants, args.requests, args.warm, args.rounds)
+        inner(args.inner, variants, args.requests, args.warm, args.rounds, args.max_tokens)
         return 0
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("cachesim: valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
@@ -213,7 +238,7 @@ def main() -> int:
 
     (ROOT / ".cache").mkdir(exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="cachesim-", dir=ROOT / ".cache"))
-    added, batches, tokenizer, _ = so.record_engine_traffic(1, 16)  # the real engine, not under valgrind
+    added, batches, tokenizer, _ = so.record_engine_traffic(1, args.max_tokens)  # the real engine, not under valgrind
     with open(directory / "traffic.pkl", "wb") as f:
         pickle.dump((added, batches, tokenizer), f)
     caches = machine_caches()
@@ -234,13 +259,15 @@ def main() -> int:
         str(args.requests),
         "--warm",
         str(args.warm),
+        "--max-tokens",
+        str(args.max_tokens),
         "--rounds",
         str(args.rounds),
     ]
     print(f"cachesim: {' '.join(caches) or 'valgrind default caches'}; dumps in {directory}")
     with open(directory / "inner.log", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False, cwd=ROOT)
-    report(directory, args.requests)
+    report(directory, args.requests, args.max_tokens)
     if not args.keep:
         shutil.rmtree(directory, ignore_errors=True)
     return 0

@@ -84,7 +84,11 @@ def instrument_app(app, settings: Settings, tracer_provider=None, meter_provider
         try:
             middleware = getattr(stack, "app", None)  # ServerErrorMiddleware(app=OpenTelemetryMiddleware(...))
             if type(middleware) is OpenTelemetryMiddleware:
-                stack.app = take_over(middleware)
+                stack.app = taken = take_over(middleware)
+                # an app that serves what it can in front of the outermost ServerErrorMiddleware, as that would
+                in_front = getattr(taken, "in_front_of", None)
+                if in_front is not None and server_error_middleware(stack) is not None:
+                    return in_front(stack)
         except Exception:  # noqa: BLE001 - the maintained middleware as it is
             _log.warning("otel-llm: could not streamline the HTTP server middleware", exc_info=True)
         return stack

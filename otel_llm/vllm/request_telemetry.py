@@ -270,6 +270,17 @@ class RequestTelemetry:
             return
         self.end()
 
+    def end_with_engines(self) -> bool:
+        """A stream's record after its first chunk: from now on it ends as an engine-owned one, when its
+        engine requests finish (with their final outputs, where vLLM hands them over) or are aborted, so
+        its stream needs no work of ours per chunk (streams.py). Only where it has engine requests and
+        none has finished or been aborted yet (vLLM adds all of a request's before its first output);
+        else False, and the stream's end ends it."""
+        if self.ended or self.engine_owned or not self.engine_states or self.finish_reasons or self.engine_aborted:
+            return False
+        self.engine_owned = True
+        return True
+
     def on_first_chunk(self) -> None:
         self.first_chunk_ns = time.time_ns()
 

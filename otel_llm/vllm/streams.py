@@ -5,7 +5,8 @@ handler, AsyncLLM.generate's first step, LLMEngine.add_request): the record is c
 its engine request, an exception of vLLM's ends it, and the context is restored after.
 
 `_StreamTelemetry` wraps the async generator a streaming handler (or AsyncLLM.generate) returns, so
-the first chunk is timed and the span ends exactly once: on the final SSE chunk, exhaustion, error,
+the first chunk is timed and the span ends exactly once: with its engine requests (no code of ours per
+chunk after the first), or, for a stream without them, on the final SSE chunk, exhaustion, error,
 cancellation or close.
 """
 
@@ -44,15 +45,17 @@ class current_span:
 class _StreamTelemetry:
     """Wraps the SSE generator a streaming handler returns: first chunk time and the end.
 
-    The first chunk runs with the record current (vLLM adds its engine request then); every later one
-    comes from `_following`, an async generator whose item is returned as it is. `async for` (Starlette's
-    StreamingResponse, a user of AsyncLLM.generate) iterates `_following` itself (`__aiter__`): per chunk
-    its own loop and one comparison, no frame of this class. `__anext__` on the proxy hands out its
-    awaitable (no coroutine of ours per chunk). The span ends exactly once on exhaustion, error,
-    cancellation (client gone) or close.
+    The first chunk runs with the record current (vLLM adds its engine request then). After it, the
+    record ends when its engine requests do (RequestTelemetry.end_with_engines: finished, with their
+    final outputs, or aborted when the client left; before the last chunks are sent), and each later
+    chunk is the inner generator's own awaitable, handed out by `__anext__`: no coroutine or generator
+    of ours per chunk. Where that cannot be (no engine request, or one finished by the first chunk),
+    the later chunks come from `_following`, which ends the record at the [DONE] chunk, exhaustion,
+    error, cancellation or close. The span ends exactly once either way; the request's route
+    (routes.py `_finish`) and this proxy's `__del__` end one whose engine end never came.
     """
 
-    __slots__ = ("_inner", "_record", "_next", "_sse")
+    __slots__ = ("_inner", "_record", "_next", "_sse", "_with_engines")
 
     def __init__(self, inner, record, sse: bool = True):
         finalizer.ensure_started()
@@ -60,10 +63,10 @@ class _StreamTelemetry:
         self._record = record
         self._next = None  # after the first chunk: `_following(...).__anext__`
         self._sse = sse  # an HTTP stream: its first chunk is the client's first byte
+        self._with_engines = False  # its record ends with its engine requests (after the first chunk)
 
     def __aiter__(self):
-        # (the generator keeps this proxy alive: its __del__ ends a stream never started, as before)
-        return _following(self._inner, self._record, self)
+        return self
 
     def __anext__(self):
         following = self._next
@@ -73,7 +76,9 @@ class _StreamTelemetry:
 
     async def _first(self):
         chunk = await self._first_chunk()
-        self._next = _following(self._inner, self._record).__anext__
+        record = self._record
+        self._with_engines = bool(_ends_with_engines(record))
+        self._next = self._inner.__anext__ if self._with_engines else _following(self._inner, record).__anext__
         return chunk
 
     async def _first_chunk(self):
@@ -100,24 +105,19 @@ class _StreamTelemetry:
     def __del__(self):
         record = self._record
         if not record.ended:  # never ended here: see otel_llm/finalizer.py
-            finalizer.defer(record.end, aborted=True)
+            # (one handed to its engine requests, whose end never came: as they left it, as its route would)
+            finalizer.defer(record.end, aborted=record.engine_aborted if self._with_engines else True)
 
 
 _EXHAUSTED = StopAsyncIteration()
 
 
-async def _following(inner, record, proxy: _StreamTelemetry | None = None):
-    """The stream's chunks (after the first, or all of them from `proxy`'s first). The record ends at
-    the [DONE] chunk (before it is sent: the client holds a complete response once it is, so a server
-    killed before the generator's own end loses no usage record), at exhaustion, or on the exception
-    that stops the stream (a cancellation or close: aborted)."""
+async def _following(inner, record):
+    """The stream's chunks after the first, where its record does not end with its engine requests. The
+    record ends at the [DONE] chunk (before it is sent: the client holds a complete response once it
+    is, so a server killed before the generator's own end loses no usage record), at exhaustion, or on
+    the exception that stops the stream (a cancellation or close: aborted)."""
     try:
-        if proxy is not None:
-            try:
-                chunk = await proxy._first_chunk()
-            except StopAsyncIteration:  # an empty stream (its record ended): no RuntimeError from this generator
-                return
-            yield chunk
         async for chunk in inner:
             if chunk == _SSE_DONE:
                 record.end()
@@ -128,6 +128,11 @@ async def _following(inner, record, proxy: _StreamTelemetry | None = None):
         raise
     _end_on_exception(record, _EXHAUSTED)
     _end_if_not_ended(record)
+
+
+@_safe("handing a stream's end to its engine requests")
+def _ends_with_engines(record) -> bool:
+    return record.end_with_engines()
 
 
 @_safe("recording a stream's first chunk")

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
+from starlette.middleware.errors import ServerErrorMiddleware
 
 from devkit.otlp_receiver import Receiver
 from otel_llm import __version__, semconv
@@ -898,8 +899,11 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
             meter_provider=meters,
         )
         assert _http_requests(app) == expected_status == [200, 200, 500, 404, 400, 400, 200, 404, 200]
-        assert isinstance(app.middleware_stack.app, export_http.HeldUntilRecorded)
-        assert app.middleware_stack.app.app.replayed  # (made in the export process: http.HttpReplay)
+        # in front of FastAPIInstrumentor's outer ServerErrorMiddleware, whose app is the one that hands over
+        front = app.middleware_stack
+        assert isinstance(front, export_http.HeldUntilRecorded) and type(front.outer) is ServerErrorMiddleware
+        assert front.outer.app.behind_front and front.outer.app.app is front.app
+        assert front.app.replayed  # (made in the export process: http.HttpReplay)
         assert link.sent == 8  # one message per traced request: its span with its metrics
         link.close()
         meters.shutdown()
@@ -955,22 +959,29 @@ def _scope(
     }
 
 
-def _lean():
-    from fastapi import FastAPI
+def _instrument_replayed(app, hand_over=lambda span: None) -> None:
+    """`app`'s HTTP spans on the replayed path (spans handed to `hand_over`)."""
     from opentelemetry.sdk.metrics import MeterProvider
 
     from otel_llm.config import Settings
-    from otel_llm.vllm import http
 
-    app = FastAPI()
     export_http.instrument_app(
         app,
         Settings(),
-        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), lambda span: None),
+        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), hand_over),
         offload_metrics=True,
         meter_provider=MeterProvider(),
     )
-    lean = app.build_middleware_stack().app.app
+
+
+def _lean():
+    from fastapi import FastAPI
+
+    from otel_llm.vllm import http
+
+    app = FastAPI()
+    _instrument_replayed(app)
+    lean = app.build_middleware_stack().app
     assert isinstance(lean, http.LeanMiddleware) and lean.replayed
     return lean
 
@@ -1128,9 +1139,6 @@ def _models_app(hand_over):
     """An app whose GET /v1/models records (the current span, the current baggage) in `seen`, its HTTP
     span on the replayed path (spans handed to `hand_over`): (app, seen)."""
     from opentelemetry import baggage
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    from otel_llm.config import Settings
 
     seen = []
     app = FastAPI()
@@ -1140,13 +1148,7 @@ def _models_app(hand_over):
         seen.append((trace.get_current_span(), baggage.get_all()))
         return {}
 
-    export_http.instrument_app(
-        app,
-        Settings(),
-        deferred.DeferredTracerProvider(deferred.DeferredTracer(TracerProvider()), hand_over),
-        offload_metrics=True,
-        meter_provider=MeterProvider(),
-    )
+    _instrument_replayed(app, hand_over)
     return app, seen
 
 
@@ -1170,7 +1172,7 @@ def test_the_replayed_span_is_current_in_the_app_as_the_maintained_middleware_ma
             },
         )
     assert context.get_current() == before
-    assert app.middleware_stack.app.app.replayed  # (HeldUntilRecorded(ReplayingMiddleware))
+    assert app.middleware_stack.app.replayed  # (HeldUntilRecorded(ReplayingMiddleware))
     ((span, current_baggage),) = seen
     assert isinstance(span, deferred.DeferredSpan) and ended[-1] is span  # (handed over when it ended)
     assert (span._kind, span._parent.trace_id, span._parent.span_id, span._parent.is_remote) == (
@@ -1333,7 +1335,7 @@ def test_the_replayed_path_answers_an_exception_as_starlettes_server_error_middl
 
     instrumented = app_with(True)
     got = [sent(instrumented, "/fails"), sent(instrumented, "/fails-later")]
-    lean = instrumented.middleware_stack.app.app
+    lean = instrumented.middleware_stack.app
     assert lean.replayed and http.server_error_middleware(lean.app) is lean.server_errors is not None
     bare = app_with(False)
     assert got == [sent(bare, "/fails"), sent(bare, "/fails-later")]
@@ -1380,6 +1382,87 @@ def test_a_body_chunk_with_more_to_come_goes_straight_to_the_next_send():
 
     asyncio.run(run())
     assert seen == [("on_other", 200), "http.response.start", "http.response.body", "http.response.body", "end"]
+
+
+def test_a_replayed_streams_chunks_pass_no_server_error_middleware_wrapper():
+    """On the replayed path the HTTP layer's one wrapper of the response's messages is ours: the outer
+    ServerErrorMiddleware FastAPIInstrumentor adds (and the inner one, whose part `replayed_call` does) put
+    no `_send` of theirs between the app and the server; a chunk with more to come reaches the server's
+    send from Starlette's own code, our wrapper returning the server's awaitable. An app not instrumented
+    has its one ServerErrorMiddleware's."""
+    import sys
+
+    from fastapi.responses import StreamingResponse
+
+    def app_with(instrumented: bool):
+        app = FastAPI()
+
+        @app.get("/v1/stream")
+        async def stream():
+            async def chunks():
+                for i in range(3):
+                    yield f"data: {i}\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        if instrumented:
+            _instrument_replayed(app)
+        return app
+
+    def wrappers(app) -> list[list[str]]:
+        callers: list[list[str]] = []
+        received: list = []
+
+        async def receive():  # (then the client stays: Starlette's disconnect listener waits, cancelled at the end)
+            if received:
+                await asyncio.Event().wait()
+            received.append(True)
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            if message.get("more_body"):
+                frame, names = sys._getframe(1), []
+                while frame is not None and "starlette/responses.py" not in frame.f_code.co_filename:
+                    names.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-2]}.{frame.f_code.co_name}")
+                    frame = frame.f_back
+                callers.append(names)
+
+        asyncio.run(app({**_scope(method="GET", path="/v1/stream"), "app": app}, receive, send))
+        return callers
+
+    # Starlette's two `sender`s (its exception handling, the app's and the route's) in both
+    assert wrappers(app_with(False)) == [["middleware._send", "starlette.sender", "starlette.sender"]] * 3
+    assert wrappers(app_with(True)) == [["starlette.sender", "starlette.sender"]] * 3
+
+
+def test_an_exception_with_no_response_started_gets_the_outer_server_error_middlewares_500():
+    """Where the app inside the maintained middleware is no ServerErrorMiddleware that `replayed_call` runs
+    itself, an exception before any response gets, on the replayed path, the 500 that FastAPIInstrumentor's
+    outer ServerErrorMiddleware sends on the maintained path, and goes on."""
+
+    async def raising(scope, receive, send):
+        raise ValueError("the engine is gone")
+
+    app = FastAPI()
+    _instrument_replayed(app)
+    front = app.build_middleware_stack()
+    front.app.app, front.app.server_errors = raising, None
+
+    def sent(asgi_app) -> list:
+        messages: list = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            messages.append(message)
+
+        with pytest.raises(ValueError, match="the engine is gone"):
+            asyncio.run(asgi_app({**_scope(method="GET", path="/v1/models"), "app": app}, receive, send))
+        return messages
+
+    replayed, maintained = sent(front), sent(front.outer)  # (the outer's app: the maintained `__call__`)
+    assert replayed == maintained and replayed[0]["status"] == 500 and replayed[1]["body"] == b"Internal Server Error"
 
 
 def test_the_header_index_follows_a_list_that_grew():

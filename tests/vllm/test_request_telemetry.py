@@ -1,5 +1,6 @@
 """RequestTelemetry: vLLM request states -> spans and metrics (driven with stand-in states)."""
 
+import asyncio
 import time
 from types import SimpleNamespace
 
@@ -189,6 +190,69 @@ def test_engine_owned_record_ends_when_all_engine_requests_finish(env):
     assert env.exporter.get_finished_spans() == ()
     record.on_engine_finished(st, "length")
     assert [s.name for s in env.exporter.get_finished_spans() if s.name.startswith("text")] == ["text_completion m"]
+
+
+def test_a_stream_handed_to_its_engine_requests_ends_when_they_finish_or_abort(env):
+    """RequestTelemetry.end_with_engines (a stream's record after its first chunk): it ends when every
+    engine request finished, before the stream's own end; aborted when vLLM aborts one. Not where it has
+    no engine request, or one already finished (the stream's end ends it then)."""
+
+    def genai_spans():
+        return [s for s in env.exporter.get_finished_spans() if s.name.startswith("chat")]
+
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+    assert not record.end_with_engines()  # (no engine request yet)
+    first, second = state("r1", st=stats(queued_ago=0.0)), state("r2", st=stats(queued_ago=0.0))
+    record.attach_engine_request(first)
+    record.attach_engine_request(second)
+    assert record.end_with_engines() and not record.end_with_engines()  # (once)
+    record.on_engine_finished(first, "stop")
+    assert genai_spans() == []
+    record.on_engine_finished(second, "length")
+    (span,) = genai_spans()
+    assert span.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop", "length")
+    assert span.attributes.get(semconv.VLLM_ABORTED) is None
+
+    aborted = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+    aborted.attach_engine_request(state("r3", st=stats(queued_ago=0.0)))
+    assert aborted.end_with_engines()
+    aborted.on_engine_aborted()
+    assert aborted.ended and genai_spans()[-1].attributes[semconv.VLLM_ABORTED] is True
+
+    finished = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+    early = state("r4", st=stats(queued_ago=0.0))
+    finished.attach_engine_request(early)
+    finished.on_engine_finished(early, "length")  # (a one-token stream: finished by its first chunk)
+    assert not finished.end_with_engines() and not finished.ended
+
+
+@pytest.mark.parametrize("raised", [None, asyncio.CancelledError])
+def test_a_route_ends_a_stream_whose_engine_end_never_came(env, raised):
+    """A handler-hooked route (routes.py) whose stream was handed to its engine requests
+    (end_with_engines) and whose engine end never came (a fault in the finish hook) ends it when the
+    response is done: as finished, or for the exception that stopped it (a client gone: aborted)."""
+    from otel_llm.vllm import routes
+
+    records = []
+
+    async def inner(scope, receive, send):
+        record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+        routes.claim(record)
+        record.attach_engine_request(state("r1", st=stats(queued_ago=0.0)))
+        assert record.end_with_engines()
+        records.append(record)
+        if raised is not None:
+            raise raised()
+
+    app = routes._route_app(inner, routes.ROUTES["/v1/chat/completions"], env.tel)
+    if raised is None:
+        asyncio.run(app({"type": "http"}, None, None))
+    else:
+        with pytest.raises(raised):
+            asyncio.run(app({"type": "http"}, None, None))
+    (record,) = records
+    span = spans_by_name(env.exporter)["chat m"]
+    assert record.ended and span.attributes.get(semconv.VLLM_ABORTED) is (None if raised is None else True)
 
 
 def test_failed_requests_cannot_blow_up_model_labels(env):

@@ -12,11 +12,16 @@ from otel_llm.vllm import streams
 
 
 class FakeRecord:
-    def __init__(self):
+    def __init__(self, engines_end_it: bool = False):
         self.ended = False
         self.calls = []
         self.context = None
         self.first_chunk = 0
+        self.engines_end_it = engines_end_it  # RequestTelemetry.end_with_engines' answer
+        self.engine_aborted = False
+
+    def end_with_engines(self) -> bool:
+        return self.engines_end_it
 
     def end(self, **kwargs):
         if not self.ended:
@@ -198,21 +203,35 @@ def test_later_chunks_pass_no_coroutine_of_ours(fake_record):
 
 
 def test_async_for_steps_the_proxys_generator_itself(fake_record):
-    """`async for` over the proxy (Starlette's StreamingResponse does) iterates its `_following`
-    generator: per chunk that generator's own step, no frame of the proxy's. The first chunk is still
-    timed, the record still ends once; the proxy dropped by its caller mid-stream ends nothing early
-    (the generator holds it); an empty stream ends with no error; a close after the first chunk is an
-    abort."""
+    """`async for` over the proxy (Starlette's StreamingResponse does) steps the proxy. After the first
+    chunk (timed), a record its engine requests end (RequestTelemetry.end_with_engines) gets each later
+    chunk from the inner generator's own awaitable: no coroutine or generator of ours, and the stream's
+    end ends nothing (its engine requests do; a proxy dropped with its record still open ends it as they
+    left it, on the finalizer thread). Any other record gets them from `_following`, and ends once at
+    the stream's end; an empty stream ends with no error; a close after the first chunk is an abort."""
+    inner = _chunks(3)
+    engine_ended = FakeRecord(engines_end_it=True)
+
+    async def run_engine_ended():
+        stream = streams._StreamTelemetry(inner, engine_ended)
+        assert aiter(stream) is stream
+        first = await anext(stream)
+        # (an awaitable not awaited: the inner generator does not step)
+        assert stream._next == inner.__anext__ and type(stream.__anext__()).__name__ == "async_generator_asend"
+        rest = [c async for c in stream]
+        assert engine_ended.calls == [] and engine_ended.first_chunk == 1
+        return [first, *rest]
+
+    assert asyncio.run(run_engine_ended()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
+    gc.collect()
+    assert finalizer.drain() and engine_ended.calls == [{"aborted": False}]  # (as its engine requests left it)
 
     async def run():
         stream = streams._StreamTelemetry(_chunks(3), fake_record)
-        iterator = aiter(stream)
-        assert type(iterator).__name__ == "async_generator" and iterator.ag_code is streams._following.__code__
-        first = await anext(iterator)
-        del stream
-        gc.collect()
-        assert finalizer.drain() and fake_record.calls == []
-        return [first, *[c async for c in iterator]]
+        first = await anext(stream)
+        following = stream._next.__self__
+        assert type(following).__name__ == "async_generator" and following.ag_code is streams._following.__code__
+        return [first, *[c async for c in stream]]
 
     assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
     assert fake_record.calls == [{}] and fake_record.first_chunk == 1

@@ -44,7 +44,6 @@ from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
 from otel_llm.vllm.http import (
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
-    _ending_send,
     hold_nothing_hook,
     lean_middleware,
     redact_query_hook,
@@ -98,26 +97,34 @@ class ReplayingMiddleware(LeanMiddleware):
     request_cache: dict
     server_errors = None  # the ServerErrorMiddleware FastAPIInstrumentor puts inside the maintained middleware
 
-    async def replayed_call(self, scope, receive, send) -> bool:
+    async def replayed_call(self, scope, receive, send, outer=None) -> bool:
         """What the maintained middleware's `__call__` does for an HTTP request in the API server when
         the export process makes its span attributes and metrics (`replayed`; HeldUntilRecorded
         calls it): the span and its context, the app, one message. False, before anything is sent,
-        on a failure of ours (counted): then the maintained `__call__` serves it."""
+        on a failure of ours (counted): then the maintained `__call__` serves it. `outer`: the
+        ServerErrorMiddleware FastAPIInstrumentor puts around the maintained middleware, whose part
+        (a 500 response to an exception when none has started) this does, without its wrapper on
+        every message."""
         start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
         begun = self._begin(scope)
         if begun is None:
             return False
-        if begun is _EXCLUDED:
+        if begun is _EXCLUDED:  # (an exception: the inner ServerErrorMiddleware sends the 500, as `outer` would not)
             await self.app(scope, receive, send)
             return True
         span, token, active, details = begun
         response: list = []
 
-        def keep_start(message) -> None:  # (and the status set on the span before it)
-            if message["type"] == "http.response.start":
+        def ending_send(message):  # (http._ending_send, with the response start kept)
+            kind = message["type"]
+            if kind == "http.response.body":
+                if message.get("more_body", False):
+                    return send(message)
+                return _sent_and_ended(span, send, message)
+            if kind == "http.response.start":  # (and the status set on the span before it)
                 response.append((message, span._status))
+            return send(message)
 
-        ending_send = _ending_send(span, send, keep_start)
         try:
             errors = self.server_errors
             if errors is None:
@@ -130,6 +137,8 @@ class ReplayingMiddleware(LeanMiddleware):
                     raise
         except Exception as exc:  # what the maintained middleware's `use_span` records of it
             _record_escaping(span, exc)
+            if outer is not None and not response:
+                await http.serve_server_error(outer, scope, receive, send, exc, started=False)
             raise
         finally:
             self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
@@ -547,16 +556,34 @@ class HeldUntilRecorded:
     export process makes (`ReplayingMiddleware.replayed`) goes to `ReplayingMiddleware.replayed_call`. Any other
     goes through the maintained middleware's `__call__`: the server span ends when the response's
     last body is sent, the middleware records its metrics after that, and this hands the span's
-    message over when they are in."""
+    message over when they are in.
 
-    def __init__(self, app: LeanMiddleware):
+    `in_front_of`: where FastAPIInstrumentor put a ServerErrorMiddleware around the maintained middleware
+    (`outer`), a HeldUntilRecorded in front of it takes the requests `replayed_call` serves (it does
+    that middleware's part: no wrapper of its on every message) and hands the rest to it."""
+
+    def __init__(self, app: LeanMiddleware, outer=None):
         self.app = app
+        self.outer = outer  # the ServerErrorMiddleware around the maintained middleware, with this in front
+        self.behind_front = False  # the one inside `outer`: the one in front tried `replayed_call` already
+
+    def in_front_of(self, outer) -> HeldUntilRecorded:
+        self.behind_front = True
+        return HeldUntilRecorded(self.app, outer)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        if self.app.replayed and await self.app.replayed_call(scope, receive, send):
+        lean = self.app
+        if (
+            scope["type"] == "http"
+            and lean.replayed
+            and not self.behind_front
+            and await lean.replayed_call(scope, receive, send, self.outer)
+        ):
             return
+        if self.outer is not None:
+            return await self.outer(scope, receive, send)
+        if scope["type"] != "http":
+            return await lean(scope, receive, send)
         held: list = []
         token = _held.set(held)
         try:
@@ -682,6 +709,12 @@ def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None
     ):
         status = replayed
     return span._replace(attributes=attributes, status=status, events=[*captured._events, *span.events])
+
+
+async def _sent_and_ended(span, send, message) -> None:
+    """The response's last body sent, the span ended (as the maintained `otel_send`)."""
+    await send(message)
+    span.end()
 
 
 @guard("recording an exception on the HTTP server span")

@@ -105,6 +105,9 @@ class Target:
     bare: bool = False  # the spans end with their start attributes only (nothing from the end)
     no_wire_ttft: bool = False  # the stream's span lacks the first-chunk time
     guards: int = 1  # the guards that catch it, each logging it once
+    # kinds whose span ends with the response, after its HTTP span (a stream's whose engine end never came:
+    # its route ends it, otel_llm/vllm/routes.py `_finish`, or its proxy when dropped, streams.py)
+    after_http: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -145,21 +148,23 @@ TARGETS = (
     # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
     Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
     Target("otel_llm.vllm.contract:read_error", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
-    # the stream wrapper: first chunk, and its end on an exception (StopAsyncIteration after [DONE])
+    # the stream wrapper: first chunk, and its end handed to its engine requests (failing, the stream's
+    # end ends it, as a stream without engine requests)
     Target("guard:recording a stream's first chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
     Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
-    Target("guard:ending a request's span on an exception", fires=(STREAM,)),
-    Target(f"{S}:_end_with_exception", fires=(STREAM,)),
+    Target("guard:handing a stream's end to its engine requests", fires=(STREAM, ABORT)),
+    Target(f"{R}:RequestTelemetry.end_with_engines", fires=(STREAM, ABORT)),
     # engine events (the output processor, in the API server process)
     Target("guard:attaching an engine request", fires=GENERATING, no_engine=GENERATING),
     Target(f"{W}:_attach", fires=GENERATING, no_engine=GENERATING),
     Target(f"{R}:RequestTelemetry.attach_engine_request", fires=GENERATING, no_engine=GENERATING),
-    Target("guard:recording an engine finish", fires=(CHAT, STREAM)),
-    Target(f"{R}:RequestTelemetry.on_engine_finished", fires=(CHAT, STREAM)),
-    Target("guard:recording an engine abort", fires=(ABORT,)),
+    Target("guard:recording an engine finish", fires=(CHAT, STREAM), after_http=(STREAM,)),
+    Target(f"{R}:RequestTelemetry.on_engine_finished", fires=(CHAT, STREAM), after_http=(STREAM,)),
+    # (a stream's span then ends with the response, as finished: its route ends it, routes.py `_finish`)
+    Target("guard:recording an engine abort", fires=(ABORT,), no_abort_marker=True),
     # the engine core's figures on a finished request's final output (otel_llm/vllm/engine_cost.py):
     # unread, the span has no otel_llm.cost.* (the ledger's engine record has them)
-    Target("guard:reading an engine request's final output", fires=(CHAT, STREAM)),
+    Target("guard:reading an engine request's final output", fires=(CHAT, STREAM), after_http=(STREAM,)),
     # requests FastAPI rejects before a handler runs
     Target("guard:recording a rejected request", fires=(REJECT,), no_span=(REJECT,)),
     # the route layer (otel_llm/vllm/routes.py): chat and completions are handler-hooked, so the route
@@ -190,6 +195,8 @@ GUARDS_OFF_THIS_PATH = {
     "starting a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
     "ending a background response span": "Responses API background mode (tests/e2e/test_serving_paths_e2e.py)",
     "redacting a vLLM logger's warnings": "when vLLM makes a logger (init_logger, as its modules are imported)",
+    "ending a request's span on an exception": "an exception from vLLM's code for a request, or a stream that "
+    "does not end with its engine requests (test_streams.py): this server's streams end with theirs",
 }
 
 _MAINTAINED_CALL = "the maintained HTTP middleware's own call, which this server's requests do not take"
@@ -553,8 +560,10 @@ def _check_target(server, receiver, target: Target):
 
 def _check_span(target, kind, span, http, spans, usage, engine, where):
     assert span.parent_span_id == http.span_id, where
-    if kind != ABORT:  # (an abandoned stream's span may end after its HTTP span)
+    if kind != ABORT and kind not in target.after_http:  # (an abandoned stream's span may end after its HTTP span)
         assert http.start_ns <= span.start_ns <= span.end_ns <= http.end_ns, where
+    elif kind in target.after_http:
+        assert http.start_ns <= span.start_ns <= http.end_ns <= span.end_ns, where
     phases = [s for s in spans if s.parent_span_id == span.span_id]
     for phase in phases:
         assert span.start_ns <= phase.start_ns <= phase.end_ns <= span.end_ns, where
