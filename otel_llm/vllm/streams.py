@@ -49,7 +49,8 @@ class _StreamTelemetry:
     record ends when its engine requests do (RequestTelemetry.end_with_engines: finished, with their
     final outputs, or aborted when the client left; before the last chunks are sent), and each later
     chunk is the inner generator's own awaitable, handed out by `__anext__`: no coroutine or generator
-    of ours per chunk. Where that cannot be (no engine request, or one finished by the first chunk),
+    of ours per chunk. Where that cannot be (no engine request, or one finished by the first chunk), and
+    for AsyncLLM.generate's stream (`sse` False: an error there is an exception, not a chunk),
     the later chunks come from `_following`, which ends the record at the [DONE] chunk, exhaustion,
     error, cancellation or close. The span ends exactly once either way; the request's route
     (routes.py `_finish`) and this proxy's `__del__` end one whose engine end never came.
@@ -61,7 +62,7 @@ class _StreamTelemetry:
         finalizer.ensure_started()
         self._inner = inner
         self._record = record
-        self._next = None  # after the first chunk: `_following(...).__anext__`
+        self._next = None  # after the first chunk: the inner generator's `__anext__`, or `_following`'s
         self._sse = sse  # an HTTP stream: its first chunk is the client's first byte
         self._with_engines = False  # its record ends with its engine requests (after the first chunk)
 
@@ -77,7 +78,9 @@ class _StreamTelemetry:
     async def _first(self):
         chunk = await self._first_chunk()
         record = self._record
-        self._with_engines = bool(_ends_with_engines(record))
+        # (an HTTP stream's: vLLM answers an error in one with an error chunk. AsyncLLM.generate's raises it,
+        # and _following ends the record for it, where the engine's end would say only aborted or nothing)
+        self._with_engines = self._sse and bool(_ends_with_engines(record))
         self._next = self._inner.__anext__ if self._with_engines else _following(self._inner, record).__anext__
         return chunk
 

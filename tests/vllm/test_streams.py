@@ -208,7 +208,8 @@ def test_async_for_steps_the_proxys_generator_itself(fake_record):
     chunk from the inner generator's own awaitable: no coroutine or generator of ours, and the stream's
     end ends nothing (its engine requests do; a proxy dropped with its record still open ends it as they
     left it, on the finalizer thread). Any other record gets them from `_following`, and ends once at
-    the stream's end; an empty stream ends with no error; a close after the first chunk is an abort."""
+    the stream's end, as AsyncLLM.generate's (`sse` False) does whatever its record; an empty stream
+    ends with no error; a close after the first chunk is an abort."""
     inner = _chunks(3)
     engine_ended = FakeRecord(engines_end_it=True)
 
@@ -235,6 +236,18 @@ def test_async_for_steps_the_proxys_generator_itself(fake_record):
 
     assert asyncio.run(run()) == ["data: 0\n\n", "data: 1\n\n", "data: 2\n\n"]
     assert fake_record.calls == [{}] and fake_record.first_chunk == 1
+
+    generated = FakeRecord(engines_end_it=True)  # AsyncLLM.generate's stream: its exception is its error
+
+    async def run_generate():
+        stream = streams._StreamTelemetry(_chunks(3, fail_at=2), generated, sse=False)
+        await anext(stream)
+        assert stream._next.__self__.ag_code is streams._following.__code__
+        return [c async for c in stream]
+
+    with pytest.raises(ValueError):
+        asyncio.run(run_generate())
+    assert generated.calls == [{"error_type": "ValueError", "error_message": "boom"}]
 
     empty = FakeRecord()
 

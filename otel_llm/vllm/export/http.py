@@ -109,7 +109,7 @@ class ReplayingMiddleware(LeanMiddleware):
         begun = self._begin(scope)
         if begun is None:
             return False
-        if begun is _EXCLUDED:  # (an exception: the inner ServerErrorMiddleware sends the 500, as `outer` would not)
+        if begun is _EXCLUDED:  # (the inner ServerErrorMiddleware answers an exception: nothing left for `outer`)
             await self.app(scope, receive, send)
             return True
         span, token, active, details = begun
