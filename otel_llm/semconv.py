@@ -414,7 +414,7 @@ SERVER_REQUEST_DURATION = _metric(
     "gen_ai.server.request.duration",
     HISTOGRAM,
     UNIT_SECONDS,
-    "Time from the request reaching vLLM to its last byte (or abort).",
+    "Time from the request reaching vLLM to its response's last byte (a stream: its last output token), or abort.",
     VLLM,
     DURATION_BUCKETS,
     convention=True,
