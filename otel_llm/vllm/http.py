@@ -205,25 +205,26 @@ class LeanMiddleware(OpenTelemetryMiddleware):
 
 def _ending_send(span, send, on_other):
     """An ASGI send that ends `span` after the response's last body, as the maintained `otel_send`
-    does; any other message (the response start) goes to `on_other` before it is sent. A body chunk
-    with more to come goes straight to `send`: a dictionary lookup and no coroutine of ours, the only
-    work of ours per chunk of a stream."""
+    does; any other message (the response start) goes to `on_other` before it is sent. Only the last
+    body passes a coroutine of ours: a body chunk with more to come goes straight to `send` after a
+    dictionary lookup, the only work of ours per chunk of a stream, and so does the response start,
+    after `on_other`."""
 
     def otel_send(message):
-        if message["type"] == "http.response.body" and message.get("more_body", False):
-            return send(message)
-        return _sent_or_ended(span, send, on_other, message)
+        if message["type"] == "http.response.body":
+            if message.get("more_body", False):
+                return send(message)
+            return _sent_and_ended(span, send, message)
+        on_other(message)
+        return send(message)
 
     return otel_send
 
 
-async def _sent_or_ended(span, send, on_other, message) -> None:
-    if message["type"] == "http.response.body":
-        await send(message)
-        span.end()
-        return
-    on_other(message)
+async def _sent_and_ended(span, send, message) -> None:
+    """The response's last body sent, the span ended (as the maintained `otel_send`)."""
     await send(message)
+    span.end()
 
 
 def server_error_middleware(app):

@@ -1349,8 +1349,8 @@ def test_the_replayed_path_answers_an_exception_as_starlettes_server_error_middl
 
 def test_a_body_chunk_with_more_to_come_goes_straight_to_the_next_send():
     """The HTTP span's send (http._ending_send): a body chunk with more to come is the next send's own
-    call (no coroutine of ours per chunk); the response start goes to `on_other` first; the last body
-    ends the span after it is sent."""
+    call (no coroutine of ours per chunk), and so is the response start, after it went to `on_other`;
+    the last body ends the span after it is sent."""
     from otel_llm.vllm import http
 
     seen: list = []
@@ -1372,6 +1372,7 @@ def test_a_body_chunk_with_more_to_come_goes_straight_to_the_next_send():
 
     otel_send = http._ending_send(Span(), send, lambda message: seen.append(("on_other", message["status"])))
     assert otel_send(chunk) == ("sent", chunk)  # (the next send's own return value)
+    assert otel_send(start) == ("sent", start) and seen[-2:] == [("on_other", 200), "http.response.start"]
     otel_send = http._ending_send(Span(), awaited, lambda message: seen.append(("on_other", message["status"])))
     seen.clear()
 

@@ -44,6 +44,7 @@ from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
 from otel_llm.vllm.http import (
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
+    _ending_send,
     hold_nothing_hook,
     lean_middleware,
     redact_query_hook,
@@ -115,16 +116,11 @@ class ReplayingMiddleware(LeanMiddleware):
         span, token, active, details = begun
         response: list = []
 
-        def ending_send(message):  # (http._ending_send, with the response start kept)
-            kind = message["type"]
-            if kind == "http.response.body":
-                if message.get("more_body", False):
-                    return send(message)
-                return _sent_and_ended(span, send, message)
-            if kind == "http.response.start":  # (and the status set on the span before it)
+        def keep_start(message) -> None:  # (and the status set on the span before it)
+            if message["type"] == "http.response.start":
                 response.append((message, span._status))
-            return send(message)
 
+        ending_send = _ending_send(span, send, keep_start)
         try:
             errors = self.server_errors
             if errors is None:
@@ -709,12 +705,6 @@ def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None
     ):
         status = replayed
     return span._replace(attributes=attributes, status=status, events=[*captured._events, *span.events])
-
-
-async def _sent_and_ended(span, send, message) -> None:
-    """The response's last body sent, the span ended (as the maintained `otel_send`)."""
-    await send(message)
-    span.end()
 
 
 @guard("recording an exception on the HTTP server span")
