@@ -176,12 +176,9 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
             state.record = record = _start(state, tel)
             record.end(error_type=str(state.status), error_message="request failed before reaching the engine")
         return
-    if not record.route_made:  # a handler hook made it and ends it
-        if record.engine_owned and not record.ended:  # a stream whose engine requests' end never came
-            if exc is not None:
-                end_with_exception(record, exc)
-            else:
-                record.end(aborted=record.engine_aborted)
+    # a handler hook made it and ends it; a stream's with its engine requests (streams.py), but where their
+    # end never came (then a handler-hooked route's status is not kept: 200, ended as below)
+    if not record.route_made and not (record.engine_owned and not record.ended):
         return
     if exc is not None:
         end_with_exception(record, exc)
