@@ -698,7 +698,7 @@ def _serve_the_requests(http_module, replayed: bool) -> list[tuple[int, bytes]]:
     http_module.instrument_app(
         app,
         Settings(),
-        deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link)),
+        deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link), link.send),
         offload_metrics=replayed,
         meter_provider=MeterProvider() if replayed else None,
     )
@@ -894,7 +894,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         export_http.instrument_app(
             app,
             Settings(),
-            deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link)),
+            deferred.DeferredTracerProvider(tracer, lambda span: deferred.hand_over(span, link), link.send),
             offload_metrics=True,
             meter_provider=meters,
         )
@@ -1066,22 +1066,26 @@ def test_credentials_stay_in_the_api_server():
         (b"api-key", b"sk-5"),
         (b"Authorization", b"Bearer sk-6"),  # (ASGI names are lowercase; a server that sent it as it came)
     )
+    from otel_llm.vllm.export.wire import ReplayRecord
+
     scope = _scope(extra=credentials)
-    span = deferred.DeferredTracer(TracerProvider()).start_span("POST")
+    span = deferred.DeferredTracer(TracerProvider()).start_span("POST", _type=export_http.ServerSpan)
+    span.response = None
+    span.response_started({"type": "http.response.start", "status": 200, "headers": []})
+    span.end()
     lean = _lean()
-    record = lean._replay_record(
-        span,
-        ("POST /v1/chat/completions", {"http.route": "/v1/chat/completions"}),
-        scope,
-        [({"type": "http.response.start", "status": 200, "headers": []}, None)],
-        0.25,
+    lean.meter_scope, lean.redacts = ("fastapi", "1", None), False
+    record = ReplayRecord(
+        *lean._replay_record(span, ("POST /v1/chat/completions", {"http.route": "/v1/chat/completions"}), scope, 0.25)
     )
-    assert [name for name, _ in record[8]["headers"]] == [b"host", b"user-agent", b"content-type"]
+    assert [name for name, _ in record.headers] == [b"host", b"user-agent", b"content-type"]
     assert b"sk-" not in repr(record).encode() and "sk-" not in repr(record)
-    assert record[10] == (200, [], False) and record[11] == 0.25  # (no status set on the span after the start)
+    assert record.start == (200, [], False) and record.duration_s == 0.25  # (no status set on the span after it)
+    assert record.route_attributes == {"http.route": "/v1/chat/completions"} and record.end_ns == span.end_ns
     lean.http_capture_headers_server_request = [".*"]
-    record = lean._replay_record(span, ("POST", {}), scope, [], 0.25)
-    assert len(record[8]["headers"]) == 3 + len(credentials) and record[10] is None
+    span.response = None
+    record = ReplayRecord(*lean._replay_record(span, ("POST", {}), scope, 0.25))
+    assert len(record.headers) == 3 + len(credentials) and record.start is None
 
 
 def test_a_failing_replay_sends_the_span_as_the_api_server_made_it():
@@ -1093,11 +1097,15 @@ def test_a_failing_replay_sends_the_span_as_the_api_server_made_it():
     exporter = Exporter(
         {"resource": {}, "version": __version__, "traces": False, "metrics": False, "usage_events": False}
     )
-    span = ("GET", 1, 2, 1, "", 0, False, 0, 1, 10, 20, {"a": 1}, None, [], [])
     before = warn.failures().get("replaying an HTTP request's middleware", 0)
-    bad = (("fastapi", "1", None), False, 1, 2, 1, True, "GET", {}, {"type": "http"}, None, ("not", "a start"), 0.1)
-    assert exporter.replay_http([span], bad) == [span]
+    span = ("GET", 1, 2, 1, "", 0, False, 0, SpanKind.SERVER.value, 10, 20, {"a": 1}, None, [], [])
+    bad = (("fastapi", "1", None), False, *span[:4], "", 0, False, 0, True, 10, 20, {"a": 1}, None, [])
+    bad += ({}, ("http",), [], None, ("not", "a start"), 0.1)
+    assert exporter.replay_http([], bad) == [span]
     assert warn.failures()["replaying an HTTP request's middleware"] == before + 1
+    before = warn.failures().get("reading an HTTP request's replay record", 0)
+    assert exporter.replay_http([], bad[:-1]) == []  # (a record cut short: no span to send)
+    assert warn.failures()["reading an HTTP request's replay record"] == before + 1
 
 
 def test_the_header_getter_answers_as_the_asgi_getter():
@@ -1437,8 +1445,8 @@ def test_a_replayed_streams_chunks_pass_no_server_error_middleware_wrapper():
 
 
 def test_an_exception_with_no_response_started_gets_the_outer_server_error_middlewares_500():
-    """Where the app inside the maintained middleware is no ServerErrorMiddleware that `replayed_call` runs
-    itself, an exception before any response gets, on the replayed path, the 500 that FastAPIInstrumentor's
+    """Where the app inside the maintained middleware is no ServerErrorMiddleware whose part the replayed path
+    does itself, an exception before any response gets, on the replayed path, the 500 that FastAPIInstrumentor's
     outer ServerErrorMiddleware sends on the maintained path, and goes on."""
 
     async def raising(scope, receive, send):
@@ -1447,7 +1455,8 @@ def test_an_exception_with_no_response_started_gets_the_outer_server_error_middl
     app = FastAPI()
     _instrument_replayed(app)
     front = app.build_middleware_stack()
-    front.app.app, front.app.server_errors = raising, None
+    front.app.app = front.app.replayed_app = raising
+    front.app.server_errors = None
 
     def sent(asgi_app) -> list:
         messages: list = []
@@ -1504,7 +1513,6 @@ def test_a_request_message_and_a_sweep_marshal_as_they_are():
 
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from otel_llm.vllm.export.http import ReplayRecord
     from otel_llm.vllm.export.sink import ExportProcessSink
     from otel_llm.vllm.request_metrics import Measurement, MetricKey
 
@@ -1516,8 +1524,11 @@ def test_a_request_message_and_a_sweep_marshal_as_they_are():
     span = sink.tracer.start_span("chat tiny", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"})
     sink.child_span(span, None, semconv.SPAN_QUEUE, T0, T0 + 10, None)
     sink.record_request(span, None, Measurement(key, None, 0.1, 0.01, 0.5, (10, 4, 16), 0.2, 0.05, (8, 6)))
-    span.outbox.http_replay = ReplayRecord(
-        ("fastapi", "1", None), True, 1, 2, 1, True, "POST /x", {}, {}, None, None, 0.5
+    span.outbox.http_replay = (
+        *(("fastapi", "1", None), True, "POST /x", 1, 2, 1, "", 0, False, 0, True, T0, T0 + 5, {}, None, []),
+        {},
+        ("http", {"version": "3.0"}, "1.1", "POST", "http", "/x", b"/x", b"", "", ("10.0.0.7", 5123), ("10.0.0.1", 80)),
+        *([(b"host", b"x")], None, (200, [], False), 0.5),
     )
     span.end()
     message = span.outbox.message()
@@ -1686,3 +1697,27 @@ def test_a_request_whose_build_fails_in_the_export_process_goes_with_its_start_a
         assert (record.name, record.start_ns, record.end_ns) == ("chat tiny", T0, T0 + 50)
         assert record.attributes == attributes
         assert measurement is None
+
+
+def test_a_replay_record_with_values_marshal_does_not_take_is_made_plain():
+    """The replayed path's record carries its server span's attributes and events: where one holds a value
+    marshal does not take, wire.plain cleans them as the SDK's BoundedAttributes does (a str subclass made a
+    str, a value of a type the SDK does not take left as None), as it cleans every other span's."""
+    import marshal
+
+    from otel_llm.vllm.export.wire import REQUEST, ReplayRecord, plain
+
+    class Name(str):
+        pass
+
+    attributes = {"a": Name("b"), "bad": object()}
+    record = (("fastapi", "1", None), False, "GET /x", 1, 2, 1, "", 0, False, 0, True, 10, 20, attributes, None)
+    record += ([("exception", {"x": Name("y")}, 15)], {}, ("http",), [], None, None, 0.1)
+    message = (REQUEST, [([], None, None, None, None, None, record, None)])
+    with pytest.raises(ValueError):
+        marshal.dumps(message)
+    made = plain(message)
+    replay = ReplayRecord(*made[1][0][6])
+    assert replay.attributes == {"a": "b", "bad": None} and type(replay.attributes["a"]) is str
+    assert replay.events == [("exception", {"x": "y"}, 15)] and type(replay.events[0][1]["x"]) is str
+    assert marshal.loads(marshal.dumps(made)) == made

@@ -405,10 +405,12 @@ class DeferredTracer(trace.Tracer):
     `scope` and `hand_over`: the tracer of another instrumentation (DeferredTracerProvider), whose
     spans hand themselves over when they end."""
 
-    def __init__(self, provider, scope: tuple | None = None, hand_over=None):
-        """provider: the SDK's TracerProvider, or another DeferredTracer (its sampler and id generator)."""
+    def __init__(self, provider, scope: tuple | None = None, hand_over=None, send=None):
+        """provider: the SDK's TracerProvider, or another DeferredTracer (its sampler and id generator);
+        send: where a message goes straight to the export process (the replayed HTTP path's), if anywhere."""
         self.scope = scope
         self.hand_over = hand_over
+        self.send = send
         self.id_generator = provider.id_generator
         self.use_sampler(provider.sampler)
 
@@ -430,12 +432,14 @@ class DeferredTracer(trace.Tracer):
         start_time: int | None = None,
         _outbox: Outbox | None = None,
         _start_values: tuple | None = None,
+        _type: type | None = None,
         **_ignored,
     ) -> trace.Span:
         """A DeferredSpan; on a failure of ours a span that records nothing (the caller, the FastAPI
         middleware among them, goes on: the request is served without this span). `_start_values`: a
         GenAI span's start attributes as RequestInfo.start_values, made into attributes only where the
-        sampler must see them (else a RequestSpan keeps the values)."""
+        sampler must see them (else a RequestSpan keeps the values). `_type`: a DeferredSpan subclass to make
+        (the replayed path's ServerSpan: otel_llm/vllm/export/http.py)."""
         try:
             links = links or ()
             parent_span = trace.get_current_span(context)
@@ -479,7 +483,7 @@ class DeferredTracer(trace.Tracer):
                 else None
             )
             deferred = sampled and _start_values is not None
-            span = (RequestSpan if deferred else DeferredSpan)(
+            span = (RequestSpan if deferred else _type or DeferredSpan)(
                 name,
                 span_context,
                 parent,
@@ -544,9 +548,10 @@ class DeferredTracerProvider(trace.TracerProvider):
     """The tracer provider handed to another instrumentation (FastAPI's, for the HTTP server span):
     its spans are DeferredSpans with their own scope, exported by the export process."""
 
-    def __init__(self, tracer: DeferredTracer, hand_over):
+    def __init__(self, tracer: DeferredTracer, hand_over, send=None):
         self._tracer = tracer  # whose sampler and id generator (the user's) its tracers use
         self._hand_over = hand_over
+        self._send = send  # (ExportChannel.send)
 
     @entry("DeferredTracerProvider.get_tracer", fallback=trace.NoOpTracer())
     def get_tracer(
@@ -562,7 +567,7 @@ class DeferredTracerProvider(trace.TracerProvider):
             schema_url,
             dict(attributes) if attributes else None,
         )
-        return DeferredTracer(self._tracer, scope, self._hand_over)
+        return DeferredTracer(self._tracer, scope, self._hand_over, self._send)
 
 
 @entry("hand_over")

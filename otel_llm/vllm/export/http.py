@@ -4,16 +4,18 @@ The instrumentation's middleware (opentelemetry-instrumentation-asgi's OpenTelem
 FastAPIInstrumentor builds it: its attributes, status rules, exclusions and hooks) stays the source of
 the HTTP span and metrics, with its per-request work moved off the API server, vLLM's bottleneck at
 high request rates (benchmarks/server_overhead.py --part fastapi and --part api):
-- With a setup the export process can reproduce (`replayable`) an HTTP request goes through
-  `ReplayingMiddleware.replayed_call`: the API server checks the exclusions, looks the route up (once
-  per method and path), starts the span (ids, parent, sampling: as the maintained
+- With a setup the export process can reproduce (`replayable`) an HTTP request takes the replayed path
+  (`HeldUntilRecorded.__call__`, in front of the outer ServerErrorMiddleware, doing the part of both
+  ServerErrorMiddlewares, which it skips): the API server checks the exclusions,
+  looks the route up (once per method and path), starts the span (ids, parent, sampling: as the maintained
   `_start_internal_or_server_span` does with no span current) and makes it current, counts the
   request as active (in a dict observed at collection: `ActiveRequests`) and keeps plain values:
   the request's ASGI connection scope (its credential headers dropped unless request headers are
-  captured), the route template, the response start and the duration. The export process runs the
+  captured), the route template, the response start and the duration, with the server span's fields,
+  in one ReplayRecord (otel_llm/vllm/export/wire.py). The export process runs the
   maintained middleware again on them (`HttpReplay`: its own `__call__`, with the API server's span
   context and duration), which sets the span's attributes and status and records the HTTP metrics in
-  the same instruments; `merge_replayed` completes the API server's span with them.
+  the same instruments; `merge_replayed` completes the server span with them.
   tests/vllm/test_offload.py compares the exported span and metric points with the maintained
   middleware's, field for field.
 - Any other request (a websocket, one inside another span, a hook of the user's) goes through the
@@ -26,8 +28,8 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import time
 from contextvars import ContextVar
-from typing import NamedTuple
 
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
@@ -40,7 +42,7 @@ from otel_llm.config import Settings
 from otel_llm.sdk import internals
 from otel_llm.vllm import http
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
-from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, Outbox, SpanRecord
+from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, REQUEST, SCOPE_KEYS, Outbox, ReplayRecord, SpanRecord
 from otel_llm.vllm.http import (
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
@@ -69,26 +71,30 @@ def instrument_app(
     )
 
 
-class ReplayRecord(NamedTuple):
-    """What the export process needs to make one HTTP request's span attributes and metrics again."""
+class ServerSpan(DeferredSpan):
+    """The HTTP server span of a request on the replayed path: its end only marks the time (its fields go
+    in the request's ReplayRecord, `ReplayingMiddleware._finish`); `response_started` keeps the response
+    start and the status the span had then (the ending send's `on_other`)."""
 
-    meter_scope: tuple  # (name, version, schema_url) of the middleware's meter
-    redacts: bool  # the query-redaction hook runs
-    trace_id: int
-    span_id: int
-    trace_flags: int
-    sampled: bool
-    name: str  # the span's name
-    route_attributes: dict  # (http.route)
-    scope: dict  # the ASGI HTTP connection scope
-    route: str | None  # the route template the router matched
-    start: tuple | None  # (status, headers, whether the span's status was set after the response start)
-    duration_s: float
+    __slots__ = ("end_ns", "response")
+
+    def response_started(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.response = (message, self._status)
+
+    @inline_entry("ServerSpan.end")
+    def end(self, end_time: int | None = None) -> None:
+        try:
+            if not self._ended:
+                self._ended = True
+                self.end_ns = end_time or time.time_ns()
+        except Exception:  # noqa: BLE001
+            failed("ServerSpan.end")
 
 
 class ReplayingMiddleware(LeanMiddleware):
     """LeanMiddleware with the export process recording the HTTP metrics: what the export process can
-    make again (`replayed`) goes through `replayed_call`."""
+    make again (`replayed`) takes the replayed path (`HeldUntilRecorded.__call__`)."""
 
     meter_scope: tuple
     replayed = False  # an HTTP request's span and metrics are made by the export process (`HttpReplay`)
@@ -96,56 +102,17 @@ class ReplayingMiddleware(LeanMiddleware):
     active_cache: dict
     exclusion_cache: dict
     request_cache: dict
-    server_errors = None  # the ServerErrorMiddleware FastAPIInstrumentor puts inside the maintained middleware
-
-    async def replayed_call(self, scope, receive, send, outer=None) -> bool:
-        """What the maintained middleware's `__call__` does for an HTTP request in the API server when
-        the export process makes its span attributes and metrics (`replayed`; HeldUntilRecorded
-        calls it): the span and its context, the app, one message. False, before anything is sent,
-        on a failure of ours (counted): then the maintained `__call__` serves it. `outer`: the
-        ServerErrorMiddleware FastAPIInstrumentor puts around the maintained middleware, whose part
-        (a 500 response to an exception when none has started) this does, without its wrapper on
-        every message."""
-        start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
-        begun = self._begin(scope)
-        if begun is None:
-            return False
-        if begun is _EXCLUDED:  # (the inner ServerErrorMiddleware answers an exception: nothing left for `outer`)
-            await self.app(scope, receive, send)
-            return True
-        span, token, active, details = begun
-        response: list = []
-
-        def keep_start(message) -> None:  # (and the status set on the span before it)
-            if message["type"] == "http.response.start":
-                response.append((message, span._status))
-
-        ending_send = _ending_send(span, send, keep_start)
-        try:
-            errors = self.server_errors
-            if errors is None:
-                await self.app(scope, receive, ending_send)
-            else:  # the ServerErrorMiddleware inside the maintained one, without its wrapper on every message
-                try:
-                    await errors.app(scope, receive, ending_send)
-                except Exception as exc:
-                    await http.serve_server_error(errors, scope, receive, ending_send, exc, started=bool(response))
-                    raise
-        except Exception as exc:  # what the maintained middleware's `use_span` records of it
-            _record_escaping(span, exc)
-            if outer is not None and not response:
-                await http.serve_server_error(outer, scope, receive, send, exc, started=False)
-            raise
-        finally:
-            self._finish(span, token, active, details, scope, response, asgi.default_timer() - start)
-        return True
+    # the app the replayed path calls (`HeldUntilRecorded.__call__`), doing the part of the middleware it is
+    # inside, `server_errors`: the ServerErrorMiddleware FastAPIInstrumentor puts inside the maintained one
+    replayed_app = None
+    server_errors = None
 
     @inline_entry("LeanMiddleware._begin")
     def _begin(self, scope):
         """What the maintained middleware does before the app, less what the export process does
-        again (`HttpReplay`): the exclusion, the route, the span (its ids, parent and sampling)
-        made current, the active-requests count. None where the maintained `__call__` serves the
-        request (inside another span, instrumentation suppressed, a response propagator set) or on a
+        again (`HttpReplay`): the exclusion, the route, the span (a ServerSpan: its ids, parent and
+        sampling) made current, the active-requests count. None where the maintained `__call__` serves
+        the request (inside another span, instrumentation suppressed, a response propagator set) or on a
         failure of ours."""
         try:
             current = context_api.get_current()
@@ -174,11 +141,11 @@ class ReplayingMiddleware(LeanMiddleware):
                 parent = context_api.Context()
             else:
                 parent = propagate.extract(scope, getter=_header_getter)
-            span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER)
-            if not isinstance(span, DeferredSpan):  # (ours failed: a span that records nothing)
+            span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER, _type=ServerSpan)
+            if not isinstance(span, ServerSpan):  # (ours failed: a span that records nothing)
                 return None
+            span.response = None
             token = context_api.attach(trace.set_span_in_context(span, parent))
-            span.outbox.held = True  # its message waits for what the export process needs after it ends
             self.active_requests_counter.add_key(active, 1)
             return span, token, active, details
         except Exception:  # noqa: BLE001
@@ -191,12 +158,13 @@ class ReplayingMiddleware(LeanMiddleware):
         the app's routes, which are all the maintained middleware's exclusion, span details and counter
         attributes read (the span details only while the routes are host-independent)."""
         routes = scope["app"].routes
+        host = dict.get(index, b"host")  # (a _OneEach's value itself: no list made for it)
         key = (
             scope.get("method"),
             scope.get("scheme"),
             scope.get("http_version"),
             tuple(scope.get("server") or ()),
-            tuple(index.get(b"host", ())),
+            tuple(host) if type(host) is list else host,
             scope.get("root_path", ""),
             scope.get("path"),
             id(routes),
@@ -249,53 +217,75 @@ class ReplayingMiddleware(LeanMiddleware):
         return found
 
     @inline_entry("LeanMiddleware._finish")
-    def _finish(self, span, token, active, details, scope, response: list, duration_s: float) -> None:
+    def _finish(self, span: ServerSpan, token, active, details, scope, duration_s: float) -> None:
         """After the app (as the maintained middleware's `finally`): the count, the context, and the
-        request's message with what the export process replays."""
+        request's message: its ReplayRecord and what the requests in it handed over."""
         try:
             self.active_requests_counter.add_key(active, -1)
             if token:
                 context_api.detach(token)
-            span.outbox.http_replay = self._replay_record(span, details, scope, response, duration_s)
-            if span.is_recording():
+            if not span._ended:  # (no last body was sent)
                 span.end()
-            release(span)
+            record = self._replay_record(span, details, scope, duration_s)
+            tracer = span._tracer
+            if tracer.send is None:
+                span.outbox.http_replay = record
+                tracer.hand_over(span)
+            else:  # (deferred.hand_over's message, made here: a Part with the record alone, then what it adopted)
+                tracer.send((REQUEST, [([], None, None, None, tracer.scope, None, record, None), *span.outbox.adopted]))
         except Exception:  # noqa: BLE001
             failed("LeanMiddleware._finish")
 
-    def _replay_record(self, span, details, scope, response: list, duration_s: float) -> ReplayRecord:
-        """Plain values: the request's ASGI scope (the HTTP connection scope's keys; its headers but
-        credentials, unless request headers are captured), the route template the router matched, the
-        response start (status, headers), the duration, the span's ids, name and route attributes."""
+    def _replay_record(self, span: ServerSpan, details, scope, duration_s: float) -> tuple:
+        """The request's ReplayRecord as a plain tuple (marshal's): the server span's fields, the ASGI
+        connection scope's values (its headers but credentials, unless request headers are captured),
+        the route template the router matched, the response start (status, headers), the duration."""
         try:  # (a server's scope has them all)
-            snapshot = dict(zip(_SCOPE_KEYS, _scope_values(scope)))
+            values = _scope_values(scope)
         except KeyError:
-            snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+            values = {key: scope[key] for key in SCOPE_KEYS if key in scope}
         headers = scope.get("headers") or []
         # copied without credentials only where there are some: the header index (lowercased names) the
         # span's context was extracted with says so in C
-        if self.http_capture_headers_server_request is None and not _CREDENTIAL_HEADERS.isdisjoint(
-            _header_getter.index(headers)
-        ):
-            headers = [header for header in headers if header[0].lower() not in _CREDENTIAL_HEADERS]
-        snapshot["headers"] = headers
-        route = getattr(scope.get("route"), "path_format", None)
+        if self.http_capture_headers_server_request is None:
+            index = _header_getter.index(headers)
+            if not _CREDENTIAL_HEADERS.isdisjoint(index):
+                if type(index) is _OneEach:  # (every name lowercase already)
+                    headers = [header for header in headers if header[0] not in _CREDENTIAL_HEADERS]
+                else:
+                    headers = [header for header in headers if header[0].lower() not in _CREDENTIAL_HEADERS]
+        response = span.response
         start = None
-        if response:  # (status, headers, whether the span's status was set in the API server after it)
-            message, status = response[0]
+        if response is not None:  # (status, headers, whether the span's status was set after it)
+            message, status = response
             start = (message["status"], list(message.get("headers") or ()), span._status is not status)
-        trace_id, span_id, _, flags, _, _ = span._context  # (internals.SPAN_CONTEXT_FIELDS)
-        return ReplayRecord(
+        trace_id, span_id, _, flags, state, _ = span._context  # (internals.SPAN_CONTEXT_FIELDS)
+        parent = span._parent
+        if parent is None:
+            parent_id, parent_remote, parent_flags = 0, False, 0
+        else:
+            _, parent_id, parent_remote, parent_flags, _, _ = parent
+        return (
             self.meter_scope,
             self.redacts,
+            span._name,
             trace_id,
             span_id,
             int(flags),
+            state.to_header() if state else "",
+            parent_id,
+            parent_remote,
+            int(parent_flags),
             span._sampled,
-            details[0],
+            span._start,
+            span.end_ns,
+            span._attributes,
+            span._status,
+            span._events,
             details[1],
-            snapshot,
-            route,
+            values,
+            headers,
+            getattr(scope.get("route"), "path_format", None),
             start,
             duration_s,
         )
@@ -403,21 +393,7 @@ def _default_propagation(propagator) -> bool:
     return internals.default_propagation(propagator)
 
 
-# the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
-_SCOPE_KEYS = (
-    "type",
-    "asgi",
-    "http_version",
-    "method",
-    "scheme",
-    "path",
-    "raw_path",
-    "query_string",
-    "root_path",
-    "client",
-    "server",
-)
-_scope_values = operator.itemgetter(*_SCOPE_KEYS)
+_scope_values = operator.itemgetter(*SCOPE_KEYS)
 # never sent to the export process unless the user captures request headers (then sanitized there)
 _CREDENTIAL_HEADERS = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"))
 
@@ -439,7 +415,8 @@ def take_over(middleware: OpenTelemetryMiddleware, offload_metrics: bool):
     lean.active_requests_counter = ActiveRequests(lean.meter, middleware.active_requests_counter)
     lean.replayed = replayable(lean)
     lean.redacts = _hook(lean) is redacting_hold_nothing_hook
-    lean.server_errors = http.server_error_middleware(lean.app)
+    lean.server_errors = errors = http.server_error_middleware(lean.app)
+    lean.replayed_app = lean.app if errors is None else errors.app
     return HeldUntilRecorded(lean)
 
 
@@ -549,19 +526,19 @@ _held: ContextVar[list | None] = ContextVar("otel_llm_http_held", default=None)
 
 class HeldUntilRecorded:
     """Around LeanMiddleware with the export process. An HTTP request whose span and metrics the
-    export process makes (`ReplayingMiddleware.replayed`) goes to `ReplayingMiddleware.replayed_call`. Any other
+    export process makes (`ReplayingMiddleware.replayed`) takes the replayed path here. Any other
     goes through the maintained middleware's `__call__`: the server span ends when the response's
     last body is sent, the middleware records its metrics after that, and this hands the span's
     message over when they are in.
 
     `in_front_of`: where FastAPIInstrumentor put a ServerErrorMiddleware around the maintained middleware
-    (`outer`), a HeldUntilRecorded in front of it takes the requests `replayed_call` serves (it does
-    that middleware's part: no wrapper of its on every message) and hands the rest to it."""
+    (`outer`), a HeldUntilRecorded in front of it takes the requests of the replayed path (it does that
+    middleware's part: no wrapper of its on every message) and hands the rest to it."""
 
-    def __init__(self, app: LeanMiddleware, outer=None):
+    def __init__(self, app: ReplayingMiddleware, outer=None):
         self.app = app
         self.outer = outer  # the ServerErrorMiddleware around the maintained middleware, with this in front
-        self.behind_front = False  # the one inside `outer`: the one in front tried `replayed_call` already
+        self.behind_front = False  # the one inside `outer`: the one in front took the replayed path already
 
     def in_front_of(self, outer) -> HeldUntilRecorded:
         self.behind_front = True
@@ -569,13 +546,34 @@ class HeldUntilRecorded:
 
     async def __call__(self, scope, receive, send):
         lean = self.app
-        if (
-            scope["type"] == "http"
-            and lean.replayed
-            and not self.behind_front
-            and await lean.replayed_call(scope, receive, send, self.outer)
-        ):
-            return
+        if scope["type"] == "http" and lean.replayed and not self.behind_front:
+            # the replayed path: what the maintained middleware's `__call__` does in the API server when the
+            # export process makes the span's attributes and metrics (`HttpReplay`); the maintained
+            # `__call__` serves the request where `_begin` cannot (None: nothing was sent yet)
+            start = asgi.default_timer()  # (the maintained middleware's clock, read where it reads it)
+            begun = lean._begin(scope)
+            if begun is _EXCLUDED:  # (the inner ServerErrorMiddleware answers an exception: nothing left for `outer`)
+                return await lean.app(scope, receive, send)
+            if begun is not None:
+                span, token, active, details = begun
+                ending_send = _ending_send(span, send, span.response_started)
+                try:
+                    try:
+                        await lean.replayed_app(scope, receive, ending_send)
+                    except Exception as exc:
+                        errors = lean.server_errors
+                        if errors is not None:  # (the part of the ServerErrorMiddleware `replayed_app` is inside)
+                            started = span.response is not None
+                            await http.serve_server_error(errors, scope, receive, ending_send, exc, started)
+                        raise
+                except Exception as exc:  # what the maintained middleware's `use_span` records of it
+                    _record_escaping(span, exc)
+                    if self.outer is not None and span.response is None:
+                        await http.serve_server_error(self.outer, scope, receive, send, exc, started=False)
+                    raise
+                finally:
+                    lean._finish(span, token, active, details, scope, asgi.default_timer() - start)
+                return
         if self.outer is not None:
             return await self.outer(scope, receive, send)
         if scope["type"] != "http":
@@ -662,14 +660,20 @@ class HttpReplay:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def run(self, record: ReplayRecord) -> DeferredSpan:
-        (_, redacts, trace_id, span_id, flags, sampled, name, attributes, scope, route, start, duration_s) = record
-        self.middleware.server_request_hook = redact_query_hook if redacts else None
-        self.tracer.next = (SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags)), sampled)
+        self.middleware.server_request_hook = redact_query_hook if record.redacts else None
+        self.tracer.next = (
+            SpanContext(record.trace_id, record.span_id, is_remote=False, trace_flags=TraceFlags(record.trace_flags)),
+            record.sampled,
+        )
         self.tracer.span = None
-        self._details = (name, attributes)
-        self._start = start
-        if route is not None:
-            scope["route"] = _Route(route)
+        self._details = (record.name, record.route_attributes)
+        self._start = record.start
+        values = record.scope
+        scope = dict(values) if isinstance(values, dict) else dict(zip(SCOPE_KEYS, values))
+        scope["headers"] = record.headers
+        if record.route is not None:
+            scope["route"] = _Route(record.route)
+        duration_s = record.duration_s
         ticks = iter((0.0, duration_s))
         clock = asgi.default_timer
         asgi.default_timer = lambda: next(ticks, duration_s)
@@ -687,6 +691,27 @@ class HttpReplay:
         if self.tracer.span is None:
             raise RuntimeError("the replayed middleware made no span")
         return self.tracer.span
+
+
+def server_span(record: ReplayRecord) -> SpanRecord:
+    """The server span a ReplayRecord carries, as the API server left it (`merge_replayed` completes it)."""
+    return SpanRecord(
+        record.name,
+        record.trace_id,
+        record.span_id,
+        record.trace_flags,
+        record.trace_state,
+        record.parent_span_id,
+        record.parent_is_remote,
+        record.parent_trace_flags,
+        trace.SpanKind.SERVER.value,
+        record.start_ns,
+        record.end_ns,
+        dict(record.attributes),
+        None if record.status is None else tuple(record.status),
+        [],
+        list(record.events),
+    )
 
 
 def merge_replayed(span: SpanRecord, captured: DeferredSpan, start: tuple | None) -> SpanRecord:

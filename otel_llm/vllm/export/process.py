@@ -47,6 +47,7 @@ from otel_llm.vllm.export.wire import (
     REQUEST,
     WHOLE,
     Part,
+    ReplayRecord,
     SpanRecord,
 )
 from otel_llm.vllm.request_facts import END_NS, build, facts_from_plain
@@ -196,21 +197,22 @@ class Exporter:
                 self.metrics.add_tokens(tuple(key), tuple(tokens))
 
     def replay_http(self, spans: list, record: tuple) -> list:
-        """An HTTP request whose span attributes and metrics the maintained ASGI middleware makes here
-        (otel_llm/vllm/export/http.py `HttpReplay`): its metrics recorded, its span completed."""
-        from otel_llm.vllm.export.http import ReplayRecord, merge_replayed
+        """An HTTP request on the replayed path (otel_llm/vllm/export/http.py `HttpReplay`): its metrics
+        recorded, its server span (where sampled) made and completed, after the request's other spans."""
+        from otel_llm.vllm.export.http import merge_replayed, server_span
 
         try:
             record = ReplayRecord(*record)
+            span = server_span(record)
+        except Exception:  # noqa: BLE001
+            failed("reading an HTTP request's replay record", "its HTTP span and metrics are lost")
+            return spans
+        try:
             captured = self._http_replay(tuple(record.meter_scope)).run(record)
         except Exception:  # noqa: BLE001
             failed("replaying an HTTP request's middleware", "its span goes without its HTTP attributes and metrics")
-            return spans
-        merged = []
-        for span in spans:
-            span = SpanRecord(*span)
-            merged.append(merge_replayed(span, captured, record.start) if span.span_id == record.span_id else span)
-        return merged
+            return [*spans, span] if record.sampled else spans
+        return [*spans, merge_replayed(span, captured, record.start)] if record.sampled else spans
 
     def _http_replay(self, meter_scope: tuple):
         """The ASGI instrumentation's middleware for the HTTP requests of one meter scope (the API

@@ -83,7 +83,7 @@ class ExportProcessSink(InProcessSink):
         """The HTTP server span made here and exported with the request's telemetry; its attributes and
         metrics made by the export process where it can (otel_llm/vllm/export/http.py)."""
         channel = self.channel
-        provider = DeferredTracerProvider(self.tracer, lambda span: hand_over(span, channel))
+        provider = DeferredTracerProvider(self.tracer, lambda span: hand_over(span, channel), channel.send)
         return export_http.instrument_app(app, settings, provider, offload_metrics=self.metrics is None)
 
     def start(self) -> None:

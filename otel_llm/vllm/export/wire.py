@@ -55,11 +55,57 @@ class Part(NamedTuple):
     exemplar: tuple | None  # (trace_id, span_id, flags) of the request's span
     scope: tuple | None  # (name, version, schema_url, attributes) of another instrumentation; None: ours
     http_metrics: tuple | None  # (meter scope, [(instrument, value, attributes)])
-    http_replay: tuple | None  # otel_llm/vllm/export/http.py ReplayRecord
+    http_replay: tuple | None  # ReplayRecord: an HTTP request on the replayed path, its server span among it
     # a GenAI request's span handed over unended, and the facts its end is built from (request_facts.py):
     # (SpanRecord as it was, sampled, RequestFacts, its start attributes' values when they were not made:
     # RequestInfo.start_values)
     request: tuple | None = None
+
+
+class ReplayRecord(NamedTuple):
+    """One HTTP request on the replayed path (otel_llm/vllm/export/http.py): its server span's fields, of
+    which the export process makes its SpanRecord (kind SERVER, no links; only where sampled), and what
+    it runs the maintained middleware again on (`HttpReplay`) to make the span's HTTP attributes and
+    status and the HTTP metrics."""
+
+    meter_scope: tuple  # (name, version, schema_url) of the middleware's meter
+    redacts: bool  # the query-redaction hook runs
+    name: str
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: str  # W3C tracestate header
+    parent_span_id: int  # 0: a root span
+    parent_is_remote: bool
+    parent_trace_flags: int
+    sampled: bool
+    start_ns: int
+    end_ns: int
+    attributes: dict  # set on the span in the API server (an exception's status and event aside: none)
+    status: tuple | None  # (StatusCode value, description) set in the API server
+    events: list  # (name, attributes, timestamp) each, recorded in the API server
+    route_attributes: dict  # (http.route) of the span's name
+    scope: tuple | dict  # the ASGI connection scope's values in `SCOPE_KEYS` order (a dict where one is missing)
+    headers: list  # the request's headers (without credentials unless request headers are captured)
+    route: str | None  # the route template the router matched
+    start: tuple | None  # (status, headers, whether the span's status was set after the response start)
+    duration_s: float
+
+
+# the ASGI HTTP connection scope's keys (the spec's), which the maintained middleware reads
+SCOPE_KEYS = (
+    "type",
+    "asgi",
+    "http_version",
+    "method",
+    "scheme",
+    "path",
+    "raw_path",
+    "query_string",
+    "root_path",
+    "client",
+    "server",
+)
 
 
 class Outbox:
@@ -69,7 +115,7 @@ class Outbox:
     `http_metrics`: the HTTP server metrics' values of an HTTP request ((meter scope, [(instrument,
     value, attributes)]), otel_llm/vllm/http.py), recorded by the export process; `http_replay`: what
     the export process needs to make an HTTP request's span attributes and metrics with the
-    maintained middleware (export/http.py `ReplayRecord`); `held`: not handed over when its
+    maintained middleware (`ReplayRecord`); `held`: not handed over when its
     span ends (an HTTP server span, until its metrics are in: http.py `release`)."""
 
     __slots__ = (
@@ -111,7 +157,6 @@ class Outbox:
     def parts(self) -> list[tuple]:
         """This request's Part and the parts it adopted, as the plain tuples marshal carries (marshal
         takes no named tuple: one would send the message down the slow path, `plain`)."""
-        replay = self.http_replay
         return [
             (
                 [tuple(span) for span in self.spans],
@@ -120,7 +165,7 @@ class Outbox:
                 self.exemplar,
                 self.scope,
                 self.http_metrics,
-                None if replay is None else tuple(replay),
+                self.http_replay,  # (a plain tuple: export/http.py `ReplayingMiddleware._replay_record`)
                 self.request,
             ),
             *self.adopted,
@@ -163,6 +208,14 @@ def plain(message: tuple) -> tuple:
         if http_metrics is not None:
             meter_scope, records = http_metrics
             http_metrics = (meter_scope, [(name, value, clean(attributes)) for name, value, attributes in records])
+        if http_replay is not None:  # (its server span's attributes and events)
+            replay = ReplayRecord(*http_replay)
+            http_replay = tuple(
+                replay._replace(
+                    attributes=clean(replay.attributes),
+                    events=[(name, clean(attrs), ts) for name, attrs, ts in replay.events],
+                )
+            )
         if request is not None:  # (its span's attributes and the content captured, cleaned)
             record, sampled, facts, start_values = request
             record = (*record[:11], clean(record[11]), *record[12:])

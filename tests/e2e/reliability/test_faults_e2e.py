@@ -235,9 +235,14 @@ ENTRIES_OFF_THIS_PATH = {
     "SDK's warning about the active-requests counter made again)",
     "otel_llm.vllm.telemetry:observe_failures": "the metric reader's thread, every second (it may or may not fire in "
     "a target's time)",
-    # this server's HTTP requests take the replayed path (export/http.py ReplayingMiddleware.replayed_call); the
+    # this server's HTTP requests take the replayed path (export/http.py HeldUntilRecorded.__call__); the
     # maintained middleware's own __call__ (a websocket, a request inside another span) is faulted in
     # tests/vllm/test_offload.py
+    "otel_llm.vllm.export.http:release": _MAINTAINED_CALL,
+    # the replayed path's server span ends as a ServerSpan (its own guard), and a GenAI span is handed over
+    # unended here (its end is built in the export process)
+    "otel_llm.vllm.export.deferred:DeferredSpan.end": "a span of ours ended in the API server: in the export "
+    "process here (request_facts.build); " + _MAINTAINED_CALL,
     "otel_llm.vllm.http:LeanMiddleware._get_otel_send": _MAINTAINED_CALL,
     "otel_llm.vllm.export.http:ReplayingMiddleware._get_otel_send": _MAINTAINED_CALL,
     "otel_llm.vllm.export.http:DeferredHistogram.record": _MAINTAINED_CALL,
