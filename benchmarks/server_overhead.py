@@ -931,8 +931,8 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
     )
     channel.start()
     child_cpu0 = quiet_cpu_seconds(channel.process.pid, min_threads=2)
-    deferred_provider = deferred.DeferredTracerProvider(
-        deferred.DeferredTracer(tracer_provider), lambda span: deferred.hand_over(span, channel)
+    deferred_provider = deferred.DeferredTracerProvider(  # (as ExportProcessSink.instrument_http makes it)
+        deferred.DeferredTracer(tracer_provider), lambda span: deferred.hand_over(span, channel), channel.send
     )
 
     def make_app():
