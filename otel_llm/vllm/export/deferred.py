@@ -256,23 +256,21 @@ class DeferredSpan(trace.Span):
         except Exception:  # noqa: BLE001 - the span's telemetry (and what it holds) is lost, not the request
             failed("DeferredSpan.end")
 
-    def record(self, end_ns: int) -> SpanRecord:
-        """The span as it is now, ending at end_ns."""
+    def context_fields(self) -> tuple:
+        """SpanRecord's fields from trace_id to parent_trace_flags (ReplayRecord has them in the same order)."""
         trace_id, span_id, _, flags, state, _ = self._context  # (internals.SPAN_CONTEXT_FIELDS)
+        header = state.to_header() if state else ""
         parent = self._parent
         if parent is None:
-            parent_id, parent_remote, parent_flags = 0, False, 0
-        else:
-            _, parent_id, parent_remote, parent_flags, _, _ = parent
+            return trace_id, span_id, int(flags), header, 0, False, 0
+        _, parent_id, parent_remote, parent_flags, _, _ = parent
+        return trace_id, span_id, int(flags), header, parent_id, parent_remote, int(parent_flags)
+
+    def record(self, end_ns: int) -> SpanRecord:
+        """The span as it is now, ending at end_ns."""
         return SpanRecord(
             self._name,
-            trace_id,
-            span_id,
-            int(flags),
-            state.to_header() if state else "",
-            parent_id,
-            parent_remote,
-            int(parent_flags),
+            *self.context_fields(),
             self._kind.value,
             self._start,
             end_ns,
@@ -442,8 +440,11 @@ class DeferredTracer(trace.Tracer):
         (the replayed path's ServerSpan: otel_llm/vllm/export/http.py)."""
         try:
             links = links or ()
-            parent_span = trace.get_current_span(context)
-            parent = parent_span.get_span_context()
+            if context is not None and not context:  # an empty Context (the HTTP server span's, most requests)
+                parent_span, parent = trace.INVALID_SPAN, None
+            else:
+                parent_span = trace.get_current_span(context)
+                parent = parent_span.get_span_context()
             if parent is None or not parent[5]:  # (internals.SPAN_CONTEXT_FIELDS: is_valid)
                 parent = parent_state = None
                 trace_id = self.id_generator.generate_trace_id()

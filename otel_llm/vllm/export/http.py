@@ -138,7 +138,7 @@ class ReplayingMiddleware(LeanMiddleware):
                 and b"traceparent" not in index
                 and b"baggage" not in index
             ):
-                parent = context_api.Context()
+                parent = _EMPTY_CONTEXT
             else:
                 parent = propagate.extract(scope, getter=_header_getter)
             span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER, _type=ServerSpan)
@@ -259,23 +259,11 @@ class ReplayingMiddleware(LeanMiddleware):
         if response is not None:  # (status, headers, whether the span's status was set after it)
             message, status = response
             start = (message["status"], list(message.get("headers") or ()), span._status is not status)
-        trace_id, span_id, _, flags, state, _ = span._context  # (internals.SPAN_CONTEXT_FIELDS)
-        parent = span._parent
-        if parent is None:
-            parent_id, parent_remote, parent_flags = 0, False, 0
-        else:
-            _, parent_id, parent_remote, parent_flags, _, _ = parent
         return (
             self.meter_scope,
             self.redacts,
             span._name,
-            trace_id,
-            span_id,
-            int(flags),
-            state.to_header() if state else "",
-            parent_id,
-            parent_remote,
-            int(parent_flags),
+            *span.context_fields(),
             span._sampled,
             span._start,
             span.end_ns,
@@ -385,6 +373,7 @@ class _OneEach(dict):
 _header_getter = _HeaderGetter()
 _EXCLUDED = object()
 _NO_HEADERS: dict = {}
+_EMPTY_CONTEXT = context_api.Context()  # (a Context takes no item once made: one serves every request)
 
 
 @functools.lru_cache(maxsize=4)
