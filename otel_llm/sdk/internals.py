@@ -224,6 +224,42 @@ def default_propagation(propagator) -> bool:
 SPAN_CONTEXT_FIELDS = ("trace_id", "span_id", "is_remote", "trace_flags", "trace_state", "is_valid")
 
 
+# ---- the current Context and span, read and set by the request path without the API's frames ------------
+
+
+def context_variable():
+    """The ContextVar the API keeps the current Context in: that of its default runtime context
+    (`opentelemetry.context._RUNTIME_CONTEXT`, a ContextVarsRuntimeContext, in its `_current_context`),
+    whose attach, get_current and detach are the variable's set, get and reset. None where
+    OTEL_PYTHON_CONTEXT chose another runtime context. Checked: api 1.45.0-1.45.2."""
+    from contextvars import ContextVar
+
+    from opentelemetry import context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is not ContextVarsRuntimeContext:
+        return None
+    variable = getattr(runtime, "_current_context", None)
+    return variable if isinstance(variable, ContextVar) else None
+
+
+def span_key() -> str:
+    """The Context key set_span_in_context and get_current_span keep a span under (the private
+    `opentelemetry.trace.propagation._SPAN_KEY`). Checked: api 1.45.0-1.45.2."""
+    from opentelemetry.trace import propagation
+
+    return propagation._SPAN_KEY
+
+
+def baggage_key() -> str:
+    """The Context key the baggage API keeps its entries under (the private
+    `opentelemetry.baggage._BAGGAGE_KEY`). Checked: api 1.45.0-1.45.2."""
+    from opentelemetry import baggage
+
+    return baggage._BAGGAGE_KEY
+
+
 def sdk_record_exception(span, exception, attributes=None, timestamp=None, escaped=False) -> None:
     """The SDK Span's `record_exception` run on another span: it builds the exception event's
     attributes and calls only `span.add_event(name="exception", attributes=..., timestamp=...)`.

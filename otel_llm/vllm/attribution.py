@@ -10,14 +10,13 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 from urllib.parse import quote
 
-from opentelemetry import baggage
-
 from otel_llm import semconv
 from otel_llm.config import ENV_API_KEYS_FILE, ENV_ATTRIBUTION_MAX_LENGTH, Settings
+from otel_llm.sdk import current
 from otel_llm.warn import WarnOnce, failed, warn_once
 
 
@@ -47,6 +46,8 @@ class Caller(NamedTuple):
 
 
 NO_CALLER = Caller(None, None, None, None)
+# Caller(*values) without the named tuple's Python __new__ (a frame per request): tuple.__new__ in C
+_new_caller = partial(tuple.__new__, Caller)
 
 
 # callers whose baggage header Attribution.baggage keeps
@@ -107,7 +108,7 @@ class Attribution:
         for index, names in enumerate(header_names):
             found[index] = self._valid(_first_header(headers, names), limit)
         if None in found:
-            entries = baggage.get_all(ctx)
+            entries = current.baggage_in(ctx)  # (baggage.get_all's, without its frames)
             if entries:
                 baggage_keys = (
                     settings.tenant_baggage_keys,
@@ -117,7 +118,7 @@ class Attribution:
                 for index, keys in enumerate(baggage_keys):
                     if found[index] is None:
                         found[index] = self._valid(_first_baggage(entries, keys), limit)
-        return Caller(found[0], found[1], found[2], None)
+        return _new_caller((*found, None, None))
 
     def request_caller(self, headers, fields=None, *, lenient: bool = False) -> Caller:
         """The Caller of one request: caller(headers), with the end user its fields name (fields(name)
@@ -133,7 +134,7 @@ class Attribution:
         if fields is None:
             return caller
         try:
-            return caller._replace(user=self.end_user(fields))
+            return _new_caller((*caller[:4], self.end_user(fields)))  # (caller._replace(user=...))
         except Exception:
             if not lenient:
                 raise

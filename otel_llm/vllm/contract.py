@@ -605,7 +605,11 @@ def read_finish_reasons(response) -> list[str]:
     choices = getattr(response, "choices", None)
     if not choices:
         return []
-    return [str(c.finish_reason) if c.finish_reason is not None else "error" for c in choices]
+    reasons = []
+    for choice in choices:
+        reason = choice.finish_reason
+        reasons.append("error" if reason is None else str(reason))
+    return reasons
 
 
 def read_rejection_type(response) -> str:

@@ -10,6 +10,7 @@ either process: in the API server when the SDK exports from there, in the export
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 from opentelemetry.trace import Status, StatusCode
@@ -102,6 +103,11 @@ class RequestFacts(NamedTuple):
     captured: dict | None  # opt-in content attributes (otel_llm/content.py)
 
 
+# a named tuple made from a tuple of its values in C, without its Python __new__ (a frame per request)
+new_engine_facts = partial(tuple.__new__, EngineFacts)
+new_request_facts = partial(tuple.__new__, RequestFacts)
+
+
 def engine_facts(engine) -> EngineFacts:
     """contract.EngineRequest -> EngineFacts (the text stays behind: content leaves only when captured)."""
     t = engine.timing
@@ -119,7 +125,7 @@ def engine_facts(engine) -> EngineFacts:
         )
     )
     generates = engine.output_tokens is not None
-    return EngineFacts(engine.request_id, engine.external_id, generates, timing, engine.engine_cost)
+    return new_engine_facts((engine.request_id, engine.external_id, generates, timing, engine.engine_cost))
 
 
 _ENGINES = RequestFacts._fields.index("engines")
@@ -129,7 +135,7 @@ CAPTURED = RequestFacts._fields.index("captured")
 
 def plain_facts(facts: RequestFacts) -> tuple:
     """The facts as the plain tuples marshal carries (no named tuples)."""
-    return (*facts[:_ENGINES], [tuple(engine) for engine in facts.engines], *facts[_ENGINES + 1 :])
+    return (*facts[:_ENGINES], list(map(tuple, facts.engines)), *facts[_ENGINES + 1 :])
 
 
 def facts_from_plain(values) -> RequestFacts:

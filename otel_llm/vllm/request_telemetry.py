@@ -16,17 +16,17 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
-from operator import is_not
+from operator import attrgetter, is_not
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry.context import Context
 
 from otel_llm import content, redaction, semconv
+from otel_llm.sdk import current
 from otel_llm.vllm import contract
 from otel_llm.vllm.attribution import NO_CALLER, Caller
-from otel_llm.vllm.request_facts import RequestFacts, cost_summary, engine_facts, start_attributes
-from otel_llm.vllm.request_metrics import MetricKey, outcome
+from otel_llm.vllm.request_facts import cost_summary, engine_facts, new_request_facts, start_attributes
+from otel_llm.vllm.request_metrics import outcome
 from otel_llm.vllm.telemetry import Telemetry, Usage
 from otel_llm.warn import failed, guarded
 
@@ -59,6 +59,8 @@ _USAGE_OPTIONAL = (
     semconv.VLLM_SPEC_ACCEPTED_TOKENS,
 )
 _given = partial(is_not, None)  # value -> value is not None, in C
+_request_id = attrgetter("request_id")
+_spec_figures = attrgetter("spec_decode")
 
 # The request being served in the current task; the engine hooks attach to it.
 CURRENT: ContextVar["RequestTelemetry | None"] = ContextVar("otel_llm_vllm_request", default=None)
@@ -207,7 +209,8 @@ class RequestTelemetry:
         self.info = info
         self.start_ns = start_ns or time.time_ns()
         self.span = telemetry.sink.start_request_span(info, context, links, self.start_ns)
-        self.context = trace.set_span_in_context(self.span)
+        # (trace.set_span_in_context(self.span), without the API's frames: otel_llm/sdk/current.py)
+        self.context = Context({**current.current_context(), current.SPAN_KEY: self.span})
         self.engine_states: list[Any] = []
         self.finish_reasons: dict[str, str] = {}
         self.first_chunk_ns: int | None = None
@@ -326,28 +329,30 @@ class RequestTelemetry:
         if ending.engines and self.telemetry.ledger.enabled and not ending.prefill_leg:
             guarded("writing a request's usage record", self._write_usage, ending)
         metric = guarded("recording a request's metrics", self._metric, ending)
-        facts = RequestFacts(
-            self.info.operation,
-            self.info.model,
-            self.start_ns,
-            ending.end_ns,
-            time.time() - time.monotonic(),
-            self.first_chunk_ns,
-            [engine_facts(engine) for engine in ending.engines],
-            ending.usage_values,
-            ending.finish_reasons,
-            ending.error_type,
-            ending.status_text,
-            ending.request_model if ending.error_type is not None else None,
-            ending.response_model,
-            ending.response_id,
-            ending.conversation_id,
-            ending.reasoning,
-            ending.spec,
-            aborted,
-            self.pd_role,
-            *(metric or (None, None)),
-            ending.captured,
+        facts = new_request_facts(
+            (
+                self.info.operation,
+                self.info.model,
+                self.start_ns,
+                ending.end_ns,
+                time.time() - time.monotonic(),
+                self.first_chunk_ns,
+                list(map(engine_facts, ending.engines)),
+                ending.usage_values,
+                ending.finish_reasons,
+                ending.error_type,
+                ending.status_text,
+                ending.request_model if ending.error_type is not None else None,
+                ending.response_model,
+                ending.response_id,
+                ending.conversation_id,
+                ending.reasoning,
+                ending.spec,
+                aborted,
+                self.pd_role,
+                *(metric or (None, None)),
+                ending.captured,
+            )
         )
         self.telemetry.sink.finish_request(self.span, self.context, facts, self.telemetry)
 
@@ -360,7 +365,7 @@ class RequestTelemetry:
             self.telemetry.untrack_engine_request(contract.read_state_id(state))
         ending.error_type = semconv.ERROR_CLIENT_ABORTED if aborted and error_type is None else error_type
         ending.response = response
-        ending.engines = engines = [contract.read_engine_request(state) for state in self.engine_states]
+        ending.engines = engines = list(map(contract.read_engine_request, self.engine_states))
         ending.usage = usage = self._usage(engines)
         ending.usage_values = (
             (
@@ -440,7 +445,7 @@ class RequestTelemetry:
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
             semconv.GEN_AI_REQUEST_CHOICE_COUNT: info.choice_count or 1,
-            semconv.USAGE_ENGINE_REQUEST_IDS: [engine.request_id for engine in engines],
+            semconv.USAGE_ENGINE_REQUEST_IDS: list(map(_request_id, engines)),
         }
         served = first.lora_name
         optional = (  # (_USAGE_OPTIONAL's order)
@@ -521,15 +526,16 @@ class RequestTelemetry:
         )
         if tokens is not None and self.live_counted is not None:  # the rest of what it counted in flight
             tokens = tuple(max(0, total - counted) for total, counted in zip(tokens, self.live_counted))
-        return tuple(key), tokens
+        return key, tokens
 
-    def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> MetricKey:
-        """The request's metric series, label values guarded."""
+    def _metric_key(self, error_type, request_model: str | None, response_model: str | None) -> tuple:
+        """The request's metric series (a MetricKey's values, as a plain tuple: marshal's, and no named
+        tuple's __new__ per request), label values guarded."""
         tel = self.telemetry
         info = self.info
         # a failed request's model name is whatever the client sent (redacted): guard it like a tenant
         model = request_model if error_type is None else tel.label_failed_model(request_model)
-        return MetricKey(
+        return (
             info.operation,
             model,
             response_model,
@@ -588,7 +594,7 @@ class RequestTelemetry:
 def _spec_decode(engines: list[contract.EngineRequest]) -> tuple[int, int, int] | None:
     """(drafts proposed, accepted, verify steps) summed over the request's engine requests, or None
     when vLLM recorded none (no speculator, or --per-request-spec-decode-metrics none)."""
-    figures = [e.spec_decode for e in engines if e.spec_decode is not None]
+    figures = list(filter(_given, map(_spec_figures, engines)))  # (in C: no comprehension's frame per request)
     if not figures:
         return None
     return tuple(sum(f[i] for f in figures) for i in range(3))
@@ -644,10 +650,10 @@ def end_with_exception(record: RequestTelemetry, exc: BaseException) -> None:
 
 def attach(record: RequestTelemetry):
     """Make record current (OTel context and our ContextVar); returns tokens for detach()."""
-    return otel_context.attach(record.context), CURRENT.set(record)
+    return current.attach(record.context), CURRENT.set(record)
 
 
 def detach(tokens) -> None:
     ctx_token, var_token = tokens
     CURRENT.reset(var_token)
-    otel_context.detach(ctx_token)
+    current.detach(ctx_token)

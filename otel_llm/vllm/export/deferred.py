@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import partial
+from random import getrandbits
 from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import redaction
-from otel_llm.sdk import internals
+from otel_llm.sdk import current, internals
 from otel_llm.vllm.export.wire import Outbox, SpanRecord
-from otel_llm.vllm.request_facts import start_attributes
+from otel_llm.vllm.request_facts import RequestFacts, plain_facts, start_attributes
 from otel_llm.warn import entry, failed, inline_entry
 
 _INTERNAL = SpanKind.INTERNAL.value
+_new_span_context = partial(tuple.__new__, SpanContext)
+_new_span_record = partial(tuple.__new__, SpanRecord)
+_TRACE_ID_MAX, _SPAN_ID_MAX = 2**128 - 1, 2**64 - 1
 _SAMPLED, _RANDOM_TRACE_ID = int(TraceFlags.SAMPLED), int(TraceFlags.RANDOM_TRACE_ID)
 
 
@@ -259,7 +265,7 @@ class DeferredSpan(trace.Span):
     def context_fields(self) -> tuple:
         """SpanRecord's fields from trace_id to parent_trace_flags (ReplayRecord has them in the same order)."""
         trace_id, span_id, _, flags, state, _ = self._context  # (internals.SPAN_CONTEXT_FIELDS)
-        header = state.to_header() if state else ""
+        header = "" if state is DEFAULT_TRACE_STATE or not state else state.to_header()
         parent = self._parent
         if parent is None:
             return trace_id, span_id, int(flags), header, 0, False, 0
@@ -268,7 +274,11 @@ class DeferredSpan(trace.Span):
 
     def record(self, end_ns: int) -> SpanRecord:
         """The span as it is now, ending at end_ns."""
-        return SpanRecord(
+        return _new_span_record(self.record_values(end_ns))
+
+    def record_values(self, end_ns: int) -> tuple:
+        """`record`'s values as a plain tuple (marshal's)."""
+        return (
             self._name,
             *self.context_fields(),
             self._kind.value,
@@ -276,15 +286,15 @@ class DeferredSpan(trace.Span):
             end_ns,
             self._attributes,
             self._status,
-            [_link(link) for link in self._links],
+            list(map(_link, self._links)),
             self._events,
         )
 
-    def hand_over_unended(self, facts: tuple, channel) -> None:
+    def hand_over_unended(self, facts: RequestFacts, channel) -> None:
         """A request's span, not ended here: it goes to the export process as it is, with the facts
         its end is built from there (request_facts.py, `resume`)."""
         self._ended = True
-        self.outbox.request = (tuple(self.record(0)), self._sampled, facts, None)
+        self.outbox.request = (self.record_values(0), self._sampled, plain_facts(facts), None)
         hand_over(self, channel)
 
 
@@ -332,9 +342,14 @@ class RequestSpan(DeferredSpan):
         self._start_attributes()
         return DeferredSpan.record(self, end_ns)
 
-    def hand_over_unended(self, facts: tuple, channel) -> None:
+    def hand_over_unended(self, facts: RequestFacts, channel) -> None:
         self._ended = True
-        self.outbox.request = (tuple(DeferredSpan.record(self, 0)), self._sampled, facts, self.start_values)
+        self.outbox.request = (
+            DeferredSpan.record_values(self, 0),
+            self._sampled,
+            plain_facts(facts),
+            self.start_values,
+        )
         hand_over(self, channel)
 
 
@@ -410,6 +425,7 @@ class DeferredTracer(trace.Tracer):
         self.hand_over = hand_over
         self.send = send
         self.id_generator = provider.id_generator
+        self._random_ids = type(provider.id_generator) is RandomIdGenerator
         self.use_sampler(provider.sampler)
 
     def use_sampler(self, sampler) -> None:
@@ -443,12 +459,18 @@ class DeferredTracer(trace.Tracer):
             if context is not None and not context:  # an empty Context (the HTTP server span's, most requests)
                 parent_span, parent = trace.INVALID_SPAN, None
             else:
-                parent_span = trace.get_current_span(context)
+                parent_span = (current.current_context() if context is None else context).get(current.SPAN_KEY)
+                if not isinstance(parent_span, trace.Span):  # (trace.get_current_span's, without its frames)
+                    parent_span = trace.INVALID_SPAN
                 parent = parent_span.get_span_context()
             if parent is None or not parent[5]:  # (internals.SPAN_CONTEXT_FIELDS: is_valid)
                 parent = parent_state = None
-                trace_id = self.id_generator.generate_trace_id()
-                random_trace_id = self.id_generator.is_trace_id_random()
+                if self._random_ids:  # (RandomIdGenerator's, without its frames: it redraws a 0)
+                    trace_id = getrandbits(128) or self.id_generator.generate_trace_id()
+                    random_trace_id = True
+                else:
+                    trace_id = self.id_generator.generate_trace_id()
+                    random_trace_id = self.id_generator.is_trace_id_random()
                 kind_of_parent = 0
             else:
                 trace_id, _, parent_remote, parent_flags, parent_state, _ = parent  # (SPAN_CONTEXT_FIELDS)
@@ -468,9 +490,22 @@ class DeferredTracer(trace.Tracer):
             flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
             if random_trace_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
-            span_id = self.id_generator.generate_span_id()
-            span_context = SpanContext(
-                trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=trace_state
+            span_id = (
+                (getrandbits(64) or self.id_generator.generate_span_id())
+                if self._random_ids
+                else self.id_generator.generate_span_id()
+            )
+            # SpanContext(trace_id, span_id, False, TraceFlags(flags), trace_state) without its __new__'s frame:
+            # the tuple of its fields (internals.SPAN_CONTEXT_FIELDS), is_valid as it computes it
+            span_context = _new_span_context(
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    TraceFlags(flags),
+                    DEFAULT_TRACE_STATE if trace_state is None else trace_state,
+                    0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX,
+                )
             )
             outbox = _outbox if _outbox is not None else Outbox(self.scope)
             # (recording-but-unsampled spans are never exported by the SDK's batch processor: not kept)
@@ -576,7 +611,7 @@ def hand_over(span: DeferredSpan, channel) -> None:
     """A finished span's telemetry: along with its holder when that is still open, else to the
     export process now."""
     outbox = span.outbox
-    if outbox.held or outbox.empty():
+    if outbox.request is None and (outbox.held or outbox.empty()):  # (a request's span is never held or empty)
         return
     holder = span.holder
     if holder is not None and holder.holds and not holder._ended:
@@ -586,7 +621,7 @@ def hand_over(span: DeferredSpan, channel) -> None:
 
 
 def outbox_of(context) -> Outbox | None:
-    span = trace.get_current_span(context)
+    span = (current.current_context() if context is None else context).get(current.SPAN_KEY)
     return span.outbox if isinstance(span, DeferredSpan) else None
 
 

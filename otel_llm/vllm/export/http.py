@@ -33,13 +33,14 @@ from contextvars import ContextVar
 
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.instrumentation import asgi
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from opentelemetry.instrumentation.propagators import get_global_response_propagator
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_llm.config import Settings
-from otel_llm.sdk import internals
+from otel_llm.sdk import current, internals
 from otel_llm.vllm import http
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
 from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, REQUEST, SCOPE_KEYS, Outbox, ReplayRecord, SpanRecord
@@ -115,10 +116,9 @@ class ReplayingMiddleware(LeanMiddleware):
         the request (inside another span, instrumentation suppressed, a response propagator set) or on a
         failure of ours."""
         try:
-            current = context_api.get_current()
-            if current and (
-                trace.get_current_span(current) is not trace.INVALID_SPAN
-                or not _replay_parts.is_http_instrumentation_enabled()
+            now = current.current_context()
+            if now and (
+                current.span_in(now) is not trace.INVALID_SPAN or not _replay_parts.is_http_instrumentation_enabled()
             ):
                 return None
             if get_global_response_propagator() is not None:
@@ -145,7 +145,7 @@ class ReplayingMiddleware(LeanMiddleware):
             if not isinstance(span, ServerSpan):  # (ours failed: a span that records nothing)
                 return None
             span.response = None
-            token = context_api.attach(trace.set_span_in_context(span, parent))
+            token = current.attach(Context({**parent, current.SPAN_KEY: span}))  # (trace.set_span_in_context's)
             self.active_requests_counter.add_key(active, 1)
             return span, token, active, details
         except Exception:  # noqa: BLE001
@@ -223,7 +223,7 @@ class ReplayingMiddleware(LeanMiddleware):
         try:
             self.active_requests_counter.add_key(active, -1)
             if token:
-                context_api.detach(token)
+                current.detach(token)
             if not span._ended:  # (no last body was sent)
                 span.end()
             record = self._replay_record(span, details, scope, duration_s)

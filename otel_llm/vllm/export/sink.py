@@ -15,7 +15,7 @@ from otel_llm.vllm.export.deferred import (
     UsageEvents,
     hand_over,
 )
-from otel_llm.vllm.request_facts import RequestFacts, plain_facts
+from otel_llm.vllm.request_facts import RequestFacts
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.vllm.sink import InProcessSink, build_here
 from otel_llm.warn import guarded
@@ -49,7 +49,7 @@ class ExportProcessSink(InProcessSink):
         """A request's span goes to the export process unended with its facts, and its end, phase spans
         and metrics are built there; here only where the request metrics stay in this process."""
         if self.metrics is None and isinstance(span, DeferredSpan) and not span._ended:
-            guarded("handing a request's telemetry to the export process", _hand_over_facts, span, facts, self)
+            guarded("handing a request's telemetry to the export process", span.hand_over_unended, facts, self.channel)
         else:
             build_here(self, span, context, facts, telemetry)
 
@@ -98,7 +98,3 @@ class ExportProcessSink(InProcessSink):
         """Flush and stop the export process within timeout_s; its report of what it could not export
         (the bounded exit flush, otel_llm/sdk/shutdown.py, counts it in its one warning)."""
         return self.channel.close(timeout_s)
-
-
-def _hand_over_facts(span: DeferredSpan, facts: RequestFacts, sink: ExportProcessSink) -> None:
-    span.hand_over_unended(plain_facts(facts), sink.channel)

@@ -159,7 +159,7 @@ class Outbox:
         takes no named tuple: one would send the message down the slow path, `plain`)."""
         return [
             (
-                [tuple(span) for span in self.spans],
+                list(map(tuple, self.spans)),
                 self.measurement,
                 self.usage_event,
                 self.exemplar,
