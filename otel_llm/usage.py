@@ -109,7 +109,9 @@ class Spool(_SpoolFiles):
         """Append one line (ending in a newline). False when it was dropped."""
         with self._lock:
             try:
-                fd = self._file()
+                fd = self._fd  # (an open file that needs no rotation, without _file's frame)
+                if fd is None or self._size >= self.max_bytes or time.monotonic() - self._opened_at >= self.max_age_s:
+                    fd = self._file()
             except OSError as exc:
                 self._drop(semconv.DROP_OPEN, f"cannot open a usage spool file in {self.directory}: {exc}")
                 return False
@@ -284,10 +286,7 @@ class UsageLedger:
         self._warn = WarnOnce(_log)
         if self.spool is not None:
             atexit.register(self.spool.close)
-
-    @property
-    def enabled(self) -> bool:
-        return self.spool is not None or self._event_logger is not None
+        self.enabled = self.spool is not None or self._event_logger is not None  # (read per request: no property)
 
     def count_drop(self, reason: str) -> None:
         try:
@@ -302,8 +301,14 @@ class UsageLedger:
         try:
             if self.spool is not None:
                 self._write_line(fields, end_ns, span_context)
-            if self._event_logger is not None:
-                emit_event(self._event_logger, fields, end_ns, context)
+            if self._event_logger is not None:  # (emit_event's call, here)
+                self._event_logger.emit(
+                    timestamp=end_ns,
+                    observed_timestamp=end_ns,
+                    context=context,
+                    event_name=semconv.USAGE_EVENT,
+                    attributes=fields,
+                )
         except Exception:  # noqa: BLE001 - a usage record never breaks serving
             self.count_drop(semconv.DROP_ERROR)
             self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
@@ -324,7 +329,11 @@ class UsageLedger:
         if span_context is not None and span_context[5]:  # (sdk/internals.py SPAN_CONTEXT_FIELDS: is_valid)
             line[semconv.USAGE_TRACE_ID] = format(span_context[0], "032x")
             line[semconv.USAGE_SPAN_ID] = format(span_context[1], "016x")
-        self.spool.write(json_line(line))
+        try:  # (json_line's, without its frame: its fallback for a value msgspec does not take)
+            data = _encode(line) + b"\n"
+        except Exception:  # noqa: BLE001
+            data = json_line(line)
+        self.spool.write(data)
 
     def close(self) -> None:
         if self.spool is not None:

@@ -39,14 +39,3 @@ def span_in(context: Context | None):
     where it holds none."""
     span = (current_context() if context is None else context).get(SPAN_KEY)
     return span if isinstance(span, Span) else INVALID_SPAN
-
-
-def with_span(span, context: Context | None = None) -> Context:
-    """trace.set_span_in_context(span, context): a copy of context (None: the current one) holding span."""
-    return Context({**(current_context() if context is None else context), SPAN_KEY: span})
-
-
-def baggage_in(context: Context | None) -> dict:
-    """baggage.get_all(context)'s entries (as a dict, read only here): {} where it holds none."""
-    entries = (current_context() if context is None else context).get(BAGGAGE_KEY)
-    return entries if isinstance(entries, dict) else {}

@@ -105,11 +105,17 @@ class Attribution:
         settings = self.settings
         limit = settings.attribution_max_length
         header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
-        for index, names in enumerate(header_names):
-            found[index] = self._valid(_first_header(headers, names), limit)
+        if headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
+            for index, names in enumerate(header_names):
+                for name in names:
+                    value = headers.get(name)
+                    if value:
+                        found[index] = self._valid(value, limit)
+                        break
         if None in found:
-            entries = current.baggage_in(ctx)  # (baggage.get_all's, without its frames)
-            if entries:
+            # baggage.get_all(ctx)'s entries, without the API's frames (otel_llm/sdk/current.py)
+            entries = (current.current_context() if ctx is None else ctx).get(current.BAGGAGE_KEY)
+            if entries and isinstance(entries, dict):
                 baggage_keys = (
                     settings.tenant_baggage_keys,
                     settings.scene_baggage_keys,

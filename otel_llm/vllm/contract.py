@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -577,10 +578,11 @@ def read_request_metadata(raw_request):
 
 
 def is_stream(result) -> bool:
-    """A handler answered with a stream (an async generator of SSE chunks). Asked of its type, where the
-    async iterator protocol looks: a pydantic response's own `__getattr__` raises and catches an
-    AttributeError for a name it lacks, per request."""
-    return hasattr(type(result), "__anext__")
+    """A handler answered with a stream (an async generator of SSE chunks): an async iterator, asked of
+    its class by the ABC's cache in C. (Asking the result, or its class, for `__anext__` has pydantic's
+    `__getattr__`, or its model class's metaclass `__getattr__`, raise and catch an AttributeError per
+    request.)"""
+    return isinstance(result, AsyncIterator)
 
 
 def generation_response(result):

@@ -49,14 +49,15 @@ class LiveCounter:
     def track(self, record) -> None:
         """A request reached the engine (on the event loop, or offline without one: then it counts
         when it ends)."""
-        if not self.enabled:
+        if self.interval_s <= 0:  # (not `enabled`: no property call per request)
             return
         self._records[record] = None
-        if self._timer is None or self._timer_loop.is_closed():  # (a loop closed with the timer pending)
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
+        loop = asyncio._get_running_loop()  # (None without one; C, as is everything here per request)
+        if loop is None:
+            return
+        if self._timer is None or self._timer_loop is not loop:  # (a timer on another loop, closed or not)
+            if self._timer is not None:
+                self._timer.cancel()
             self._timer, self._timer_loop = loop.call_later(self.interval_s, self._tick), loop
 
     def untrack(self, record) -> None:

@@ -229,7 +229,7 @@ class RequestTelemetry:
     # --- engine events (API-server process, output handler task) ---------------------------
     def attach_engine_request(self, req_state) -> None:
         self.engine_states.append(req_state)
-        self.telemetry.track_engine_request(contract.read_state_id(req_state), self)
+        self.telemetry.engine_records[contract.read_state_id(req_state)] = self
         self.telemetry.live.track(self)
 
     # Whatever the order of vLLM's hooks (finish, final output, abort; newer releases send aborted requests
@@ -242,15 +242,15 @@ class RequestTelemetry:
         reason = str(finish_reason)
         self.finish_reasons[engine_id] = reason
         if reason == semconv.FINISH_REASON_ABORT:
-            self.telemetry.untrack_engine_request(engine_id)
+            self.telemetry.engine_records.pop(engine_id, None)
             self.on_engine_aborted()
             return
         if not self.engine_owned:
-            self.telemetry.untrack_engine_request(engine_id)
+            self.telemetry.engine_records.pop(engine_id, None)
             return
         if final_output_follows and engine_id not in (self.final_outputs or ()):
             return  # still tracked: its final output finds this record (ending untracks it)
-        self.telemetry.untrack_engine_request(engine_id)
+        self.telemetry.engine_records.pop(engine_id, None)
         self._end_when_done(final_output_follows)
 
     def on_final_output(self, req_state) -> None:
@@ -362,7 +362,7 @@ class RequestTelemetry:
         ending = _Ending()
         ending.end_ns = time.time_ns()
         for state in self.engine_states:
-            self.telemetry.untrack_engine_request(contract.read_state_id(state))
+            self.telemetry.engine_records.pop(contract.read_state_id(state), None)
         ending.error_type = semconv.ERROR_CLIENT_ABORTED if aborted and error_type is None else error_type
         ending.response = response
         ending.engines = engines = list(map(contract.read_engine_request, self.engine_states))

@@ -65,24 +65,12 @@ class Telemetry:
         semconv.create_instrument(meter, semconv.INSTRUMENTATION_FAILURES, [observe_failures])
         # set when the hook that reads the engine's figures off a request's final output is in place
         self.reads_final_outputs = False
-        # internal engine request id -> its RequestTelemetry, while the engine holds the request
-        self._by_engine_id: dict[str, Any] = {}
+        # internal engine request id -> its RequestTelemetry, while the engine holds the request: the
+        # registry the engine hooks find a request's record by (its own dict methods on the request path:
+        # no method of ours per lookup)
+        self.engine_records: dict[str, Any] = {}
         # long requests' tokens so far, every OTEL_LLM_LIVE_INTERVAL (otel_llm/vllm/live.py)
         self.live = LiveCounter(settings.live_interval_s, sink.count_progress)
 
-    # --- engine requests in flight (the registry engine hooks find a request's record by) ------
-    def track_engine_request(self, engine_id: str, record) -> None:
-        self._by_engine_id[engine_id] = record
-
-    def untrack_engine_request(self, engine_id: str):
-        """Forget an engine request; its record, if it was tracked."""
-        return self._by_engine_id.pop(engine_id, None)
-
-    def engine_request_tracked(self, engine_id: str) -> bool:
-        return engine_id in self._by_engine_id
-
-    def engine_request_record(self, engine_id: str):
-        return self._by_engine_id.get(engine_id)
-
     def engine_requests_in_flight(self) -> int:
-        return len(self._by_engine_id)
+        return len(self.engine_records)

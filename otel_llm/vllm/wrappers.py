@@ -15,7 +15,7 @@ from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
 from otel_llm.vllm.attribution import first_values
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
-from otel_llm.vllm.streams import _StreamTelemetry, current_span
+from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
 from otel_llm.warn import entry
 from otel_llm.warn import guard as _safe
@@ -64,8 +64,14 @@ def handler_wrapper(operation: str, api_type: str | None = None):
             if record is None:
                 return await wrapped(*args, **kwargs)
             _mark_traced(raw_request)
-            with current_span(record):
+            tokens = _make_current(record)  # (streams.current_span's steps, without its three methods' frames)
+            try:
                 result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                _end_on_exception(record, exc)
+                raise
+            finally:
+                _restore_context(tokens)
             return _finish_handler(record, result, raw_request)
 
         return wrapper
@@ -134,7 +140,7 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         return
     engine_id = contract.read_engine_request_id(request)
     state = contract.read_request_states(output_processor).get(engine_id)
-    if state is not None and not tel.engine_request_tracked(engine_id):
+    if state is not None and engine_id not in tel.engine_records:
         record.attach_engine_request(state)
         if record.pd_role is None:
             record.pd_role = _pd_role(request)
@@ -176,7 +182,7 @@ def _pd_role(request) -> str | None:
 def engine_finished(tel: Telemetry):
     @_safe("recording an engine finish")
     def on_finish(output_processor, req_state, finish_reason):
-        record = tel.engine_request_record(contract.read_state_id(req_state))
+        record = tel.engine_records.get(contract.read_state_id(req_state))
         if record is not None:
             record.on_engine_finished(
                 req_state, finish_reason, tel.reads_final_outputs and contract.final_outputs_enabled(output_processor)
@@ -196,7 +202,7 @@ def engine_aborted(tel: Telemetry):
     @_safe("recording an engine abort")
     def on_abort(aborted_ids):
         for request_id in aborted_ids or ():
-            record = tel.untrack_engine_request(request_id)
+            record = tel.engine_records.pop(request_id, None)
             if record is not None:
                 record.on_engine_aborted()
 
@@ -218,7 +224,7 @@ def native_tracing_off(tel: Telemetry):
     @_safe("reading an engine request's final output")
     def on_final_output(engine_core_output, req_state):
         contract.stash_engine_cost(engine_core_output, req_state)
-        record = tel.engine_request_record(contract.read_state_id(req_state))
+        record = tel.engine_records.get(contract.read_state_id(req_state))
         if record is not None:
             record.on_final_output(req_state)
 

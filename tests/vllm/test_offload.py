@@ -427,7 +427,7 @@ def test_the_sampler_answers_as_the_sdk_asks_it(sampler, monkeypatch):
 
 
 def test_a_request_span_makes_its_start_attributes_when_they_are_read_or_set_here():
-    """DeferredTracer.start_request_span keeps a GenAI span's start attributes as values; what reads or
+    """DeferredTracer.start_span with `_start_values` keeps a GenAI span's start attributes as values; what reads or
     sets its attributes in this process, or ends it here, sees them as the SDK's span has them: the
     same ids and flags as start_span, the start attributes first, an overwritten one moved last."""
     from otel_llm.vllm.request_facts import start_attributes
@@ -439,7 +439,7 @@ def test_a_request_span_makes_its_start_attributes_when_they_are_read_or_set_her
     for how in ("read", "set", "ended"):
         tracer = deferred.DeferredTracer(TracerProvider(id_generator=Sequence()))
         parent = trace.set_span_in_context(tracer.start_span("POST", context=remote))
-        span = tracer.start_request_span("chat tiny", values, parent, None, T0)
+        span = tracer.start_span("chat tiny", parent, trace.SpanKind.INTERNAL, None, None, T0, _start_values=values)
         assert type(span) is deferred.RequestSpan and span.start_values == values
         made[how] = span
         if how == "read":
@@ -1549,7 +1549,7 @@ def test_a_requests_end_built_in_the_export_process_equals_the_one_built_in_proc
     (request_facts.py); the span's end attributes, its phase spans and its metrics built there are
     the ones the SDK builds from the same facts in the API server, field for field (the phase spans'
     own ids aside: the export process makes them). Under a sampled parent (an HTTP server span, a
-    remote one) its start attributes are made there too (DeferredTracer.start_request_span)."""
+    remote one) its start attributes are made there too (DeferredTracer.start_span's `_start_values`)."""
     from types import SimpleNamespace
 
     from opentelemetry.sdk.metrics import MeterProvider

@@ -299,7 +299,7 @@ class DeferredSpan(trace.Span):
 
 
 class RequestSpan(DeferredSpan):
-    """A request's GenAI span made by DeferredTracer.start_request_span: its start attributes kept as
+    """A request's GenAI span made by DeferredTracer.start_span with `_start_values`: its start attributes kept as
     RequestInfo.start_values, made into attributes only when something in this process reads or sets
     the span's attributes, or ends it here. Handed over unended, the values go, and the export process
     makes them (`resume`)."""
@@ -539,17 +539,6 @@ class DeferredTracer(trace.Tracer):
             return span
         except Exception:  # noqa: BLE001
             failed("DeferredTracer.start_span")
-            return trace.INVALID_SPAN
-
-    @inline_entry("DeferredTracer.start_request_span")
-    def start_request_span(self, name: str, start_values: tuple, context, links, start_ns: int) -> trace.Span:
-        """A request's GenAI span: start_span's, a RequestSpan whose start attributes
-        (request_facts.start_attributes(start_values)) are made only where needed, wherever the sampler's
-        answer is known without them."""
-        try:
-            return self.start_span(name, context, SpanKind.INTERNAL, None, links, start_ns, _start_values=start_values)
-        except Exception:  # noqa: BLE001
-            failed("DeferredTracer.start_request_span")
             return trace.INVALID_SPAN
 
     @inline_entry("DeferredTracer.start_as_current_span")

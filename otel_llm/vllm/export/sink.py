@@ -4,6 +4,8 @@ export process (otel_llm/vllm/export/channel.py)."""
 
 from __future__ import annotations
 
+from opentelemetry.trace import SpanKind
+
 from otel_llm import semconv
 from otel_llm.vllm.export import http as export_http
 from otel_llm.vllm.export.channel import ExportChannel
@@ -40,9 +42,16 @@ class ExportProcessSink(InProcessSink):
 
     def start_request_span(self, info, context, links, start_ns: int):
         """A request's GenAI span, its start attributes built in the export process where it can
-        (DeferredTracer.start_request_span)."""
-        return self.tracer.start_request_span(
-            semconv.genai_span_name(info.operation, info.model), info.start_values(), context, links, start_ns
+        (DeferredTracer.start_span's `_start_values`: a RequestSpan where the sampler's answer is known without
+        them)."""
+        return self.tracer.start_span(
+            semconv.genai_span_name(info.operation, info.model),
+            context,
+            SpanKind.INTERNAL,
+            None,
+            links,
+            start_ns,
+            _start_values=info.start_values(),
         )
 
     def finish_request(self, span, context, facts: RequestFacts, telemetry) -> None:
