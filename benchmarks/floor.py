@@ -202,7 +202,7 @@ class Floor:
         for engine in engines:
             self.engine_requests.pop(engine.request_id, None)
         first = engines[0]
-        response_id = contract.read_metadata_id(contract.read_request_metadata(raw_request))
+        response_id = contract.read_response_metadata(raw_request)[1]
         input_tokens = sum(e.prompt_tokens for e in engines)
         cached = sum(e.cached_tokens for e in engines)
         output_tokens = sum(e.output_tokens or 0 for e in engines)

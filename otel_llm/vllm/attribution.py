@@ -197,10 +197,14 @@ class Attribution:
 
 
 def first_values(headers):
-    """Starlette's Headers as a mapping of each name's first value, made in one pass over its raw list:
-    its own get() scans that list and raises and catches a KeyError for each name a request lacks (the
-    tenant, scene and cost-center headers most requests do not send), per request. Any other mapping
-    (or None, or a view this made) as it is."""
+    """An ASGI scope's header list, or Starlette's Headers, as a mapping of each name's first value, made
+    in one pass over the list: Headers' own get() scans it and raises and catches a KeyError for each
+    name a request lacks (the tenant, scene and cost-center headers most requests do not send), per
+    request. Any other mapping (or None, or a view this made) as it is."""
+    if type(headers) is list:  # an ASGI scope's (name, value) byte pairs (contract.read_headers)
+        return _FirstValues(headers)
+    if type(headers) is _FirstValues:
+        return headers
     raw = getattr(headers, "raw", None)
     if type(raw) is not list:
         return headers

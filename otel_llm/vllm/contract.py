@@ -330,6 +330,7 @@ def read_engine_request(state) -> EngineRequest:
     detokenizer = state.detokenizer
     stats = state.stats
     text = getattr(detokenizer, "output_text", None)  # BaseIncrementalDetokenizer only
+    spec = getattr(state, "spec_decode_metrics", None)
     return EngineRequest(
         request_id=state.request_id,
         external_id=state.external_req_id,
@@ -342,8 +343,8 @@ def read_engine_request(state) -> EngineRequest:
         output_tokens=detokenizer.num_output_tokens() if detokenizer is not None else None,
         output_text=text if isinstance(text, str) else None,
         lora_name=getattr(state, "lora_name", None),
-        engine_cost=_stashed_engine_cost(state),
-        spec_decode=_spec_decode(getattr(state, "spec_decode_metrics", None)),  # vLLM >= 0.30
+        engine_cost=getattr(state, _STASHED_COST, None),  # (stash_engine_cost's)
+        spec_decode=None if spec is None else _spec_decode(spec),  # vLLM >= 0.30
         timing=None
         if stats is None
         else EngineTiming(
@@ -360,8 +361,6 @@ def read_engine_request(state) -> EngineRequest:
 
 def _spec_decode(metrics) -> tuple[int, int, int] | None:
     """RequestSpecDecodeMetrics: histogram[j] = verify steps that accepted j draft tokens."""
-    if metrics is None:
-        return None
     try:
         histogram = metrics.histogram
         return int(metrics.num_draft_tokens), sum(j * count for j, count in enumerate(histogram)), sum(histogram)
@@ -374,11 +373,26 @@ def _spec_decode(metrics) -> tuple[int, int, int] | None:
         return None
 
 
-def read_session_id(engine_request) -> str | None:
-    """EngineCoreRequest.session_id (vLLM >= 0.30): the body's session_id, else X-Session-ID, else
-    vllm_xargs.session_id, as vLLM's serving layer chose it; or the session_id AsyncLLM.generate got."""
-    value = getattr(engine_request, "session_id", None)
-    return value if isinstance(value, str) and value else None
+def read_added_request(output_processor, engine_request) -> tuple:
+    """What the request path reads of an EngineCoreRequest vLLM's OutputProcessor has just added, in one
+    call (once per engine request, in the API server; each distinct function it runs costs the API
+    server cache misses):
+    - its internal id (EngineCoreRequest.request_id, which OutputProcessor keys its RequestStates by);
+    - the RequestState OutputProcessor keeps for it (OutputProcessor.request_states), or None;
+    - its kv_transfer_params (P/D), from its sampling params' extra_args, or None;
+    - its session id (EngineCoreRequest.session_id, vLLM >= 0.30: the body's session_id, else
+      X-Session-ID, else vllm_xargs.session_id, as vLLM's serving layer chose it; or the session_id
+      AsyncLLM.generate got), or None."""
+    engine_id = engine_request.request_id
+    extra = getattr(getattr(engine_request, "sampling_params", None), "extra_args", None)
+    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+    session = getattr(engine_request, "session_id", None)
+    return (
+        engine_id,
+        output_processor.request_states.get(engine_id),
+        params if isinstance(params, dict) else None,
+        session if isinstance(session, str) and session else None,
+    )
 
 
 def read_reasoning_tokens(response, metadata) -> int | None:
@@ -395,11 +409,6 @@ def read_reasoning_tokens(response, metadata) -> int | None:
 def read_state_id(state) -> str:
     """RequestState.request_id: the internal id of the engine request a RequestState tracks."""
     return state.request_id
-
-
-def read_engine_request_id(engine_request) -> str:
-    """EngineCoreRequest.request_id: the internal id OutputProcessor keys its RequestStates by."""
-    return engine_request.request_id
 
 
 def read_engine_model(engine) -> str | None:
@@ -438,18 +447,6 @@ def read_error(result) -> tuple[str, str] | None:
     return None
 
 
-def read_request_states(output_processor) -> dict:
-    """OutputProcessor.request_states: internal request id -> RequestState."""
-    return output_processor.request_states
-
-
-def read_kv_transfer_params(engine_request) -> dict | None:
-    """The kv_transfer_params of an EngineCoreRequest (P/D), from its sampling params' extra_args."""
-    extra = getattr(getattr(engine_request, "sampling_params", None), "extra_args", None)
-    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
-    return params if isinstance(params, dict) else None
-
-
 def read_reported_usage(metadata) -> tuple[int, int, int] | None:
     """(prompt, completion, cached prompt) tokens vLLM put in the response's usage, from its
     RequestResponseMetadata.final_usage_info."""
@@ -461,10 +458,19 @@ def read_reported_usage(metadata) -> tuple[int, int, int] | None:
     return prompt, getattr(info, "completion_tokens", None) or 0, cached if isinstance(cached, int) else 0
 
 
-def read_metadata_id(metadata) -> str | None:
-    """RequestResponseMetadata.request_id: the id vLLM puts in the response and every chunk."""
+def read_response_metadata(raw_request) -> tuple:
+    """(the RequestResponseMetadata vLLM's handler keeps on raw_request.state, or None; its request_id, the
+    id vLLM puts in the response and every chunk, or None). Read from the dict a Starlette request keeps
+    its state in, its ASGI scope's "state" (what `Request.state` wraps: each read through its State is a
+    Python `__getattr__` call)."""
+    scope = getattr(raw_request, "scope", None)
+    state = scope.get("state") if type(scope) is dict else None
+    if type(state) is dict:
+        metadata = state.get("request_metadata")
+    else:
+        metadata = getattr(getattr(raw_request, "state", None), "request_metadata", None)
     response_id = getattr(metadata, "request_id", None)
-    return response_id if isinstance(response_id, str) else None
+    return metadata, response_id if isinstance(response_id, str) else None
 
 
 # --- the serving layer: a handler's request, the HTTP request it came with, its result ----------
@@ -568,13 +574,15 @@ def read_request_content(request) -> dict:
 
 
 def read_headers(raw_request):
-    """The headers of the HTTP request a handler got; None without one (a background response)."""
+    """The headers of the HTTP request a handler got: its ASGI scope's list of (name, value) byte pairs
+    where it has one (a Starlette request: the list its Headers reads, without their Python calls), else
+    its `headers`; None without a request (a background response)."""
+    scope = getattr(raw_request, "scope", None)
+    if type(scope) is dict:
+        raw = scope.get("headers")
+        if type(raw) is list:
+            return raw
     return getattr(raw_request, "headers", None)
-
-
-def read_request_metadata(raw_request):
-    """The RequestResponseMetadata vLLM's handler keeps on raw_request.state, or None."""
-    return getattr(getattr(raw_request, "state", None), "request_metadata", None)
 
 
 def is_stream(result) -> bool:
@@ -793,10 +801,6 @@ def stash_engine_cost(engine_core_output, req_state) -> None:
 
 
 _STASHED_COST = "otel_llm_engine_cost"  # our attribute on vLLM's RequestState, not one of its fields
-
-
-def _stashed_engine_cost(state) -> str | None:
-    return getattr(state, _STASHED_COST, None)
 
 
 def mark_frontend_billed(

@@ -14,7 +14,7 @@ from opentelemetry import trace
 from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
 from otel_llm.vllm.attribution import first_values
-from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, request_info, start_request
+from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, RequestTelemetry, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
 from otel_llm.warn import entry
@@ -53,7 +53,7 @@ def handler_wrapper(operation: str, api_type: str | None = None):
     def factory(tel: Telemetry):
         @_safe(f"starting the {operation} span")
         def start(request, raw_request):
-            record = start_request(tel, _request_info(operation, request, tel, raw_request, api_type))
+            record = RequestTelemetry(tel, _request_info(operation, request, tel, raw_request, api_type))
             _claim(record)  # the route this request came by adds no span of its own
             return record
 
@@ -72,7 +72,11 @@ def handler_wrapper(operation: str, api_type: str | None = None):
                 raise
             finally:
                 _restore_context(tokens)
-            return _finish_handler(record, result, raw_request)
+            wrapped_result = _read_response(record, result, raw_request)
+            if wrapped_result is None:  # (our reading failed: the span ends with what it has)
+                record.end()
+                return result
+            return wrapped_result
 
         return wrapper
 
@@ -95,9 +99,8 @@ def _mark_traced(raw_request) -> None:
 @_safe("reading a vLLM response")
 def _read_response(record, result, raw_request):
     # the id vLLM puts in the response (and every stream chunk) is kept for its middleware
-    metadata = contract.read_request_metadata(raw_request)
+    metadata, response_id = contract.read_response_metadata(raw_request)
     record.metadata = metadata
-    response_id = contract.read_metadata_id(metadata)
     if response_id is not None:
         record.response_id = response_id
     error = contract.read_error(result)
@@ -108,14 +111,6 @@ def _read_response(record, result, raw_request):
         return _StreamTelemetry(result, record)
     record.end(response=contract.generation_response(result))
     return result
-
-
-def _finish_handler(record, result, raw_request):
-    wrapped = _read_response(record, result, raw_request)
-    if wrapped is None:
-        record.end()
-        return result
-    return wrapped
 
 
 def attach_engine_request(tel: Telemetry):
@@ -138,21 +133,21 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
         record = routes.record_for_engine_request(tel)
     if record is None or record.ended:
         return
-    engine_id = contract.read_engine_request_id(request)
-    state = contract.read_request_states(output_processor).get(engine_id)
+    engine_id, state, transfer, session = contract.read_added_request(output_processor, request)
     if state is not None and engine_id not in tel.engine_records:
         record.attach_engine_request(state)
-        if record.pd_role is None:
-            record.pd_role = _pd_role(request)
-        if record.session_id is None:
-            record.session_id = tel.attribution.conversation_value(contract.read_session_id(request))
+        if record.pd_role is None and transfer is not None:
+            record.pd_role = _pd_role(transfer)
+        if record.session_id is None and session is not None:
+            record.session_id = tel.attribution.conversation_value(session)
         if tel.ledger.enabled:  # the engine core's record of it adds its cost to our bill (engine_cost.py)
             if tel.reads_final_outputs:
                 contract.enable_final_outputs(output_processor)
             info = record.info
+            trace_id, span_id, _, flags, _, valid = record.span.get_span_context()  # (internals.SPAN_CONTEXT_FIELDS)
             contract.mark_frontend_billed(
                 request,
-                _traceparent(record.span),
+                f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}" if valid else None,  # (its traceparent)
                 tel.attribution.baggage(info.tenant, info.scene, info.cost_center),
                 contract.ENGINE_BILLED_PD_PREFILL
                 if record.pd_role == semconv.PD_ROLE_PREFILL
@@ -160,18 +155,8 @@ def _attach(tel: Telemetry, output_processor, request) -> None:
             )
 
 
-def _traceparent(span) -> str | None:
-    trace_id, span_id, _, flags, _, valid = span.get_span_context()  # (internals.SPAN_CONTEXT_FIELDS)
-    if not valid:
-        return None
-    return f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}"
-
-
-def _pd_role(request) -> str | None:
+def _pd_role(params: dict) -> str | None:
     """The P/D leg an engine request is, from the kv_transfer_params vLLM passes in extra_args."""
-    params = contract.read_kv_transfer_params(request)
-    if params is None:
-        return None
     if params.get("do_remote_decode"):
         return semconv.PD_ROLE_PREFILL
     if params.get("do_remote_prefill"):

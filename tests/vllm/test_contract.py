@@ -183,6 +183,7 @@ def test_what_the_readers_read_is_declared():
             and getattr(node.func, "id", None) == "getattr"
             and isinstance(node.args[0], ast.Name)
             and node.args[0].id in objects
+            and isinstance(node.args[1], ast.Constant)  # (not our own stashed attribute, _STASHED_COST)
         ):
             read.add((node.args[0].id, node.args[1].value))
     assert len(read) > 15
@@ -224,7 +225,10 @@ def test_the_reader_on_vllms_own_objects():
     processor = OutputProcessor(tokenizer=None, log_stats=True)
     processor.add_request(decode_leg, prompt=None)
     processor.add_request(pooling, prompt=None, request_index=1)
-    states = contract.read_request_states(processor)
+    added = contract.read_added_request(processor, decode_leg)
+    assert added[0] == "r-generate" and added[1] is processor.request_states["r-generate"] and added[3] is None
+    assert added[2]["do_remote_prefill"] is True  # (its kv_transfer_params)
+    states = processor.request_states
 
     generated = contract.read_engine_request(states["r-generate"])
     assert (generated.request_id, generated.external_id, generated.prompt_id, generated.index) == (
@@ -236,12 +240,11 @@ def test_the_reader_on_vllms_own_objects():
     assert (generated.prompt_tokens, generated.cached_tokens, generated.remote_cached_tokens) == (5, 0, 4)
     assert generated.output_tokens == 0 and generated.lora_name is None
     assert generated.timing == contract.EngineTiming(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
-    assert contract.read_kv_transfer_params(decode_leg)["do_remote_prefill"] is True
 
     pooled = contract.read_engine_request(states["r-pool"])
     assert pooled.index == 1 and pooled.prompt_tokens == 5
     assert pooled.output_tokens is None and pooled.output_text is None  # no detokenizer: no decode
-    assert contract.read_kv_transfer_params(pooling) is None
+    assert contract.read_added_request(processor, pooling)[1:] == (states["r-pool"], None, None)
 
 
 def test_the_newer_per_request_readers_on_vllms_own_objects():
@@ -268,10 +271,10 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
         external_req_id="client-id",
         session_id="conv-7",
     )
-    assert contract.read_session_id(request) == "conv-7"
     processor = OutputProcessor(tokenizer=None, log_stats=True)
     processor.add_request(request, prompt=None)
-    state = contract.read_request_states(processor)["r"]
+    _, state, _, session = contract.read_added_request(processor, request)
+    assert session == "conv-7" and state is processor.request_states["r"]
     assert contract.read_engine_request(state).spec_decode is None  # no speculator
     metrics = RequestSpecDecodeMetrics.new(num_spec_tokens=3)
     for drafted, accepted in ((3, 3), (3, 1), (3, 0), (2, 2)):  # as the scheduler observes verify steps
@@ -370,8 +373,25 @@ def test_the_serving_layer_readers_on_vllms_own_objects():
 
     raw_request = SimpleNamespace(headers={"x": "1"}, state=SimpleNamespace(request_metadata="metadata"))
     assert contract.read_headers(raw_request) == {"x": "1"} and contract.read_headers(None) is None
-    assert contract.read_request_metadata(raw_request) == "metadata"
-    assert contract.read_request_metadata(SimpleNamespace(state=SimpleNamespace())) is None
+    assert contract.read_response_metadata(raw_request) == ("metadata", None)
+    assert contract.read_response_metadata(SimpleNamespace(state=SimpleNamespace())) == (None, None)
+    assert contract.read_response_metadata(None) == (None, None)
+
+
+def test_a_starlette_requests_headers_and_metadata_are_read_from_its_scope():
+    """A handler's Starlette request: its headers are its ASGI scope's list (what Request.headers reads),
+    and the metadata vLLM sets on `request.state` is in the scope's state dict, with its id."""
+    from starlette.requests import Request
+    from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+
+    headers = [(b"x-tenant-id", b"acme"), (b"x-tenant-id", b"second")]
+    request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers})
+    assert contract.read_response_metadata(request) == (None, None)  # (no state yet: none made by reading)
+    metadata = RequestResponseMetadata(request_id="chatcmpl-7")
+    request.state.request_metadata = metadata  # as vLLM's handler sets it
+    assert contract.read_response_metadata(request) == (metadata, "chatcmpl-7")
+    raw = contract.read_headers(request)
+    assert raw is headers and raw == request.headers.raw
 
 
 def test_the_serving_layer_readers_make_pydantic_raise_nothing(monkeypatch):
