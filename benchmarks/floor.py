@@ -41,7 +41,8 @@ from contextvars import ContextVar
 from otel_llm import semconv
 from otel_llm.usage import json_line
 from otel_llm.vllm import contract
-from otel_llm.vllm.export.http import _CREDENTIAL_HEADERS, _SCOPE_KEYS  # what the API server keeps today
+from otel_llm.vllm.export.http import _CREDENTIAL_HEADERS  # what the API server keeps today
+from otel_llm.vllm.export.wire import SCOPE_KEYS
 
 _CURRENT: ContextVar[Facts | None] = ContextVar("floor_request", default=None)
 _TENANT_HEADER = b"x-tenant-id"
@@ -128,7 +129,7 @@ class Floor:
                 duration = time.perf_counter() - started
                 _CURRENT.reset(token)
                 floor.active[key] -= 1
-                snapshot = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+                snapshot = {key: scope[key] for key in SCOPE_KEYS if key in scope}
                 snapshot["headers"] = [h for h in scope["headers"] if h[0] not in _CREDENTIAL_HEADERS]
                 route = getattr(scope.get("route"), "path_format", None)
                 headers = [tuple(h) for h in facts.response_headers or ()]

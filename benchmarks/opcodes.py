@@ -26,6 +26,14 @@ class OpcodeCount:
 
     def __init__(self):
         self.by_code: Counter = Counter()
+        self._seen: set = set()  # code objects run since the last `request_done`
+        self.distinct: list[int] = []  # per request: the distinct Python functions (code objects) it ran
+
+    def request_done(self) -> None:
+        """Ends a request: the distinct functions it ran (a function's first run in a request costs the CPU
+        cache misses for its code and the objects it reads; docs/api-server-cost.md) are kept."""
+        self.distinct.append(len(self._seen))
+        self._seen = set()
 
     def start(self) -> None:
         sys.settrace(self._call)
@@ -36,6 +44,7 @@ class OpcodeCount:
     def _call(self, frame, event, arg):
         frame.f_trace_opcodes = True
         by_code, code = self.by_code, frame.f_code
+        self._seen.add(code)
 
         def local(frame, event, arg):
             if event == "opcode":

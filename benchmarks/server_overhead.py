@@ -1346,6 +1346,8 @@ def part_api(
                 if i == API_WARM:
                     count.start()
                 r = await client.post("/v1/chat/completions", json=body)
+                if i >= API_WARM:
+                    count.request_done()
                 if i % 16 == 15 and channel is not None:  # (the export process keeps up: nothing dropped)
                     count.stop()
                     wait_for_backlog(channel, 0.25)
@@ -1355,6 +1357,7 @@ def part_api(
             count.stop()
         found = {group: n / API_COUNTED for group, n in count.groups().items()}
         found["top"] = [(n / API_COUNTED, name) for n, name in count.top("/otel_llm/", API_TOP_FUNCTIONS)]
+        found["distinct"] = statistics.median(count.distinct)
         return found
 
     def count_bytecodes() -> dict:
@@ -1543,14 +1546,20 @@ def part_api(
         )
         print(
             f"  {'variant':27} {'non-stream':>10} {'added':>7} {'stream':>8} {'added':>7}   added: otel-llm / OTel / other"
+            f"   distinct functions added"
         )
         for variant in variants:
-            line, parts = f"  {variant:27}", []
+            line, parts, distinct = f"  {variant:27}", [], []
             for stream in (False, True):
                 got, bare = bytecodes[(variant, stream)], bytecodes[(API_BARE, stream)]
                 line += f" {got['total']:{8 if stream else 10}.0f} {got['total'] - bare['total']:+7.0f}"
                 parts.append(" / ".join(f"{got[g] - bare[g]:+.0f}" for g in ("otel-llm", "OpenTelemetry", "other")))
-            print(line + "   " + "; ".join(parts))
+                distinct.append(f"{got['distinct'] - bare['distinct']:+.0f}")
+            print(line + "   " + "; ".join(parts) + "   " + " / ".join(distinct))
+        print(
+            "  (distinct functions: the Python functions (code objects) a request runs at least once, median over "
+            "the requests, minus bare's; each one's first run in a request costs cache misses: docs/api-server-cost.md)"
+        )
         print(f"  the default setup's {API_TOP_FUNCTIONS} otel-llm functions that run the most, non-stream / stream:")
         top = {
             stream: dict((name, n) for n, name in bytecodes[(API_DEFAULT, stream)]["top"]) for stream in (False, True)

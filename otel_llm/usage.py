@@ -299,8 +299,17 @@ class UsageLedger:
 
     def write(self, fields: dict[str, Any], end_ns: int, span_context, context=None) -> None:
         try:
-            if self.spool is not None:
-                self._write_line(fields, end_ns, span_context)
+            if self.spool is not None:  # (_write_line's, without its frame per request)
+                line = dict(fields)
+                line[semconv.USAGE_TIME] = end_ns
+                if span_context is not None and span_context[5]:  # (sdk/internals.py SPAN_CONTEXT_FIELDS: is_valid)
+                    line[semconv.USAGE_TRACE_ID] = format(span_context[0], "032x")
+                    line[semconv.USAGE_SPAN_ID] = format(span_context[1], "016x")
+                try:  # (json_line's, without its frame: its fallback for a value msgspec does not take)
+                    data = _encode(line) + b"\n"
+                except Exception:  # noqa: BLE001
+                    data = json_line(line)
+                self.spool.write(data)
             if self._event_logger is not None:  # (emit_event's call, here)
                 self._event_logger.emit(
                     timestamp=end_ns,

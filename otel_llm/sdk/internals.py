@@ -219,6 +219,32 @@ def default_propagation(propagator) -> bool:
     return kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
 
 
+def global_propagator_readers() -> tuple:
+    """(the global response propagator, the global text map propagator) readers: C callables (no Python
+    frame per request) reading the module globals `get_global_response_propagator` and
+    `get_global_textmap` return (the private `opentelemetry.instrumentation.propagators._RESPONSE_PROPAGATOR`
+    and `opentelemetry.propagate._HTTP_TEXT_FORMAT`), both set by a `set_global_...` call, never
+    cached; where a release lacks one, the public function. Checked: api 1.45.0-1.45.2,
+    instrumentation 0.66b0-0.66b2."""
+    from functools import partial
+
+    from opentelemetry import propagate
+    from opentelemetry.instrumentation import propagators
+
+    readers = []
+    for module, name, public in (
+        (propagators, "_RESPONSE_PROPAGATOR", propagators.get_global_response_propagator),
+        (propagate, "_HTTP_TEXT_FORMAT", propagate.get_global_textmap),
+    ):
+        reader = partial(getattr, module, name)
+        try:
+            same = reader() is public()
+        except AttributeError:
+            same = False
+        readers.append(reader if same else public)
+    return tuple(readers)
+
+
 # SpanContext (opentelemetry-api) is a tuple of these, in this order, each read through a Python property;
 # the request path unpacks it once instead of calling a property per field
 SPAN_CONTEXT_FIELDS = ("trace_id", "span_id", "is_remote", "trace_flags", "trace_state", "is_valid")

@@ -52,6 +52,10 @@ _new_caller = partial(tuple.__new__, Caller)
 
 # callers whose baggage header Attribution.baggage keeps
 BAGGAGE_CACHE = 256
+# tenant, scene and cost-center values as sent, with their checked value, Attribution keeps (the same
+# few come again and again; at most attribution_max_length characters each where valid)
+CHECKED_CACHE = 1024
+_UNCHECKED = object()
 
 
 class Attribution:
@@ -64,6 +68,16 @@ class Attribution:
         # the baggage header per caller: the same few tenants ask again and again (bounded: values are
         # at most attribution_max_length long)
         self.baggage = lru_cache(maxsize=BAGGAGE_CACHE)(self._baggage)
+        self._checked: dict[str, str | None] = {}  # a header's value -> its checked value (`_valid`)
+        # the tenant, scene and cost-center header names as an ASGI scope's header names come (lowercase
+        # bytes), for a _FirstValues' own dict; None where one is not latin-1 (then its `get` answers)
+        try:
+            self._header_keys = tuple(
+                tuple(name.lower().encode("latin-1") for name in names)
+                for names in (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+            )
+        except UnicodeEncodeError:
+            self._header_keys = None
 
     def _baggage(self, tenant: str | None, scene: str | None, cost_center: str | None) -> str | None:
         """The tenant, scene and cost center as W3C baggage (under the first baggage key of each), for
@@ -104,14 +118,25 @@ class Attribution:
                     return Caller(*entry)
         settings = self.settings
         limit = settings.attribution_max_length
-        header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
         if headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
-            for index, names in enumerate(header_names):
-                for name in names:
-                    value = headers.get(name)
-                    if value:
-                        found[index] = self._valid(value, limit)
-                        break
+            checked = self._checked
+            if type(headers) is _FirstValues and self._header_keys is not None:  # (its dict read as it is)
+                for index, keys in enumerate(self._header_keys):
+                    for key in keys:
+                        raw = dict.get(headers, key)
+                        if raw:
+                            value = raw.decode("latin-1")
+                            valid = checked.get(value, _UNCHECKED)
+                            found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
+                            break
+            else:
+                header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+                for index, names in enumerate(header_names):
+                    for name in names:
+                        value = headers.get(name)
+                        if value:
+                            found[index] = self._valid(value, limit)
+                            break
         if None in found:
             # baggage.get_all(ctx)'s entries, without the API's frames (otel_llm/sdk/current.py)
             entries = (current.current_context() if ctx is None else ctx).get(current.BAGGAGE_KEY)
@@ -154,6 +179,8 @@ class Attribution:
         raw = get("safety_identifier")
         if raw is None:
             raw = get("user")
+            if raw is None:  # (most requests name none)
+                return None
         return self._client_value(raw, "`user` / `safety_identifier`")
 
     def conversation(self, headers) -> str | None:
@@ -184,6 +211,8 @@ class Attribution:
         if raw is None:
             return None
         value = attribution_value(raw, limit)
+        if len(self._checked) < CHECKED_CACHE and isinstance(raw, str):
+            self._checked[raw] = value
         if value is None:
             self._warn(
                 "invalid",
@@ -202,25 +231,23 @@ def first_values(headers):
     name a request lacks (the tenant, scene and cost-center headers most requests do not send), per
     request. Any other mapping (or None, or a view this made) as it is."""
     if type(headers) is list:  # an ASGI scope's (name, value) byte pairs (contract.read_headers)
-        return _FirstValues(headers)
+        return _FirstValues(reversed(headers))  # (the first of a repeated name is written last: it stays)
     if type(headers) is _FirstValues:
         return headers
     raw = getattr(headers, "raw", None)
     if type(raw) is not list:
         return headers
-    return _FirstValues(raw)
+    return _FirstValues(reversed(raw))
 
 
-class _FirstValues:
-    """Headers.get's answers (the first value of a name, looked up lowercased, as latin-1) from a dict."""
+class _FirstValues(dict):
+    """Headers.get's answers (the first value of a name, looked up lowercased, as latin-1) from a dict of
+    the raw (name, value) byte pairs, made in C; `Attribution.caller` reads that dict itself."""
 
-    __slots__ = ("_values",)
-
-    def __init__(self, raw: list):
-        self._values = dict(reversed(raw))  # (the first of a repeated name is written last: it stays)
+    __slots__ = ()
 
     def get(self, name: str, default=None):
-        value = self._values.get(name.lower().encode("latin-1"))
+        value = dict.get(self, name.lower().encode("latin-1"))
         return default if value is None else value.decode("latin-1")
 
 

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -395,20 +396,9 @@ def read_added_request(output_processor, engine_request) -> tuple:
     )
 
 
-def read_reasoning_tokens(response, metadata) -> int | None:
-    """completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat request: the
-    response's, else its RequestResponseMetadata.final_usage_info (set for streams too). vLLM counts
-    them only when it runs a reasoning parser."""
-    for usage in (read_field(response, "usage"), read_field(metadata, "final_usage_info")):
-        value = read_field(read_field(usage, "completion_tokens_details"), "reasoning_tokens")
-        if type(value) is int:
-            return value
-    return None
-
-
-def read_state_id(state) -> str:
-    """RequestState.request_id: the internal id of the engine request a RequestState tracks."""
-    return state.request_id
+# RequestState.request_id: the internal id of the engine request a RequestState tracks (a C callable: no
+# frame per call on the request path)
+read_state_id = attrgetter("request_id")
 
 
 def read_engine_model(engine) -> str | None:
@@ -599,27 +589,28 @@ def generation_response(result):
     return result if read_field(result, "choices") is not None else None
 
 
-def read_response_id(response) -> str | None:
-    """The id of a generation_response; None without one."""
-    return read_field(response, "id")
-
-
-def read_response_model(response) -> str | None:
-    """The model a generation_response names (the served name it was asked for); None without one."""
-    return read_field(response, "model")
-
-
-def read_finish_reasons(response) -> list[str]:
-    """The finish_reason of each choice of a generation_response ("error" where vLLM set none); []
-    without choices."""
-    choices = getattr(response, "choices", None)
-    if not choices:
-        return []
+def read_answer(response, metadata) -> tuple:
+    """What a request's end reads of vLLM's answer, in one call: (id, model, finish reasons, reasoning
+    tokens).
+    - id and model: those a generation_response names (the model: the served name it was asked for);
+      None without a response (a stream) or without one.
+    - finish reasons: each choice's finish_reason ("error" where vLLM set none); [] without choices.
+    - reasoning tokens: completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat
+      request: the response's, else its RequestResponseMetadata.final_usage_info (set for streams too).
+      vLLM counts them only when it runs a reasoning parser."""
+    response_id = read_field(response, "id")
+    model = read_field(response, "model")
     reasons = []
-    for choice in choices:
+    for choice in getattr(response, "choices", None) or ():
         reason = choice.finish_reason
         reasons.append("error" if reason is None else str(reason))
-    return reasons
+    reasoning = None
+    for usage in (read_field(response, "usage"), read_field(metadata, "final_usage_info")):
+        value = read_field(read_field(usage, "completion_tokens_details"), "reasoning_tokens")
+        if type(value) is int:
+            reasoning = value
+            break
+    return response_id, model, reasons, reasoning
 
 
 def read_rejection_type(response) -> str:

@@ -378,7 +378,8 @@ class RequestTelemetry:
             if engines or response is not None
             else None
         )
-        ending.finish_reasons = self._finish_reasons(response, aborted or ending.error_type is not None, engines)
+        ending.answer = answer = contract.read_answer(response, self.metadata)  # (id, model, finish reasons, reasoning)
+        ending.finish_reasons = answer[2] or self._finish_reasons(aborted or ending.error_type is not None, engines)
         ending.prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
         ending.request_model = self.info.model
         ending.status_text = None
@@ -387,20 +388,19 @@ class RequestTelemetry:
 
     def _response_values(self, ending: "_Ending") -> None:
         """Response id and model, the conversation, reasoning tokens and speculative decoding."""
-        engines, response = ending.engines, ending.response
+        engines, (answered_id, answered_model, _, reasoning) = ending.engines, ending.answer
+        generates = self.info.operation not in semconv.POOLING_OPERATIONS  # (RequestInfo.generates)
         # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
-        ending.answered_id = response_id = self.response_id or contract.read_response_id(response)
-        if response_id is None and engines and self.info.generates:
+        ending.answered_id = response_id = self.response_id or answered_id
+        if response_id is None and engines and generates:
             response_id = engines[0].external_id
         ending.response_id = response_id or None
         # vLLM answers with the served name it was asked for; a failed request has no response model
-        ending.response_model = contract.read_response_model(response) or (
-            self.info.model if ending.error_type is None else None
-        )
+        ending.response_model = answered_model or (self.info.model if ending.error_type is None else None)
         ending.conversation_id = self.session_id or self.info.conversation_id or None
-        reasoning = contract.read_reasoning_tokens(response, self.metadata)
-        ending.reasoning = reasoning if reasoning and self.info.generates else None
-        ending.spec = _spec_decode(engines)
+        ending.reasoning = reasoning if reasoning and generates else None
+        figures = list(filter(_given, map(_spec_figures, engines)))  # (in C: no comprehension's frame per request)
+        ending.spec = _spec_decode(figures) if figures else None
 
     def _redact_error(self, ending: "_Ending", error_message: str | None) -> None:
         """The error path only: the error's text and the model name the client sent are redacted (a
@@ -433,7 +433,7 @@ class RequestTelemetry:
         ledger = self.telemetry.ledger
         spec = ending.spec
         fields: dict[str, Any] = {
-            semconv.USAGE_ID: ledger.key(first.prompt_id),
+            semconv.USAGE_ID: f"{ledger.instance}/{first.prompt_id}",  # (ledger.key's)
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
             semconv.SERVICE_NAME: ledger.service,
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
@@ -467,7 +467,7 @@ class RequestTelemetry:
             None if spec is None else spec[1],
         )
         fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
-        if ending.finish_reasons and info.generates:
+        if ending.finish_reasons and info.operation not in semconv.POOLING_OPERATIONS:  # (info.generates)
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(ending.finish_reasons)
         ledger.write(fields, ending.end_ns, self.span.get_span_context(), self.context)
 
@@ -500,10 +500,8 @@ class RequestTelemetry:
                 usage.external_cached_input_tokens = (usage.external_cached_input_tokens or 0) + external
         return usage
 
-    def _finish_reasons(self, response, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
-        answered = contract.read_finish_reasons(response)  # a non-streamed response's choices
-        if answered:
-            return answered
+    def _finish_reasons(self, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
+        """The finish reasons of a request whose response named none (a stream's): its engine requests'."""
         reasons = []
         for engine in sorted(engines, key=lambda e: e.index):
             reason = self.finish_reasons.get(engine.request_id)
@@ -591,12 +589,9 @@ class RequestTelemetry:
         ledger.write_progress(fields, now_ns, self.span.get_span_context())
 
 
-def _spec_decode(engines: list[contract.EngineRequest]) -> tuple[int, int, int] | None:
-    """(drafts proposed, accepted, verify steps) summed over the request's engine requests, or None
-    when vLLM recorded none (no speculator, or --per-request-spec-decode-metrics none)."""
-    figures = list(filter(_given, map(_spec_figures, engines)))  # (in C: no comprehension's frame per request)
-    if not figures:
-        return None
+def _spec_decode(figures: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """(drafts proposed, accepted, verify steps) summed over the request's engine requests that vLLM
+    recorded them for (none: no speculator, or --per-request-spec-decode-metrics none; not asked then)."""
     return tuple(sum(f[i] for f in figures) for i in range(3))
 
 
@@ -607,6 +602,7 @@ class _Ending:
         "end_ns",
         "error_type",
         "response",
+        "answer",
         "engines",
         "usage",
         "usage_values",

@@ -611,3 +611,28 @@ def test_a_span_context_is_the_tuple_of_its_fields_in_order():
         SpanContext(0, 0, is_remote=False),
     ):
         assert tuple(ctx) == tuple(getattr(ctx, name) for name in internals.SPAN_CONTEXT_FIELDS)
+
+
+def test_global_propagator_readers():
+    """They answer as the public getters, before and after a propagator is set globally, without a
+    Python frame of their own."""
+    import types
+
+    from opentelemetry import propagate
+    from opentelemetry.instrumentation import propagators
+    from opentelemetry.instrumentation.propagators import TraceResponsePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    response, textmap = internals.global_propagator_readers()
+    assert not isinstance(response, types.FunctionType) and not isinstance(textmap, types.FunctionType)
+    saved = (propagators.get_global_response_propagator(), propagate.get_global_textmap())
+    try:
+        assert (response(), textmap()) == saved
+        replaced = (TraceResponsePropagator(), TraceContextTextMapPropagator())
+        propagators.set_global_response_propagator(replaced[0])
+        propagate.set_global_textmap(replaced[1])
+        assert response() is replaced[0] and textmap() is replaced[1]
+    finally:
+        propagators.set_global_response_propagator(saved[0])
+        propagate.set_global_textmap(saved[1])
+    assert (response(), textmap()) == saved

@@ -178,3 +178,21 @@ def test_the_engine_gets_the_callers_baggage_escaped_and_kept_for_the_next_reque
     for i in range(2 * BAGGAGE_CACHE):
         attribution.baggage(f"t{i}", None, None)
     assert attribution.baggage.cache_info().currsize == BAGGAGE_CACHE
+
+
+def test_a_header_value_is_checked_once_and_answers_the_same_every_time():
+    """Header values (tenant, scene, cost center) are kept with their checked value: a second request with
+    the same values gets the same caller, invalid values refused again, with no second warning, and at
+    most CHECKED_CACHE values kept."""
+    from otel_llm.vllm import attribution as module
+
+    attribution = Attribution(Settings(attribution_max_length=8))
+    raw = [(b"x-tenant-id", b" acme "), (b"x-scene", b"far-too-long"), (b"x-cost-center", b"c\x01")]
+    first = attribution.caller(list(raw))
+    assert first == Caller("acme", None, None, None)
+    assert attribution.caller(list(raw)) == first
+    assert attribution._checked == {" acme ": "acme", "far-too-long": None, "c\x01": None}
+    for i in range(module.CHECKED_CACHE + 10):
+        assert attribution.caller([(b"x-tenant-id", b"t%d" % i)]).tenant == f"t{i}"
+    assert len(attribution._checked) == module.CHECKED_CACHE
+    assert attribution.caller([(b"x-tenant-id", b"late-one")]).tenant == "late-one"  # (checked, not kept)

@@ -294,7 +294,7 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
     metadata.final_usage_info = UsageInfo(
         prompt_tokens=3, completion_tokens=9, completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=5)
     )
-    assert contract.read_reasoning_tokens(None, metadata) == 5  # a stream: no response object
+    assert contract.read_answer(None, metadata) == (None, None, [], 5)  # a stream: no response object
     response = type(
         "Response",
         (),
@@ -306,9 +306,9 @@ def test_the_newer_per_request_readers_on_vllms_own_objects():
             )
         },
     )
-    assert contract.read_reasoning_tokens(response, metadata) == 7
+    assert contract.read_answer(response, metadata)[3] == 7
     metadata.final_usage_info = UsageInfo(prompt_tokens=3, completion_tokens=9)  # no reasoning parser
-    assert contract.read_reasoning_tokens(None, metadata) is None
+    assert contract.read_answer(None, metadata)[3] is None
 
 
 def test_the_serving_layer_readers_on_vllms_own_objects():
@@ -362,13 +362,12 @@ def test_the_serving_layer_readers_on_vllms_own_objects():
         usage=UsageInfo(),
     )
     assert contract.generation_response(chat) is chat and not contract.is_stream(chat)
-    assert (contract.read_response_id(chat), contract.read_response_model(chat)) == ("chatcmpl-1", "served")
-    assert contract.read_finish_reasons(chat) == ["stop", "error"]
+    assert contract.read_answer(chat, None) == ("chatcmpl-1", "served", ["stop", "error"], None)
     completion = CompletionResponse(
         model="served", choices=[CompletionResponseChoice(index=0, text="a", finish_reason="length")], usage=UsageInfo()
     )
-    assert contract.read_finish_reasons(completion) == ["length"]
-    assert contract.read_response_id(None) is None and contract.read_finish_reasons(None) == []
+    assert contract.read_answer(completion, None)[1:3] == ("served", ["length"])
+    assert contract.read_answer(None, None) == (None, None, [], None)
     assert contract.generation_response(SimpleNamespace(data=[])) is None  # embeddings: not read
 
     raw_request = SimpleNamespace(headers={"x": "1"}, state=SimpleNamespace(request_metadata="metadata"))
@@ -431,15 +430,14 @@ def test_the_serving_layer_readers_make_pydantic_raise_nothing(monkeypatch):
     asked.clear()
     assert contract.read_error(chat) is None
     assert contract.generation_response(chat) is chat
-    assert (contract.read_response_id(chat), contract.read_response_model(chat)) == ("chatcmpl-1", "served")
-    assert contract.read_reasoning_tokens(chat, metadata) is None
+    assert contract.read_answer(chat, metadata) == ("chatcmpl-1", "served", ["stop"], None)
     get = contract.request_fields(request)
     assert [get(name) for name in ("max_output_tokens", "use_beam_search", "safety_identifier")] == [None, False, None]
     assert asked == []
     error = ErrorResponse(error=ErrorInfo(message="no", type="NotFoundError", code=404))
     assert contract.read_error(error) == ("NotFoundError", "no")
     assert contract.read_error(SimpleNamespace(status_code=503)) == ("503", "")
-    assert contract.read_error(None) is None and contract.read_response_model(None) is None
+    assert contract.read_error(None) is None and contract.read_answer(None, None)[1] is None
     assert asked == []
 
 

@@ -621,7 +621,7 @@ class UsageEvents:
     def emit(
         self, timestamp=None, observed_timestamp=None, context=None, event_name=None, attributes=None, **_ignored
     ) -> None:
-        outbox = outbox_of(context)
-        if outbox is None:
+        span = (current.current_context() if context is None else context).get(current.SPAN_KEY)  # (outbox_of's)
+        if not isinstance(span, DeferredSpan):
             raise LookupError("a usage event without its request's span")
-        outbox.usage_event = (attributes, timestamp)
+        span.outbox.usage_event = (attributes, timestamp)

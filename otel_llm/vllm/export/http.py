@@ -36,7 +36,6 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation import asgi
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
-from opentelemetry.instrumentation.propagators import get_global_response_propagator
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_llm.config import Settings
@@ -121,7 +120,7 @@ class ReplayingMiddleware(LeanMiddleware):
                 current.span_in(now) is not trace.INVALID_SPAN or not _replay_parts.is_http_instrumentation_enabled()
             ):
                 return None
-            if get_global_response_propagator() is not None:
+            if _response_propagator() is not None:
                 return None
             headers = scope.get("headers")
             index = _header_getter.index(headers) if headers else _NO_HEADERS
@@ -134,7 +133,7 @@ class ReplayingMiddleware(LeanMiddleware):
             # attaches the extracted context, then the span in `use_span`). The API's default propagator
             # extracts an empty Context where neither of its headers came (most requests): not asked then.
             if (
-                _default_propagation(propagate.get_global_textmap())
+                _default_propagation(_textmap())
                 and b"traceparent" not in index
                 and b"baggage" not in index
             ):
@@ -157,7 +156,9 @@ class ReplayingMiddleware(LeanMiddleware):
         an HTTP request: kept per method, scheme, HTTP version, server, Host headers, root path, path and
         the app's routes, which are all the maintained middleware's exclusion, span details and counter
         attributes read (the span details only while the routes are host-independent)."""
-        routes = scope["app"].routes
+        app = scope["app"]
+        router = getattr(app, "router", None)  # (Starlette's `routes` property reads it: no frame of its here)
+        routes = app.routes if router is None else router.routes
         host = dict.get(index, b"host")  # (a _OneEach's value itself: no list made for it)
         key = (
             scope.get("method"),
@@ -371,6 +372,7 @@ class _OneEach(dict):
 
 
 _header_getter = _HeaderGetter()
+_response_propagator, _textmap = internals.global_propagator_readers()
 _EXCLUDED = object()
 _NO_HEADERS: dict = {}
 _EMPTY_CONTEXT = context_api.Context()  # (a Context takes no item once made: one serves every request)
