@@ -132,11 +132,7 @@ class ReplayingMiddleware(LeanMiddleware):
             # the headers, a SERVER span in it, both made current at once (the maintained middleware
             # attaches the extracted context, then the span in `use_span`). The API's default propagator
             # extracts an empty Context where neither of its headers came (most requests): not asked then.
-            if (
-                _default_propagation(_textmap())
-                and b"traceparent" not in index
-                and b"baggage" not in index
-            ):
+            if _default_propagation(_textmap()) and b"traceparent" not in index and b"baggage" not in index:
                 parent = _EMPTY_CONTEXT
             else:
                 parent = propagate.extract(scope, getter=_header_getter)
