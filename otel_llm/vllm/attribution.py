@@ -70,7 +70,7 @@ class Attribution:
         self.baggage = lru_cache(maxsize=BAGGAGE_CACHE)(self._baggage)
         self._checked: dict[str, str | None] = {}  # a header's value -> its checked value (`_valid`)
         # the tenant, scene and cost-center header names as an ASGI scope's header names come (lowercase
-        # bytes), for a _FirstValues' own dict; None where one is not latin-1 (then its `get` answers)
+        # bytes), for a FirstValues' own dict; None where one is not latin-1 (then its `get` answers)
         try:
             self._header_keys = tuple(
                 tuple(name.lower().encode("latin-1") for name in names)
@@ -120,7 +120,7 @@ class Attribution:
         limit = settings.attribution_max_length
         if headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
             checked = self._checked
-            if type(headers) is _FirstValues and self._header_keys is not None:  # (its dict read as it is)
+            if type(headers) is FirstValues and self._header_keys is not None:  # (its dict read as it is)
                 for index, keys in enumerate(self._header_keys):
                     for key in keys:
                         raw = dict.get(headers, key)
@@ -231,16 +231,16 @@ def first_values(headers):
     name a request lacks (the tenant, scene and cost-center headers most requests do not send), per
     request. Any other mapping (or None, or a view this made) as it is."""
     if type(headers) is list:  # an ASGI scope's (name, value) byte pairs (contract.read_headers)
-        return _FirstValues(reversed(headers))  # (the first of a repeated name is written last: it stays)
-    if type(headers) is _FirstValues:
+        return FirstValues(reversed(headers))  # (the first of a repeated name is written last: it stays)
+    if type(headers) is FirstValues:
         return headers
     raw = getattr(headers, "raw", None)
     if type(raw) is not list:
         return headers
-    return _FirstValues(reversed(raw))
+    return FirstValues(reversed(raw))
 
 
-class _FirstValues(dict):
+class FirstValues(dict):
     """Headers.get's answers (the first value of a name, looked up lowercased, as latin-1) from a dict of
     the raw (name, value) byte pairs, made in C; `Attribution.caller` reads that dict itself."""
 

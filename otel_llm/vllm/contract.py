@@ -495,8 +495,10 @@ def request_fields(request):
     outside its fields), get is the dictionary's own."""
     fields = getattr(request, "__dict__", None) or {}
     extra = getattr(request, "__pydantic_extra__", None) or {}
-    if not extra and _dict_answers(type(request)):
-        return fields.get
+    if not extra:
+        answers = _DICT_ANSWERS.get(type(request))  # (_dict_answers' cache, read here: no frame per request)
+        if answers if answers is not None else _dict_answers(type(request)):
+            return fields.get
 
     def get(name):
         if name in fields:
@@ -522,7 +524,10 @@ def read_field(obj, name: str):
     extra = getattr(obj, "__pydantic_extra__", None)
     if extra and name in extra:
         return extra[name]
-    return _class_attribute(obj, name)
+    found = _CLASS_HAS.get((type(obj), name))  # (_class_attribute's cache, read here: no frame per request)
+    if found is None:
+        return _class_attribute(obj, name)
+    return getattr(obj, name, None) if found else None
 
 
 def _class_attribute(obj, name: str):

@@ -162,7 +162,10 @@ class ExportChannel:
             if not started:
                 return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
             try:
-                self._send_frames(data)
+                if len(data) < self._frame:  # (_send_frames' first case, without its frame)
+                    self._sock.sendmsg((_WHOLE_HEADER, data))
+                else:
+                    self._send_frames(data)
             except BlockingIOError:
                 return self._drop(semconv.EXPORT_DROP_QUEUE_FULL)
             except OSError as exc:  # EPIPE, ECONNRESET: the export process is gone

@@ -19,6 +19,7 @@ from otel_llm.vllm.export.deferred import (
 )
 from otel_llm.vllm.request_facts import RequestFacts
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
+from otel_llm.vllm.request_telemetry import start_values
 from otel_llm.vllm.sink import InProcessSink, build_here
 from otel_llm.warn import guarded
 
@@ -45,13 +46,13 @@ class ExportProcessSink(InProcessSink):
         (DeferredTracer.start_span's `_start_values`: a RequestSpan where the sampler's answer is known without
         them)."""
         return self.tracer.start_span(
-            semconv.genai_span_name(info.operation, info.model),
+            f"{info.operation} {info.model}" if info.model else info.operation,  # (semconv.genai_span_name's)
             context,
             SpanKind.INTERNAL,
             None,
             links,
             start_ns,
-            _start_values=info.start_values(),
+            _start_values=start_values(info),
         )
 
     def finish_request(self, span, context, facts: RequestFacts, telemetry) -> None:
