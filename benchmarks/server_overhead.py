@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import gc
 import os
 import shutil
 import statistics
@@ -1291,6 +1292,21 @@ def part_api(
             transport=httpx.ASGITransport(app=app), base_url="http://vllm", headers={"x-tenant-id": "bench"}
         )
 
+    full_collections: dict = {}  # variant -> [full (generation 2) collections, their CPU seconds] in measured runs
+
+    def on_collection(phase: str, info: dict) -> None:
+        if info["generation"] != 2 or timing["label"] is None:
+            return
+        if phase == "start":
+            timing["gc_started"] = time.process_time()
+        else:
+            counted = full_collections.setdefault(timing["label"], [0, 0.0])
+            counted[0] += 1
+            counted[1] += time.process_time() - timing["gc_started"]
+
+    timing = {"label": None, "gc_started": 0.0}
+    gc.callbacks.append(on_collection)
+
     async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
         body = chat_body(stream)
         async with asgi_client(app) as client:
@@ -1308,6 +1324,8 @@ def part_api(
                 pieces.bucket = "stream" if stream else "non-stream"
             if measured is not None:
                 measured(label, stream, "start")
+            if not label.endswith("round -1"):
+                timing["label"] = label.rpartition(", round")[0]
             started = time.process_time()
             for i in range(requests):
                 r = await client.post("/v1/chat/completions", json=body)
@@ -1322,6 +1340,7 @@ def part_api(
                 measured(label, stream, "sent")
             tracer_provider.force_flush()
             cost = (time.process_time() - started) / requests
+            timing["label"] = None
             if measured is not None:
                 measured(label, stream, "flushed")
             if counted:
@@ -1478,6 +1497,16 @@ def part_api(
     print(
         f"  not per request: one collection and OTLP export of this process's metrics (median of the runs' ends; "
         f"every {API_METRIC_INTERVAL_MS / 1e3:g} s, the SDK's default OTEL_METRIC_EXPORT_INTERVAL): {exports}"
+    )
+    print(
+        "  full garbage collections (generation 2) inside the measured runs, and their CPU (each a run's outlier: "
+        "the medians leave most out): "
+        + (
+            ", ".join(
+                f"{variant} {n} ({seconds * 1e3:.0f} ms)" for variant, (n, seconds) in sorted(full_collections.items())
+            )
+            or "none"
+        )
     )
     if pieces is not None:
         print(f"\nThe default setup, per piece of the request path ({rounds} rounds of {requests} requests):")

@@ -12,6 +12,7 @@ server then hung behind that lock. So `__del__` only puts the work on a `queue.S
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 
@@ -22,18 +23,30 @@ _log = logging.getLogger("otel_llm")
 _pending: queue.SimpleQueue = queue.SimpleQueue()
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
+# the thread runs in this process: a plain flag read per stream (Thread.is_alive is three Python calls),
+# cleared when the thread stops and in a forked child (where the thread does not exist)
+_running = False
+
+
+def _forked() -> None:
+    global _running, _thread
+    _running, _thread = False, None
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def ensure_started() -> None:
     """Called where an object that may need finalizing is made (not in `__del__`): starts the
     thread once per process (again in a forked child, where it does not exist)."""
-    global _thread
-    if _thread is not None and _thread.is_alive():
+    global _thread, _running
+    if _running:
         return
     with _start_lock:
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="otel-llm-finalizer", daemon=True)
             _thread.start()
+        _running = True
 
 
 def defer(fn, *args, **kwargs) -> None:
@@ -50,9 +63,13 @@ def drain(timeout: float = 10.0) -> bool:
 
 
 def _run() -> None:
-    while True:
-        fn, args, kwargs = _pending.get()
-        try:
-            fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - one failed end must not stop the others
-            failed("ending the telemetry of a collected stream")
+    global _running
+    try:
+        while True:
+            fn, args, kwargs = _pending.get()
+            try:
+                fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - one failed end must not stop the others
+                failed("ending the telemetry of a collected stream")
+    finally:  # (a BaseException stopped it: the next stream starts another)
+        _running = False

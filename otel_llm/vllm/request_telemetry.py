@@ -60,6 +60,7 @@ _USAGE_OPTIONAL = (
 )
 _given = partial(is_not, None)  # value -> value is not None, in C
 _request_id = attrgetter("request_id")
+_index = attrgetter("index")
 _spec_figures = attrgetter("spec_decode")
 
 # The request being served in the current task; the engine hooks attach to it.
@@ -507,7 +508,7 @@ class RequestTelemetry:
     def _finish_reasons(self, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
         """The finish reasons of a request whose response named none (a stream's): its engine requests'."""
         reasons = []
-        for engine in sorted(engines, key=lambda e: e.index):
+        for engine in sorted(engines, key=_index):
             reason = self.finish_reasons.get(engine.request_id)
             if reason is None:
                 reason = semconv.FINISH_REASON_ABORT if failed else None

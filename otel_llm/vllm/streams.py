@@ -76,24 +76,27 @@ class _StreamTelemetry:
         return self._first()
 
     async def _first(self):
-        chunk = await self._first_chunk()
-        record = self._record
-        # (an HTTP stream's: vLLM answers an error in one with an error chunk. AsyncLLM.generate's raises it,
-        # and _following ends the record for it, where the engine's end would say only aborted or nothing)
-        self._with_engines = self._sse and bool(_ends_with_engines(record))
-        self._next = self._inner.__anext__ if self._with_engines else _following(self._inner, record).__anext__
-        return chunk
-
-    async def _first_chunk(self):
         record = self._record
         try:
-            with current_span(record):  # first chunk: the engine request is added now, in whatever task iterates us
+            # first chunk: the engine request is added now, in whatever task iterates us, with the record
+            # current (current_span's steps, without its three methods' frames)
+            tokens = _make_current(record)
+            try:
                 chunk = await self._inner.__anext__()
+            except BaseException as exc:
+                _end_on_exception(record, exc)
+                raise
+            finally:
+                _restore_context(tokens)
         except BaseException:
             _end_if_not_ended(record)
             raise
         if self._sse:
             _first_chunk(record)
+        # (an HTTP stream's: vLLM answers an error in one with an error chunk. AsyncLLM.generate's raises it,
+        # and _following ends the record for it, where the engine's end would say only aborted or nothing)
+        self._with_engines = self._sse and bool(_ends_with_engines(record))
+        self._next = self._inner.__anext__ if self._with_engines else _following(self._inner, record).__anext__
         return chunk
 
     async def aclose(self):

@@ -265,3 +265,29 @@ def test_async_for_steps_the_proxys_generator_itself(fake_record):
 
     asyncio.run(run_closed())
     assert closed.calls == [{"aborted": True}]
+
+
+def test_the_finalizer_thread_starts_once_and_again_in_a_forked_child():
+    """ensure_started (per stream) reads a flag; the thread starts once per process, and again in a
+    forked child, where the parent's thread does not exist (the flag is cleared at the fork)."""
+    import os
+
+    from otel_llm import finalizer
+
+    finalizer.ensure_started()
+    thread = finalizer._thread
+    assert finalizer._running and thread.is_alive()
+    finalizer.ensure_started()
+    assert finalizer._thread is thread and finalizer.drain(10)
+    pid = os.fork()
+    if pid == 0:  # the child: no finalizer thread until a stream asks for one, which then runs deferred ends
+        code = 1
+        try:
+            if not finalizer._running and finalizer._thread is None:
+                finalizer.ensure_started()
+                code = 0 if finalizer._thread.is_alive() and finalizer.drain(10) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert finalizer._thread is thread and finalizer._running
