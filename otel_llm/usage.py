@@ -297,9 +297,10 @@ class UsageLedger:
     def key(self, engine_request_id: str) -> str:
         return f"{self.instance}/{engine_request_id}"
 
-    def write(self, fields: dict[str, Any], end_ns: int, span_context, context=None) -> None:
+    def write(self, fields: dict[str, Any], end_ns: int, span_context, context=None, event: bool = True) -> None:
+        """A request's usage record: a line in the spool, and (`event`) the OTLP usage event."""
         try:
-            if self.spool is not None:  # (_write_line's, without its frame per request)
+            if self.spool is not None:  # (one frame per request: the line is made here)
                 line = dict(fields)
                 line[semconv.USAGE_TIME] = end_ns
                 if span_context is not None and span_context[5]:  # (sdk/internals.py SPAN_CONTEXT_FIELDS: is_valid)
@@ -310,7 +311,7 @@ class UsageLedger:
                 except Exception:  # noqa: BLE001
                     data = json_line(line)
                 self.spool.write(data)
-            if self._event_logger is not None:  # (emit_event's call, here)
+            if event and self._event_logger is not None:  # (emit_event's call, here)
                 self._event_logger.emit(
                     timestamp=end_ns,
                     observed_timestamp=end_ns,
@@ -325,24 +326,7 @@ class UsageLedger:
     def write_progress(self, fields: dict[str, Any], time_ns: int, span_context) -> None:
         """A progress record of a request in flight (otel_llm/vllm/live.py): to the spool only; the
         request's OTLP usage event is its bill."""
-        try:
-            if self.spool is not None:
-                self._write_line(fields, time_ns, span_context)
-        except Exception:  # noqa: BLE001 - a usage record never breaks serving
-            self.count_drop(semconv.DROP_ERROR)
-            self._warn("record", "otel-llm: writing a usage record failed", exc_info=True)
-
-    def _write_line(self, fields: dict[str, Any], time_ns: int, span_context) -> None:
-        line = dict(fields)
-        line[semconv.USAGE_TIME] = time_ns
-        if span_context is not None and span_context[5]:  # (sdk/internals.py SPAN_CONTEXT_FIELDS: is_valid)
-            line[semconv.USAGE_TRACE_ID] = format(span_context[0], "032x")
-            line[semconv.USAGE_SPAN_ID] = format(span_context[1], "016x")
-        try:  # (json_line's, without its frame: its fallback for a value msgspec does not take)
-            data = _encode(line) + b"\n"
-        except Exception:  # noqa: BLE001
-            data = json_line(line)
-        self.spool.write(data)
+        self.write(fields, time_ns, span_context, event=False)
 
     def close(self) -> None:
         if self.spool is not None:
