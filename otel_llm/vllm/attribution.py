@@ -70,7 +70,7 @@ class Attribution:
         self.baggage = lru_cache(maxsize=BAGGAGE_CACHE)(self._baggage)
         self._checked: dict[str, str | None] = {}  # a header's value -> its checked value (`_valid`)
         # the tenant, scene and cost-center header names as an ASGI scope's header names come (lowercase
-        # bytes), for a FirstValues' own dict; None where one is not latin-1 (then its `get` answers)
+        # bytes), for a _FirstValues' own dict; None where one is not latin-1 (then its `get` answers)
         try:
             self._header_keys = tuple(
                 tuple(name.lower().encode("latin-1") for name in names)
@@ -120,23 +120,21 @@ class Attribution:
         limit = settings.attribution_max_length
         if headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
             checked = self._checked
-            if type(headers) is FirstValues and self._header_keys is not None:  # (its dict read as it is)
-                for index, keys in enumerate(self._header_keys):
-                    for key in keys:
-                        raw = dict.get(headers, key)
-                        if raw:
-                            value = raw.decode("latin-1")
-                            valid = checked.get(value, _UNCHECKED)
-                            found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
-                            break
-            else:
-                header_names = (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
-                for index, names in enumerate(header_names):
-                    for name in names:
-                        value = headers.get(name)
-                        if value:
-                            found[index] = self._valid(value, limit)
-                            break
+            raw_dict = type(headers) is _FirstValues and self._header_keys is not None  # (its dict read as it is)
+            names_per_kind = (
+                self._header_keys
+                if raw_dict
+                else (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
+            )
+            for index, names in enumerate(names_per_kind):
+                for name in names:
+                    value = dict.get(headers, name) if raw_dict else headers.get(name)
+                    if value:
+                        if raw_dict:
+                            value = value.decode("latin-1")
+                        valid = checked.get(value, _UNCHECKED) if type(value) is str else _UNCHECKED
+                        found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
+                        break
         if None in found:
             # baggage.get_all(ctx)'s entries, without the API's frames (otel_llm/sdk/current.py)
             entries = (current.current_context() if ctx is None else ctx).get(current.BAGGAGE_KEY)
@@ -231,16 +229,16 @@ def first_values(headers):
     name a request lacks (the tenant, scene and cost-center headers most requests do not send), per
     request. Any other mapping (or None, or a view this made) as it is."""
     if type(headers) is list:  # an ASGI scope's (name, value) byte pairs (contract.read_headers)
-        return FirstValues(reversed(headers))  # (the first of a repeated name is written last: it stays)
-    if type(headers) is FirstValues:
+        return _FirstValues(reversed(headers))  # (the first of a repeated name is written last: it stays)
+    if type(headers) is _FirstValues:
         return headers
     raw = getattr(headers, "raw", None)
     if type(raw) is not list:
         return headers
-    return FirstValues(reversed(raw))
+    return _FirstValues(reversed(raw))
 
 
-class FirstValues(dict):
+class _FirstValues(dict):
     """Headers.get's answers (the first value of a name, looked up lowercased, as latin-1) from a dict of
     the raw (name, value) byte pairs, made in C; `Attribution.caller` reads that dict itself."""
 

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -490,24 +491,17 @@ REQUEST_FIELD_NAMES = (
 def request_fields(request):
     """get(name) over a handler's request (ChatCompletionRequest, CompletionRequest, ResponsesRequest,
     an embeddings request) for the names in REQUEST_FIELD_NAMES: the field, or None where its type has
-    none (`read_field`, its dictionaries looked up once per request). Where that is the answer of the
+    none (`read_field`). Where that is the answer of the
     model's __dict__ for every such name (no extra fields sent, no class attribute of such a name
     outside its fields), get is the dictionary's own."""
     fields = getattr(request, "__dict__", None) or {}
     extra = getattr(request, "__pydantic_extra__", None) or {}
     if not extra:
-        answers = _DICT_ANSWERS.get(type(request))  # (_dict_answers' cache, read here: no frame per request)
+        answers = _DICT_ANSWERS.get(type(request))  # (known per class: no frame of ours per request)
         if answers if answers is not None else _dict_answers(type(request)):
             return fields.get
 
-    def get(name):
-        if name in fields:
-            return fields[name]
-        if name in extra:
-            return extra[name]
-        return _class_attribute(request, name)
-
-    return get
+    return partial(read_field, request)
 
 
 def read_field(obj, name: str):
@@ -524,22 +518,18 @@ def read_field(obj, name: str):
     extra = getattr(obj, "__pydantic_extra__", None)
     if extra and name in extra:
         return extra[name]
-    found = _CLASS_HAS.get((type(obj), name))  # (_class_attribute's cache, read here: no frame per request)
-    if found is None:
-        return _class_attribute(obj, name)
-    return getattr(obj, name, None) if found else None
+    found = _CLASS_HAS.get((type(obj), name))  # (known per class and name: no frame of ours per request)
+    return getattr(obj, name, None) if (found if found is not None else _class_has(obj, name)) else None
 
 
-def _class_attribute(obj, name: str):
-    key = (type(obj), name)
-    found = _CLASS_HAS.get(key)
-    if found is None:
-        # (an object that is no pydantic model may answer any name from its own __getattr__: asked)
-        cls = type(obj)
-        found = hasattr(cls, name) or not hasattr(cls, "model_fields")
-        if len(_CLASS_HAS) < 4096:
-            _CLASS_HAS[key] = found
-    return getattr(obj, name, None) if found else None
+def _class_has(obj, name: str) -> bool:
+    """Whether getattr(obj, name) may find something, asked of its class once per class and name (kept
+    in _CLASS_HAS): an object that is no pydantic model may answer any name from its own __getattr__."""
+    cls = type(obj)
+    found = hasattr(cls, name) or not hasattr(cls, "model_fields")
+    if len(_CLASS_HAS) < 4096:
+        _CLASS_HAS[(cls, name)] = found
+    return found
 
 
 _CLASS_HAS: dict[tuple[type, str], bool] = {}  # read_field: (class, name) -> getattr may find it
@@ -547,15 +537,13 @@ _CLASS_HAS: dict[tuple[type, str], bool] = {}  # read_field: (class, name) -> ge
 
 def _dict_answers(cls: type) -> bool:
     """A pydantic model class whose instances' __dict__ answers every name of REQUEST_FIELD_NAMES
-    (asked once per class)."""
-    found = _DICT_ANSWERS.get(cls)
-    if found is None:
-        model_fields = getattr(cls, "model_fields", None)
-        found = isinstance(model_fields, dict) and not any(
-            hasattr(cls, name) and name not in model_fields for name in REQUEST_FIELD_NAMES
-        )
-        if len(_DICT_ANSWERS) < 4096:
-            _DICT_ANSWERS[cls] = found
+    (asked once per class: kept in _DICT_ANSWERS, which request_fields reads)."""
+    model_fields = getattr(cls, "model_fields", None)
+    found = isinstance(model_fields, dict) and not any(
+        hasattr(cls, name) and name not in model_fields for name in REQUEST_FIELD_NAMES
+    )
+    if len(_DICT_ANSWERS) < 4096:
+        _DICT_ANSWERS[cls] = found
     return found
 
 

@@ -394,7 +394,7 @@ class RequestTelemetry:
     def _response_values(self, ending: "_Ending") -> None:
         """Response id and model, the conversation, reasoning tokens and speculative decoding."""
         engines, (answered_id, answered_model, _, reasoning) = ending.engines, ending.answer
-        generates = self.info.operation not in semconv.POOLING_OPERATIONS  # (RequestInfo.generates)
+        generates = self.info.generates
         # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
         ending.answered_id = response_id = self.response_id or answered_id
         if response_id is None and engines and generates:
@@ -438,7 +438,7 @@ class RequestTelemetry:
         ledger = self.telemetry.ledger
         spec = ending.spec
         fields: dict[str, Any] = {
-            semconv.USAGE_ID: f"{ledger.instance}/{first.prompt_id}",  # (ledger.key's)
+            semconv.USAGE_ID: ledger.key(first.prompt_id),
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
             semconv.SERVICE_NAME: ledger.service,
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
@@ -472,7 +472,7 @@ class RequestTelemetry:
             None if spec is None else spec[1],
         )
         fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
-        if ending.finish_reasons and info.operation not in semconv.POOLING_OPERATIONS:  # (info.generates)
+        if ending.finish_reasons and info.generates:
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(ending.finish_reasons)
         ledger.write(fields, ending.end_ns, self.span.get_span_context(), self.context)
 

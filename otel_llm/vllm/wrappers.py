@@ -13,7 +13,7 @@ from opentelemetry import trace
 
 from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
-from otel_llm.vllm.attribution import FirstValues, first_values
+from otel_llm.vllm.attribution import first_values
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, RequestTelemetry, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
@@ -24,8 +24,7 @@ from otel_llm.warn import guard as _safe
 def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type: str | None = None) -> RequestInfo:
     """A handler's request (raw_request: the HTTP request it came with, None for a background response)."""
     get = contract.request_fields(request)
-    raw = contract.read_headers(raw_request)  # (one view for the caller and the conversation)
-    headers = FirstValues(reversed(raw)) if type(raw) is list else first_values(raw)  # (first_values', inline)
+    headers = first_values(contract.read_headers(raw_request))  # (one view for the caller and the conversation)
     return request_info(
         operation,
         get,

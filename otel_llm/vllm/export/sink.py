@@ -46,7 +46,7 @@ class ExportProcessSink(InProcessSink):
         (DeferredTracer.start_span's `_start_values`: a RequestSpan where the sampler's answer is known without
         them)."""
         return self.tracer.start_span(
-            f"{info.operation} {info.model}" if info.model else info.operation,  # (semconv.genai_span_name's)
+            semconv.genai_span_name(info.operation, info.model),
             context,
             SpanKind.INTERNAL,
             None,
