@@ -48,15 +48,21 @@ of --checkpoints (default 10,000 and 100,000) non-stream requests of 1 output to
 bare server's API-server RSS at the same counts. Telemetry goes to an OTLP sink that keeps
 nothing. About 15 minutes on the 2-core VM.
 
-The API server's whole CPU per request for the same setups, in one process (`--part api`): a FastAPI app
+The API server's whole CPU per request for the same setups (`--part api`): a FastAPI app
 with vLLM's routes whose chat route replays one recorded request (real EngineCoreRequest and engine
 outputs, 16 tokens) through a real vLLM OutputProcessor, non-stream and as a 16-chunk SSE stream,
-driven through httpx's ASGI transport: bare; the default setup (export process, usage spool and
-events, the app built as our build_app hook builds it: routes wrapped, lean HTTP middleware; the
-real chat handler wrapper); the same without the HTTP span; vLLM's native tracing; plain FastAPI
-auto-instrumentation; a second bare app (A/A). --rounds alternated rounds (default 6) of --requests
-requests (default 200); a few minutes (it records the engine first). --layers adds the default setup
-with one layer after another taken off; --floor adds benchmarks/floor.py, the least API-server work
+driven through httpx's ASGI transport: bare; the default setup (export process, usage record in a
+spool as in --part default, the app built as our build_app hook builds it: routes wrapped, lean HTTP
+middleware; the real chat handler wrapper); the same without the HTTP span; vLLM's native tracing;
+plain FastAPI auto-instrumentation; a second bare app (A/A). Each variant runs in a process of its own
+(`--part api-worker`), its app set up once and its heap then frozen, as vLLM's API server freezes its
+own when it starts serving; in each of --rounds alternated rounds (default 6) every variant serves a
+run of --requests requests (default 200), non-stream and stream, back to back with the others, so that
+the VM's changes of speed fall alike on all of them (a run's CPU per request then repeats within a few
+percent, where runs seconds apart in one process moved by tens of percent on a shared 2-core VM;
+--one-process is that older method). A few minutes (it records the engine first). --layers adds the
+default setup with one layer after another taken off; --usage-events the default setup with the usage
+events on (off by default); --floor adds benchmarks/floor.py, the least API-server work
 any design that keeps the usage record in the API server could do (docs/api-server-cost.md); --opcodes
 adds the Python bytecodes per request on the serving thread, a count with no spread (benchmarks/opcodes.py).
 
@@ -73,6 +79,7 @@ import asyncio
 import copy
 import gc
 import os
+import pickle
 import shutil
 import statistics
 import subprocess
@@ -1046,6 +1053,9 @@ API_HTTP_ONLY = "HTTP span only"  # ... and the chat handler not hooked: no GenA
 API_HOOKS_ONLY = "engine hooks only"  # ... and no HTTP span: the engine hooks, which find no request
 API_LAYERS = (API_NO_ROUTES, API_HTTP_ONLY, API_HOOKS_ONLY)
 API_NO_GENAI = (API_HTTP_ONLY, API_HOOKS_ONLY)  # the chat handler not hooked: no span, no usage record
+# --usage-events: the default setup with the usage events on (OTEL_LLM_USAGE_EVENTS, off by default): each
+# request's bill also as an OTLP log record, its attributes in the request's message
+API_EVENTS = "default + usage events"
 # --floor: the least the API server could do (benchmarks/floor.py), its message written or not
 API_FLOOR = "floor (benchmarks/floor.py)"
 API_FLOOR_UNSENT = "floor, message not written"
@@ -1056,6 +1066,149 @@ API_TOP_FUNCTIONS = 15  # --opcodes: the default setup's functions of ours print
 # The SDK's default OTEL_METRIC_EXPORT_INTERVAL. A metric export costs per interval, not per request: timed
 # apart from the requests (the API server's own points, which bare and native tracing do not have)
 API_METRIC_INTERVAL_MS = 60_000
+
+
+def freeze_startup_heap() -> None:
+    """What vLLM's API server does when it starts serving (its lifespan, `freeze_gc_heap`): the heap made
+    so far (vLLM, torch, the app, the instrumentation) collected and frozen, out of every later
+    collection. Without it a full collection here walks that whole heap (320-340 ms on the 2-core VM),
+    which a served request never pays, and one landing in a measured run moves that run by ~1 ms/request."""
+    try:
+        from vllm.utils.gc_utils import freeze_gc_heap
+    except ImportError:  # (a vLLM without it: what it does)
+        gc.collect()
+        gc.freeze()
+    else:
+        freeze_gc_heap()
+
+
+class BlockWorkers:
+    """--interleave: one process per variant (`--part api-worker`), each with its app set up once, serving
+    blocks of requests on command: runs of every variant then follow each other within a second or two,
+    not tens of seconds apart, so that the VM's changes of speed (by tens of percent within seconds on a
+    shared 2-core VM) fall alike on every variant of a round."""
+
+    def __init__(self, variants: tuple, config: dict):
+        import json
+
+        self.variants = variants
+        self._json = json
+        self.procs: dict = {}
+        self.results: dict = {}
+        self.last: dict = {}
+        log_dir = Path(config["spool_root"])
+        for variant in variants:  # one at a time: each starts vLLM's imports and its app (and export process)
+            read, write = os.pipe()
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--part", "api-worker", "--worker-fd", str(write)],
+                stdin=subprocess.PIPE,
+                stdout=open(log_dir / f"worker-{variants.index(variant)}.log", "wb"),
+                stderr=subprocess.STDOUT,
+                pass_fds=(write,),
+                cwd=ROOT,
+            )
+            os.close(write)
+            self.procs[variant] = (proc, os.fdopen(read, "r"))
+            self._send(variant, {**config, "variant": variant})
+            self._receive(variant)  # ("ready": its app set up, its heap frozen)
+
+    def _send(self, variant: str, message: dict) -> None:
+        proc = self.procs[variant][0]
+        proc.stdin.write((self._json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+
+    def _receive(self, variant: str) -> dict:
+        line = self.procs[variant][1].readline()
+        if not line:
+            raise RuntimeError(f"--interleave: the worker for {variant} ended (its log: worker-*.log in the spool dir)")
+        self.last[variant] = found = self._json.loads(line)
+        return found
+
+    def run(self, variant: str, stream: bool, r: int) -> dict:
+        self._send(variant, {"stream": stream, "round": r})
+        return self._receive(variant)
+
+    def full_collections(self) -> dict:
+        found = {}
+        for answer in self.last.values():
+            for label, counted in answer.get("full_collections", {}).items():
+                found[label] = counted
+        return found
+
+    def close(self) -> None:
+        for proc, results in self.procs.values():
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+            results.close()
+        self.procs = {}
+
+
+def interleaved_rounds(workers: BlockWorkers, rounds: int, samples, child_samples, metric_exports, counts, problems):
+    """part_api's rounds with --interleave: each round runs every variant's block of requests back to back
+    (ABBA order between rounds, as the in-process rounds), round -1 a warm-up not kept. The export process's
+    CPU per request is over all of a variant's runs (read without waiting for it to go quiet between runs)."""
+    child_totals: dict = {}
+    for r in range(-1, rounds):
+        print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
+        order = workers.variants if r % 2 == 0 else tuple(reversed(workers.variants))
+        for variant in order:
+            for stream in (False, True) if r % 2 == 0 else (True, False):
+                answer = workers.run(variant, stream, r)
+                problems.extend(answer["problems"])
+                if r < 0:
+                    continue
+                samples.setdefault((variant, stream), []).append(answer["cost"])
+                metric_exports.setdefault(variant, []).append(answer["metric_export"])
+                if answer["child_cost"] is not None:
+                    child_totals.setdefault((variant, stream), []).append(answer["child_cost"])
+    for key, costs in child_totals.items():
+        child_samples[key] = [sum(costs) / len(costs)]
+    for variant, answer in workers.last.items():
+        if variant in counts:
+            counts[variant] = answer["channel"]
+    workers.close()
+
+
+def serve_blocks(config: dict, set_up, tear_down, load, problems: list, full_collections: dict) -> None:
+    """The --interleave worker's loop: its variant set up once (heap frozen), then a block of requests per
+    command, each answered with its figures on the worker's result pipe."""
+    import json
+
+    variant = config["variant"]
+    results = os.fdopen(config["result_fd"], "w")
+    app, channel = set_up(variant, 0)
+    freeze_startup_heap()
+    child = channel.process.pid if channel is not None else None
+    if child is not None:
+        quiet_cpu_seconds(child, min_threads=2)  # its start-up
+    results.write(json.dumps({"ready": True}) + "\n")
+    results.flush()
+    try:
+        for line in sys.stdin:
+            command = json.loads(line)
+            before = len(problems)
+            cost, child_cost, metric_export = asyncio.run(
+                load(app, command["stream"], channel, child, f"{variant}, round {command['round']}", quiet=False)
+            )
+            if channel is not None and (channel.process is None or channel.process.pid != child):
+                problems.append(f"{variant}: the export process was restarted")
+                child_cost = None
+            answer = {
+                "cost": cost,
+                "child_cost": child_cost,
+                "metric_export": metric_export,
+                "problems": problems[before:],
+                "channel": [channel.sent, channel.dropped] if channel is not None else [0, 0],
+                "full_collections": full_collections,
+            }
+            results.write(json.dumps(answer) + "\n")
+            results.flush()
+    finally:
+        tear_down(variant, app)
+        results.close()
 
 
 def part_api(
@@ -1069,14 +1222,17 @@ def part_api(
     gap_s: float = 0.0,
     opcodes: bool = False,
     measured=None,
+    usage_events: bool = False,
+    interleave: bool = False,
+    worker: dict | None = None,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
     a FastAPI app with vLLM's routes before the chat route, whose chat route replays one recorded
     request (real EngineCoreRequest, its real engine outputs) through a real vLLM OutputProcessor,
     non-stream and as an SSE stream of one chunk per engine output, driven through httpx's ASGI
-    transport. Variants: bare; the default setup (instrument() on the export-process path, usage
-    spool and usage events on, the app built as otel_llm/vllm/http.py build_app_wrapper builds it:
+    transport. Variants: bare; the default setup (instrument() on the export-process path, the usage
+    spool on (OTEL_LLM_USAGE_DIR, as --part default), the app built as otel_llm/vllm/http.py build_app_wrapper builds it:
     vLLM's routes wrapped and our lean HTTP middleware, the chat handler under the real handler
     wrapper); the same without the HTTP span; vLLM's native tracing (OutputProcessor(tracing_enabled
     =True), its span through the SDK in this process); plain FastAPI auto-instrumentation (its
@@ -1091,10 +1247,13 @@ def part_api(
     alone, the engine hooks that find no request. floor: also benchmarks/floor.py's lower bound (the
     least API-server work of any design that keeps the usage record in the API server). gap_s: a sleep
     after every request (no CPU) instead of after every 16th: requests arriving apart, as at moderate
-    load, rather than back to back. opcodes: after the rounds, one more load per variant counting the
-    Python bytecodes the serving thread runs per request (benchmarks/opcodes.py). measured(label, stream,
+    load, rather than back to back. usage_events: also the default setup with the usage events on.
+    opcodes: after the rounds, one more load per variant counting the Python bytecodes the serving
+    thread runs per request (benchmarks/opcodes.py). measured(label, stream,
     phase): called at each run's "start" (its timed requests next), "sent" (the requests done, the tracer
-    provider's flush next) and "flushed" (benchmarks/cachesim.py)."""
+    provider's flush next) and "flushed" (benchmarks/cachesim.py). interleave: each variant in a process
+    of its own (BlockWorkers), else all in this one, set up again each round. worker: the configuration of
+    such a process (`--part api-worker`): it serves one variant's runs (serve_blocks)."""
     import json
 
     import httpx
@@ -1115,7 +1274,10 @@ def part_api(
 
     from otel_llm.vllm import VLLMInstrumentor, http, routes, wrappers
 
-    variants = API_VARIANTS + (API_LAYERS if layers else ()) + (API_FLOORS if floor else ())
+    variants = (
+        API_VARIANTS + (API_LAYERS if layers else ()) + (API_FLOORS if floor else ()) + ((API_EVENTS,) * usage_events)
+    )
+    ours = (API_DEFAULT, API_NO_HTTP, *(API_LAYERS if layers else ()), *((API_EVENTS,) * usage_events))
 
     pieces = None
     if breakdown:
@@ -1123,9 +1285,14 @@ def part_api(
 
         pieces = Breakdown()
         pieces.install()
-    added, batches, tokenizer, _ = record_engine_traffic(1, max_tokens)
+    if worker is None:
+        added, batches, tokenizer, _ = record_engine_traffic(1, max_tokens)
+        receiver, endpoint = start_receiver_process()
+    else:  # (--interleave's worker: the traffic its parent recorded, the parent's receiver)
+        with open(worker["traffic"], "rb") as f:
+            added, batches, tokenizer = pickle.load(f)
+        receiver, endpoint = None, worker["endpoint"]
     engine_request, prompt = added[0]
-    receiver, endpoint = start_receiver_process()
     saved_env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
     for name in (
         "OTEL_LLM_USAGE_DIR",
@@ -1139,7 +1306,10 @@ def part_api(
         os.environ.pop(name, None)
     tracer_provider, meter_provider = configure_sdk(endpoint, metric_interval_ms=API_METRIC_INTERVAL_MS)
     instrumentor = VLLMInstrumentor()
-    spool_root = Path(tempfile.mkdtemp(prefix="bench-api-spool-", dir=ROOT / ".cache"))
+    if worker is None:
+        spool_root = Path(tempfile.mkdtemp(prefix="bench-api-spool-", dir=ROOT / ".cache"))
+    else:
+        spool_root = Path(worker["spool_root"])
 
     def make_app(op, hook):
         """The app: vLLM's routes before chat, and a chat route as vLLM's (api_router.py) whose handler
@@ -1239,7 +1409,8 @@ def part_api(
             return least.middleware(make_app(op, least.handler_hook())), None
         # the default setup, as `opentelemetry-instrument vllm serve` (OTLP over the export process)
         os.environ["OTEL_LLM_USAGE_DIR"] = str(spool_root / f"{variants.index(variant)}-round-{r}")
-        os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
+        if variant == API_EVENTS:
+            os.environ["OTEL_LLM_USAGE_EVENTS"] = "true"
         instrumentor.instrument()
         tel = VLLMInstrumentor._patcher.telemetry
         if getattr(tel.sink, "channel", None) is None:
@@ -1271,7 +1442,7 @@ def part_api(
             app.floor.close()
         elif variant == API_FASTAPI:
             FastAPIInstrumentor.uninstrument_app(app)
-        elif variant in (API_DEFAULT, API_NO_HTTP, *API_LAYERS):
+        elif variant in ours:
             VLLMInstrumentor._patcher.telemetry.ledger.close()  # stops its fsync thread
             os.environ.pop("OTEL_LLM_USAGE_DIR", None)
             os.environ.pop("OTEL_LLM_USAGE_EVENTS", None)
@@ -1307,7 +1478,9 @@ def part_api(
     timing = {"label": None, "gc_started": 0.0}
     gc.callbacks.append(on_collection)
 
-    async def load(app, stream: bool, channel, child: int | None, label: str) -> tuple[float, float | None]:
+    async def load(
+        app, stream: bool, channel, child: int | None, label: str, quiet: bool = True
+    ) -> tuple[float, float | None]:
         body = chat_body(stream)
         async with asgi_client(app) as client:
             for i in range(API_WARM):
@@ -1318,7 +1491,7 @@ def part_api(
             child0 = None
             if channel is not None:
                 wait_for_backlog(channel, 0.0)
-                child0 = quiet_cpu_seconds(child)
+                child0 = quiet_cpu_seconds(child) if quiet else process_cpu_precise(child)
             counted = pieces is not None and label.startswith(API_DEFAULT + ",") and not label.endswith("round -1")
             if counted:
                 pieces.bucket = "stream" if stream else "non-stream"
@@ -1351,8 +1524,12 @@ def part_api(
         child_cost = None
         if channel is not None:
             wait_for_backlog(channel, 0.0)
-            child_cost = (quiet_cpu_seconds(child) - child0) / requests
+            child_cost = ((quiet_cpu_seconds(child) if quiet else process_cpu_precise(child)) - child0) / requests
         return cost, child_cost, metric_export
+
+    if worker is not None:
+        serve_blocks(worker, set_up, tear_down, load, problems, full_collections)
+        return
 
     async def count_load(app, stream: bool, channel) -> dict:
         """Bytecodes per request of API_COUNTED requests after API_WARM, on this (the serving) thread."""
@@ -1395,13 +1572,35 @@ def part_api(
     child_samples: dict = {}
     metric_exports: dict = {}  # variant -> this process's CPU of one metric collection and export, per run
     # sent, dropped (all runs, warm-ups too)
-    channel_counts = {v: [0, 0] for v in (API_DEFAULT, API_NO_HTTP, *(API_LAYERS if layers else ()))}
+    channel_counts = {v: [0, 0] for v in ours}
     started_wall = time.perf_counter()
+    workers = None
     try:
-        for r in range(-1, rounds):  # round -1 warms every variant up; not kept
+        if interleave:
+            traffic = spool_root / "traffic.pkl"
+            with open(traffic, "wb") as f:
+                pickle.dump((added, batches, tokenizer), f)
+            workers = BlockWorkers(
+                variants,
+                dict(
+                    traffic=str(traffic),
+                    endpoint=endpoint,
+                    spool_root=str(spool_root),
+                    requests=requests,
+                    max_tokens=max_tokens,
+                    layers=layers,
+                    floor=floor,
+                    usage_events=usage_events,
+                    gap_s=gap_s,
+                ),
+            )
+            interleaved_rounds(workers, rounds, samples, child_samples, metric_exports, channel_counts, problems)
+            full_collections.update(workers.full_collections())
+        for r in range(-1, -1 if interleave else rounds):  # round -1 warms every variant up; not kept
             print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
             for variant in variants if r % 2 == 0 else tuple(reversed(variants)):
                 app, channel = set_up(variant, r)
+                freeze_startup_heap()  # as vLLM's API server does once its app is built (its lifespan)
                 try:
                     child = channel.process.pid if channel is not None else None
                     if child is not None:
@@ -1446,6 +1645,8 @@ def part_api(
                 problems.append(f"{variant}: {len(lines)} usage records, {full} with {max_tokens} output tokens")
         bytecodes = count_bytecodes() if opcodes else {}
     finally:
+        if workers is not None:
+            workers.close()
         shut_down(tracer_provider, meter_provider, receiver, spool_root, saved_env)
     wall = time.perf_counter() - started_wall
 
@@ -1459,7 +1660,12 @@ def part_api(
         f"outputs) through a real vLLM OutputProcessor; {requests} sequential requests per run through httpx's ASGI "
         f"transport (its CPU in every variant), "
         + (f"{gap_s * 1e3:g} ms apart, " if gap_s else "back to back, ")
-        + f"{rounds} alternated rounds after a warm-up round; medians"
+        + f"{rounds} alternated rounds after a warm-up round; medians; "
+        + (
+            "each variant in a process of its own, set up once, the variants' runs back to back (--interleave)"
+            if interleave
+            else "every variant in this process, set up again each round"
+        )
     )
     print(
         f"  {'variant':27} {'non-stream us':>13} {'added':>7} {'/native':>7} {'stream us':>10} {'added':>7} "
@@ -1490,6 +1696,11 @@ def part_api(
         f"   stream: {max_tokens} SSE chunks + [DONE]; export proc: the export process's CPU per request, another "
         f"process, from /proc once it drained)"
     )
+    print("  each run, in round order (us/request; the medians above are of these):")
+    for stream in (False, True):
+        for variant in variants:
+            runs = " ".join(f"{cost * 1e6:.0f}" for cost in samples[(variant, stream)])
+            print(f"    {'stream' if stream else 'non-stream':10} {variant:27} {runs}")
     exports = ", ".join(
         f"{variant} {statistics.median(metric_exports[variant]) * 1e3:.2f} ms"
         for variant in (API_BARE, API_DEFAULT, API_NATIVE)
@@ -1560,6 +1771,8 @@ def part_api(
                 f"{(http_only - hooks_only) * 1e6:+.0f} us, the engine hooks finding no request "
                 f"{hooks_only * 1e6:+.0f} us"
             )
+        if usage_events:
+            print(f"  {mode:19}: the usage events {added(API_EVENTS, stream, API_DEFAULT) * 1e6:+.0f} us")
         if floor:
             least, unsent = added(API_FLOOR, stream), added(API_FLOOR_UNSENT, stream)
             print(
@@ -1797,7 +2010,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--part",
-        choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "api", "all"),
+        choices=("e2e", "1", "inprocess", "2", "ledger", "fastapi", "default", "api", "api-worker", "all"),
         default="all",
         help="1 = e2e, 2 = inprocess (with the usage-spool variant); ledger: only the ledger "
         "micro-measurements (seconds, no vLLM); default: the default setup against vLLM's "
@@ -1867,8 +2080,35 @@ def main() -> int:
         action="store_true",
         help="--part api: also the Python bytecodes per request on the serving thread (benchmarks/opcodes.py)",
     )
+    parser.add_argument(
+        "--usage-events",
+        action="store_true",
+        help="--part api: also the default setup with the usage events on (OTEL_LLM_USAGE_EVENTS; off by default)",
+    )
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="--part api: every variant in this process, set up again each round (the method before "
+        "--interleave, the default: each variant in a process of its own, set up once, runs back to back)",
+    )
+    parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)  # (--part api-worker: --interleave's)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
+    if part == "api-worker":  # one variant of --part api --interleave (its configuration the first line read)
+        import json
+
+        config = {**json.loads(sys.stdin.readline()), "result_fd": args.worker_fd}
+        part_api(
+            rounds=0,
+            requests=config["requests"],
+            max_tokens=config["max_tokens"],
+            layers=config["layers"],
+            floor=config["floor"],
+            usage_events=config["usage_events"],
+            gap_s=config["gap_s"],
+            worker=config,
+        )
+        return 0
     if part == "api":
         build(DEFAULT_MODEL_DIR)
         part_api(
@@ -1880,6 +2120,8 @@ def main() -> int:
             floor=args.floor,
             opcodes=args.opcodes,
             gap_s=args.gap_ms / 1000,
+            usage_events=args.usage_events,
+            interleave=not (args.one_process or args.breakdown),
         )
         return 0
     if args.rounds is None:
