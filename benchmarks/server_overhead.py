@@ -60,7 +60,9 @@ own when it starts serving; in each of --rounds alternated rounds (default 6) ev
 run of --requests requests (default 200), non-stream and stream, back to back with the others, so that
 the VM's changes of speed fall alike on all of them (a run's CPU per request then repeats within a few
 percent, where runs seconds apart in one process moved by tens of percent on a shared 2-core VM;
---one-process is that older method). A few minutes (it records the engine first). --layers adds the
+--one-process is that older method). Each variant's process runs on the first CPU, its export process and
+the OTLP receiver on the others, as on a server where the API server has a core of its own (--no-pin:
+wherever the kernel puts them). A few minutes (it records the engine first). --layers adds the
 default setup with one layer after another taken off; --usage-events the default setup with the usage
 events on (off by default); --floor adds benchmarks/floor.py, the least API-server work
 any design that keeps the usage record in the API server could do (docs/api-server-cost.md); --opcodes
@@ -1182,6 +1184,12 @@ def serve_blocks(config: dict, set_up, tear_down, load, problems: list, full_col
     app, channel = set_up(variant, 0)
     freeze_startup_heap()
     child = channel.process.pid if channel is not None else None
+    if config.get("pin"):  # this process's threads on the API server's CPU, its export process on the others
+        api_cpu, *others = sorted(os.sched_getaffinity(0))
+        for task in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(task), {api_cpu})
+        if child is not None and others:
+            os.sched_setaffinity(child, set(others))
     if child is not None:
         quiet_cpu_seconds(child, min_threads=2)  # its start-up
     results.write(json.dumps({"ready": True}) + "\n")
@@ -1225,6 +1233,7 @@ def part_api(
     usage_events: bool = False,
     interleave: bool = False,
     worker: dict | None = None,
+    pin: bool = False,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1253,7 +1262,8 @@ def part_api(
     phase): called at each run's "start" (its timed requests next), "sent" (the requests done, the tracer
     provider's flush next) and "flushed" (benchmarks/cachesim.py). interleave: each variant in a process
     of its own (BlockWorkers), else all in this one, set up again each round. worker: the configuration of
-    such a process (`--part api-worker`): it serves one variant's runs (serve_blocks)."""
+    such a process (`--part api-worker`): it serves one variant's runs (serve_blocks). pin (with
+    interleave): each variant's process on the first CPU, its export process and the receiver on the others."""
     import json
 
     import httpx
@@ -1577,6 +1587,8 @@ def part_api(
     workers = None
     try:
         if interleave:
+            if pin and len(os.sched_getaffinity(0)) > 1:  # the receiver off the API server's CPU (the first)
+                os.sched_setaffinity(receiver.pid, set(sorted(os.sched_getaffinity(0))[1:]))
             traffic = spool_root / "traffic.pkl"
             with open(traffic, "wb") as f:
                 pickle.dump((added, batches, tokenizer), f)
@@ -1592,6 +1604,7 @@ def part_api(
                     floor=floor,
                     usage_events=usage_events,
                     gap_s=gap_s,
+                    pin=pin,
                 ),
             )
             interleaved_rounds(workers, rounds, samples, child_samples, metric_exports, channel_counts, problems)
@@ -1662,7 +1675,8 @@ def part_api(
         + (f"{gap_s * 1e3:g} ms apart, " if gap_s else "back to back, ")
         + f"{rounds} alternated rounds after a warm-up round; medians; "
         + (
-            "each variant in a process of its own, set up once, the variants' runs back to back (--interleave)"
+            "each variant in a process of its own, set up once, the variants' runs back to back"
+            + (", on the first CPU (its export process and the OTLP receiver on the others)" if pin else "")
             if interleave
             else "every variant in this process, set up again each round"
         )
@@ -2091,6 +2105,12 @@ def main() -> int:
         help="--part api: every variant in this process, set up again each round (the method before "
         "--interleave, the default: each variant in a process of its own, set up once, runs back to back)",
     )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="--part api: leave the processes where the kernel puts them (by default each variant's process runs "
+        "on the first CPU, its export process and the OTLP receiver on the others)",
+    )
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)  # (--part api-worker: --interleave's)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
@@ -2122,6 +2142,7 @@ def main() -> int:
             gap_s=args.gap_ms / 1000,
             usage_events=args.usage_events,
             interleave=not (args.one_process or args.breakdown),
+            pin=not args.no_pin,
         )
         return 0
     if args.rounds is None:
