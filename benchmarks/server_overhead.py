@@ -1070,11 +1070,14 @@ API_TOP_FUNCTIONS = 15  # --opcodes: the default setup's functions of ours print
 API_METRIC_INTERVAL_MS = 60_000
 
 
-def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
+def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float] | None:
     """A distribution-free interval for the median of `values` (95% with z = 1.96): the order statistics
-    at ranks n/2 -+ z*sqrt(n)/2 (the sign test's); the whole range where there are too few values."""
+    at ranks n/2 -+ z*sqrt(n)/2 (the sign test's), at most the whole range; None for fewer than 6 values
+    (the whole range of 5 holds the median only 15 times in 16)."""
     ordered = sorted(values)
     n = len(ordered)
+    if n < 6:
+        return None
     half = z * n**0.5 / 2
     low, high = int(n / 2 - half), int(-(-(n / 2 + half) // 1))  # (1-based ranks: floor, ceil)
     return ordered[max(low, 1) - 1], ordered[min(high, n) - 1]
@@ -1095,10 +1098,10 @@ def freeze_startup_heap() -> None:
 
 
 class BlockWorkers:
-    """--interleave: one process per variant (`--part api-worker`), each with its app set up once, serving
-    blocks of requests on command: runs of every variant then follow each other within a second or two,
-    not tens of seconds apart, so that the VM's changes of speed (by tens of percent within seconds on a
-    shared 2-core VM) fall alike on every variant of a round."""
+    """part_api's `interleave` (the default of --part api): one process per variant (`--part api-worker`),
+    each with its app set up once, serving runs of requests on command: runs of every variant then follow
+    each other within a second or two, not tens of seconds apart, so that the VM's changes of speed (by
+    tens of percent within seconds on a shared 2-core VM) fall alike on every variant of a round."""
 
     def __init__(self, variants: tuple, config: dict):
         import json
@@ -1106,19 +1109,20 @@ class BlockWorkers:
         self.variants = variants
         self._json = json
         self.procs: dict = {}
-        self.results: dict = {}
+        self.logs: dict = {}
         self.last: dict = {}
-        log_dir = Path(config["spool_root"])
         for variant in variants:  # one at a time: each starts vLLM's imports and its app (and export process)
             read, write = os.pipe()
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--part", "api-worker", "--worker-fd", str(write)],
-                stdin=subprocess.PIPE,
-                stdout=open(log_dir / f"worker-{variants.index(variant)}.log", "wb"),
-                stderr=subprocess.STDOUT,
-                pass_fds=(write,),
-                cwd=ROOT,
-            )
+            self.logs[variant] = Path(config["spool_root"]) / f"worker-{variants.index(variant)}.log"
+            with open(self.logs[variant], "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "--part", "api-worker", "--worker-fd", str(write)],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(write,),
+                    cwd=ROOT,
+                )
             os.close(write)
             self.procs[variant] = (proc, os.fdopen(read, "r"))
             self._send(variant, {**config, "variant": variant})
@@ -1132,7 +1136,8 @@ class BlockWorkers:
     def _receive(self, variant: str) -> dict:
         line = self.procs[variant][1].readline()
         if not line:
-            raise RuntimeError(f"--interleave: the worker for {variant} ended (its log: worker-*.log in the spool dir)")
+            log = self.logs[variant].read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the process of {variant!r} ended; the end of its output:\n{log}")
         self.last[variant] = found = self._json.loads(line)
         return found
 
@@ -1774,14 +1779,17 @@ def part_api(
             f"(same-round pairs) {vs_native * 1e6:+.0f} us; the HTTP span {(default - no_http) * 1e6:+.0f} us; "
             f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare"
         )
-        low, high = median_interval(
-            [d - n for d, n in zip(samples[(API_DEFAULT, stream)], samples[(API_NATIVE, stream)])]
-        )
-        verdict = "met" if high <= 0 else "NOT met" if low > 0 else "not resolved (the interval holds 0)"
-        print(
-            f"  {mode:19}: default <= native: {verdict}; default - native, 95% interval of the pairs' median: "
-            f"{low * 1e6:+.0f} to {high * 1e6:+.0f} us ({len(samples[(API_DEFAULT, stream)])} rounds)"
-        )
+        pairs = [d - n for d, n in zip(samples[(API_DEFAULT, stream)], samples[(API_NATIVE, stream)])]
+        interval = median_interval(pairs)
+        if interval is None:
+            print(f"  {mode:19}: default <= native: not resolved ({len(pairs)} rounds: a 95% interval takes 6)")
+        else:
+            low, high = interval
+            verdict = "met" if high <= 0 else "NOT met" if low > 0 else "not resolved (the interval holds 0)"
+            print(
+                f"  {mode:19}: default <= native: {verdict}; default - native, 95% interval of the pairs' median: "
+                f"{low * 1e6:+.0f} to {high * 1e6:+.0f} us ({len(pairs)} rounds)"
+            )
         if stream:  # the stream's added cost over the non-stream request's, per chunk: an upper bound on
             # per-chunk work (it includes the stream's own start and end), by max_tokens its slope
             slopes = ", ".join(

@@ -28,7 +28,8 @@ median_interval = _load_median_interval()
 def test_the_sign_test_ranks():
     assert median_interval(list(range(1, 41))) == (13, 27)  # n/2 -+ 1.96 sqrt(n)/2 = 20 -+ 6.2
     assert median_interval([5, 1, 3, 2, 4] * 8)[0] <= 3 <= median_interval([5, 1, 3, 2, 4] * 8)[1]
-    assert median_interval([3, 1, 2]) == (1, 3)  # too few: the whole range
+    assert median_interval([6, 1, 5, 2, 4, 3]) == (1, 6)  # 6 values: the whole range (1 - 2/64 of the time)
+    assert median_interval([5, 1, 4, 2, 3]) is None  # fewer: no 95% interval at all
 
 
 @pytest.mark.parametrize("n", [12, 24, 40])
