@@ -1164,7 +1164,7 @@ class BlockWorkers:
 
 
 def interleaved_rounds(workers: BlockWorkers, rounds: int, samples, child_samples, metric_exports, counts, problems):
-    """part_api's rounds with --interleave: each round runs every variant's block of requests back to back
+    """part_api's rounds with `interleave` (the default of --part api): each round runs every variant's block of requests back to back
     (ABBA order between rounds, as the in-process rounds), round -1 a warm-up not kept. The export process's
     CPU per request is over all of a variant's runs (read without waiting for it to go quiet between runs)."""
     child_totals: dict = {}
@@ -1190,7 +1190,7 @@ def interleaved_rounds(workers: BlockWorkers, rounds: int, samples, child_sample
 
 
 def serve_blocks(config: dict, set_up, tear_down, load, problems: list, full_collections: dict) -> None:
-    """The --interleave worker's loop: its variant set up once (heap frozen), then a block of requests per
+    """A `--part api-worker` process's loop: its variant set up once (heap frozen), then a block of requests per
     command, each answered with its figures on the worker's result pipe."""
     import json
 
@@ -1313,7 +1313,7 @@ def part_api(
     if worker is None:
         added, batches, tokenizer, _ = record_engine_traffic(1, max_tokens)
         receiver, endpoint = start_receiver_process()
-    else:  # (--interleave's worker: the traffic its parent recorded, the parent's receiver)
+    else:  # (a `--part api-worker` process: the traffic its parent recorded, the parent's receiver)
         with open(worker["traffic"], "rb") as f:
             added, batches, tokenizer = pickle.load(f)
         receiver, endpoint = None, worker["endpoint"]
@@ -2127,8 +2127,8 @@ def main() -> int:
     parser.add_argument(
         "--one-process",
         action="store_true",
-        help="--part api: every variant in this process, set up again each round (the method before "
-        "--interleave, the default: each variant in a process of its own, set up once, runs back to back)",
+        help="--part api: every variant in this process, set up again each round (the older method; the "
+        "default: each variant in a process of its own, set up once, runs back to back)",
     )
     parser.add_argument(
         "--no-pin",
@@ -2136,10 +2136,10 @@ def main() -> int:
         help="--part api: leave the processes where the kernel puts them (by default each variant's process runs "
         "on the first CPU, its export process and the OTLP receiver on the others)",
     )
-    parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)  # (--part api-worker: --interleave's)
+    parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)  # (--part api-worker: its result pipe)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
-    if part == "api-worker":  # one variant of --part api --interleave (its configuration the first line read)
+    if part == "api-worker":  # one variant of --part api (its configuration the first line read)
         import json
 
         config = {**json.loads(sys.stdin.readline()), "result_fd": args.worker_fd}
