@@ -9,6 +9,7 @@ CONTEXTUAL: name -> (text, secret): secrets recognised only by what stands next 
 name, `Authorization: Basic`, a URL's user part); the text keeps its context, the secret goes.
 NEGATIVES: look-alike name -> one text that must survive redaction unchanged.
 EMBEDDINGS: ways to put a secret (or a CONTEXTUAL text) into a prompt.
+WORST_CASES: long near misses of the rules, the slowest kinds of text for the redactor.
 """
 
 from __future__ import annotations
@@ -435,3 +436,20 @@ EMBEDDINGS: tuple[Callable[[str], str], ...] = (  # the first PLAIN ones put not
     lambda s: f"```bash\nexport TOKEN={s}\n```",  # markdown code fence, shell
 )
 PLAIN = 12  # EMBEDDINGS[:PLAIN] add no name or header of their own (for the CONTEXTUAL texts, which have one)
+
+# near misses of the redactor's rules, long (about 7,000 tokens together): a prompt of them goes
+# through the real server in e2e/test_secret_leaks_e2e.py, and its time per KB is bounded in
+# content/test_redaction_time.py
+WORST_CASES = (
+    "sk-" + "a-" * 400,
+    "Bearer " * 100,
+    "eyJ" + "a" * 400 + "." + "b" * 400,
+    "AKIA" * 150,
+    "4111 " * 150,
+    "1." * 400,
+    "a:" * 400,
+    "x" * 600 + "@",
+    "xox" * 200,
+    "_" * 600,
+    "-" * 600,
+)

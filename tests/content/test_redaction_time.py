@@ -19,7 +19,7 @@ import random
 import time
 
 import pytest
-from content.secret_formats import FORMATS
+from content.secret_formats import FORMATS, WORST_CASES
 
 from otel_llm import redaction
 
@@ -90,6 +90,8 @@ def _adversarial() -> dict[str, callable]:
         "CJK": "请使用密钥令牌过期模型推理缓存队列",
         "quotes and equals": "\"='",
     }
+    # the e2e leak test's prompt of worst cases, repeated
+    fixed["the leak test's worst cases"] = "\n".join(WORST_CASES) + "\n"
     for name, unit in fixed.items():
         if unit is None:
             out[name] = lambda size: _repeat("a.", size - 1) + "@"

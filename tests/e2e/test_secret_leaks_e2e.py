@@ -16,7 +16,7 @@ Then every byte that left is searched for each secret's last 8 (random) characte
 request body as the receiver got it (traces, metrics, logs), the usage spool, the server's output
 (vLLM's own log lines apart: vLLM writes them, see the last test) and this process's log records.
 Every look-alike is in the exported gen_ai.input.messages verbatim, and so is `<SECRET>`. A prompt of
-the redactor's worst cases costs the request no more than a bound over a plain prompt as long.
+the redactor's worst cases is served, and exported as the redactor makes it on both layers.
 OTEL_LLM_LEAK_SEED=<seed> repeats a run's secrets.
 """
 
@@ -30,14 +30,13 @@ import re
 import secrets
 import string
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import openai
 import pytest
-from content.secret_formats import CONTEXTUAL, EMBEDDINGS, FORMATS, NEGATIVES
+from content.secret_formats import CONTEXTUAL, EMBEDDINGS, FORMATS, NEGATIVES, WORST_CASES
 from helpers import genai_spans, start_server
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -48,14 +47,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from devkit.tiny_model import MODEL_NAME
-from otel_llm import config, semconv
+from otel_llm import config, redaction, semconv
 from otel_llm.openai import OpenAIInstrumentor
 
 SEED = int(os.environ.get("OTEL_LLM_LEAK_SEED") or secrets.randbits(32))
 MARK = "LEAK-PROBE-PROMPT"
 MAX_CONTENT = 1_000_000  # no captured text is cut: every look-alike must arrive whole
-# a prompt of the redactor's worst cases may cost the request this much more than a plain one
-WORST_CASE_EXTRA_S = 3.0
 
 
 def _embedders() -> list:
@@ -126,20 +123,7 @@ def build_prompt(keys: Secrets) -> tuple[str, dict[str, str]]:
     return "\n".join(lines) + "\n", negatives
 
 
-# near misses of the redactor's rules, long (about 7,000 tokens together)
-WORST_CASES = (
-    "sk-" + "a-" * 400,
-    "Bearer " * 100,
-    "eyJ" + "a" * 400 + "." + "b" * 400,
-    "AKIA" * 150,
-    "4111 " * 150,
-    "1." * 400,
-    "a:" * 400,
-    "x" * 600 + "@",
-    "xox" * 200,
-    "_" * 600,
-    "-" * 600,
-)
+WORST_PROMPT = "\n".join(WORST_CASES)
 
 
 # --- the server, the client and the fake provider ------------------------------------------------
@@ -282,8 +266,6 @@ class Traffic:
     prompt: str
     negatives: dict[str, str]
     server_requests: int = 0  # requests that reached the server (one GenAI span each)
-    worst_s: float = 0.0
-    plain_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
@@ -371,13 +353,9 @@ def traffic(server, client_otel) -> Traffic:
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=_openai_key(keys, "model name, completions"), prompt="hi")
         t.server_requests += len(FORMATS) + 2
-        # the redactor's worst cases, against a plain prompt as long
-        worst = "\n".join(WORST_CASES)
-        for text, attr in (("q" * len(worst), "plain_s"), (worst, "worst_s")):
-            started = time.perf_counter()
-            chat.create(model=MODEL_NAME, messages=[{"role": "user", "content": text}], max_tokens=1)
-            setattr(t, attr, time.perf_counter() - started)
-        t.server_requests += 2
+        # the redactor's worst cases (their time per KB is bounded in content/test_redaction_time.py)
+        chat.create(model=MODEL_NAME, messages=[{"role": "user", "content": WORST_PROMPT}], max_tokens=1)
+        t.server_requests += 1
     # over plain HTTP: a key in the query, in headers, and in a field vLLM rejects (its 400 echoes it)
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
     headers = {
@@ -539,5 +517,15 @@ def test_look_alikes_arrive_verbatim_and_keys_as_secret_tokens(traffic, exported
         assert "<SECRET>" in texts
 
 
-def test_a_prompt_of_worst_cases_costs_the_request_little(traffic):
-    assert traffic.worst_s <= traffic.plain_s + WORST_CASE_EXTRA_S, (traffic.worst_s, traffic.plain_s)
+def test_a_prompt_of_worst_cases_is_served_and_exported_as_the_redactor_makes_it(traffic, exported, receiver):
+    """The request of the redactor's worst cases was answered (the traffic went on) and both layers
+    exported its text whole, as the built-in rules redact it (near misses all: verbatim), no part
+    skipped or cut. (Their time is bounded per KB by CPU time in content/test_redaction_time.py, which a
+    busy machine cannot fail; wall time here could: the engine's prefill shares the cores.)"""
+    expected = redaction.Redactor().redact(WORST_PROMPT)
+    layers = sorted(
+        s.scope
+        for s in receiver.spans
+        if semconv.GEN_AI_INPUT_MESSAGES in s.attributes and expected in _captured_texts(s)
+    )
+    assert layers == ["otel_llm.openai", "otel_llm.vllm"], layers
