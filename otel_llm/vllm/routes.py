@@ -7,7 +7,9 @@ while vLLM serves it. A handler hook running inside makes the span as before; ot
 engine request of the route starts the span (at the request's arrival, with the operation of the
 route and the request parameters read from its JSON body), every later one attaches to the same
 span, and the span ends when the response has been sent. A route that answers 4xx/5xx without
-reaching the engine gets an error span too.
+reaching the engine gets an error span too. A handler-hooked route's send also watches a stream its
+handler hands over (`take_stream`): its first chunk timed, then its span ended by its engine
+requests, or at its [DONE] chunk where they cannot end it.
 
 The table is also the rejection table: a request FastAPI rejects on one of these paths before any
 handler runs gets an error span (hooks.validation_rejection).
@@ -21,6 +23,8 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.requests import ClientDisconnect
 
 from otel_llm import semconv
 from otel_llm.vllm.request_telemetry import RequestTelemetry, end_with_exception, request_info, start_request
@@ -75,7 +79,7 @@ NOT_COVERED = {
 class RouteScope:
     """One request on a ROUTES path while vLLM serves it."""
 
-    __slots__ = ("route", "scope", "start_ns", "record", "status", "body")
+    __slots__ = ("route", "scope", "start_ns", "record", "status", "body", "send", "stream", "streamed")
 
     def __init__(self, route: Route, scope: dict):
         self.route = route
@@ -84,6 +88,18 @@ class RouteScope:
         self.record: RequestTelemetry | None = None
         self.status: int | None = None
         self.body: list[bytes] | None = None if route.handler_hooked else []
+        self.send = None  # a handler-hooked route's send, which `sending` calls
+        self.stream: RequestTelemetry | None = None  # a stream's record while its chunks are watched
+        self.streamed = 0  # a stream's record was handed to this route (take_stream): 1, 2 once it sent a chunk
+
+    def sending(self, message):
+        """A handler-hooked route's send: vLLM's own, and a stream's chunks watched until its first one
+        (_watch_stream) or, where its engine requests do not end it, its last. Returns send's awaitable:
+        no coroutine of ours per message."""
+        stream = self.stream
+        if stream is not None and not guarded("watching a stream's chunks", _watch_stream, self, stream, message):
+            self.stream = None  # (our fault: its route ends it when the response is done)
+        return self.send(message)
 
 
 SCOPE: ContextVar[RouteScope | None] = ContextVar("otel_llm_vllm_route", default=None)
@@ -110,6 +126,8 @@ def _route_app(inner, spec: Route, tel: Telemetry):
         state, token = entered
         if not spec.handler_hooked:  # the body (for request parameters) and the status (for errors)
             receive, send = _tee_receive(receive, state), _status_send(send, state, tel)
+        else:  # a stream's chunks, where the handler hands its record over (take_stream)
+            state.send, send = send, state.sending
         try:
             await inner(scope, receive, send)
         except BaseException as exc:
@@ -168,6 +186,43 @@ def _status_send(send, state: RouteScope, tel: Telemetry):
     return status_send
 
 
+def take_stream(record: RequestTelemetry) -> bool:
+    """A handler-hooked route's stream: its route, in scope while the stream is served, watches its
+    chunks (RouteScope.sending) instead of a proxy around it (streams.py `_StreamTelemetry`, whose
+    once-per-stream work costs the API server more), and ends its record at the end of the response
+    where nothing ended it before. False where no route of this request can (not in scope, not
+    handler-hooked, or another record)."""
+    state = SCOPE.get()
+    if state is None or state.send is None or state.record is not record:
+        return False
+    state.stream = record
+    state.streamed = 1
+    return True
+
+
+_SSE_DONE = b"data: [DONE]\n\n"  # the last data chunk of every OpenAI-style SSE stream vLLM sends
+
+
+def _watch_stream(state: RouteScope, record: RequestTelemetry, message) -> bool:
+    """As streams.py `_StreamTelemetry` does around a stream: the first chunk is timed, and from then on
+    the record ends with its engine requests (RequestTelemetry.end_with_engines) and nothing more is
+    watched; where it cannot (no engine request, or one finished before the first chunk), it ends at the
+    [DONE] chunk or the last one, before it goes out (a server killed after the client has the whole
+    response loses no usage record)."""
+    if message["type"] != "http.response.body":
+        return True
+    if state.streamed == 1:
+        state.streamed = 2
+        record.on_first_chunk()
+        if record.end_with_engines():
+            state.stream = None
+            return True
+    if message.get("body") == _SSE_DONE or not message.get("more_body", False):
+        state.stream = None
+        record.end()
+    return True
+
+
 def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> None:
     """End the span this route started, or record a route's error that reached no engine."""
     record = state.record
@@ -176,12 +231,16 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
             state.record = record = _start(state, tel)
             record.end(error_type=str(state.status), error_message="request failed before reaching the engine")
         return
-    # a handler hook made it and ends it; a stream's with its engine requests (streams.py), but where their
-    # end never came (then a handler-hooked route's status is not kept: 200, ended as below)
-    if not record.route_made and not (record.engine_owned and not record.ended):
+    # a handler hook made it and ends it; a stream's with its engine requests or at its last chunk, but where
+    # that never came (then a handler-hooked route's status is not kept: 200, ended as below)
+    if record.ended or not (record.route_made or record.engine_owned or state.streamed):
         return
-    if exc is not None:
+    cut = state.stream is not None  # a stream that ended before its last chunk: the client left
+    if exc is not None and not (cut and isinstance(exc, ClientDisconnect)):
         end_with_exception(record, exc)
+        return
+    if cut:
+        record.end(aborted=True)
         return
     status = state.status or 200
     if status >= 400:

@@ -4,10 +4,11 @@
 handler, AsyncLLM.generate's first step, LLMEngine.add_request): the record is current while vLLM adds
 its engine request, an exception of vLLM's ends it, and the context is restored after.
 
-`_StreamTelemetry` wraps the async generator a streaming handler (or AsyncLLM.generate) returns, so
-the first chunk is timed and the span ends exactly once: with its engine requests (no code of ours per
-chunk after the first), or, for a stream without them, on the final SSE chunk, exhaustion, error,
-cancellation or close.
+`_StreamTelemetry` wraps the async generator AsyncLLM.generate returns, or a streaming handler's where
+no route watches it (routes.py `take_stream`: the handler's route does that with less work per
+stream), so the first chunk is timed and the span ends exactly once: with its engine requests (no
+code of ours per chunk after the first), or, for a stream without them, on the final SSE chunk,
+exhaustion, error, cancellation or close.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from otel_llm.vllm.attribution import first_values
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, RequestTelemetry, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
-from otel_llm.warn import entry
+from otel_llm.warn import entry, guarded
 from otel_llm.warn import guard as _safe
 
 
@@ -108,7 +108,9 @@ def _read_response(record, result, raw_request):
         record.end(error_type=error[0], error_message=error[1])
         return result
     if contract.is_stream(result):
-        return _StreamTelemetry(result, record)
+        # its route watches its chunks where it can (routes.take_stream), else a proxy does
+        taken = guarded("handing a stream to its route", routes.take_stream, record)
+        return result if taken else _StreamTelemetry(result, record)
     record.end(response=contract.generation_response(result))
     return result
 

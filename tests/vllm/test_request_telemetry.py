@@ -255,6 +255,134 @@ def test_a_route_ends_a_stream_whose_engine_end_never_came(env, raised):
     assert record.ended and span.attributes.get(semconv.VLLM_ABORTED) is (None if raised is None else True)
 
 
+_START = {"type": "http.response.start", "status": 200}
+_DONE = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
+_LAST = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def _chunk(i):
+    return {"type": "http.response.body", "body": f"data: {i}\n\n".encode(), "more_body": True}
+
+
+def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised=None, taken=True):
+    """A handler-hooked route serving a stream the way vLLM's chat route does, its record handed to the
+    route (routes.take_stream): `messages` through the route's send, the engine request finished just
+    before message `engine_finishes_at`, then `raised` from the app, if any. Returns the record, what
+    reached the server's send (with whether the record had ended by then) and take_stream's answer."""
+    from otel_llm.vllm import routes
+
+    out, records, answers = [], [], []
+
+    async def send(message):
+        out.append((message, records[0].ended))
+
+    async def inner(scope, receive, send):
+        record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+        records.append(record)
+        routes.claim(record)
+        answers.append(routes.take_stream(record) if taken else False)
+        engine_state = state("r1", st=stats(queued_ago=0.0))
+        for i, message in enumerate(messages):
+            if i == 1 and engine:  # (vLLM adds its engine request on the stream's first step)
+                record.attach_engine_request(engine_state)
+            if i == engine_finishes_at:
+                record.on_engine_finished(engine_state, "length")
+            await send(message)
+        if raised is not None:
+            raise raised
+
+    app = routes._route_app(inner, routes.ROUTES["/v1/chat/completions"], env.tel)
+    try:
+        asyncio.run(app({"type": "http"}, None, send))
+    except BaseException as exc:  # noqa: BLE001
+        assert exc is raised
+    return records[0], out, answers[0]
+
+
+def test_a_stream_handed_to_its_route_is_timed_and_ends_with_its_engine_request(env):
+    """The route's send watches the stream until its first chunk: timed, then the record is its engine
+    request's to end (before the last chunks go out); every message reaches the server unchanged."""
+    messages = [_START, _chunk(0), _chunk(1), _chunk(2), _DONE, _LAST]
+    record, out, taken = _serve_stream(env, messages, engine_finishes_at=3)
+    assert taken and record.engine_owned
+    assert [m for m, _ in out] == messages
+    assert [ended for _, ended in out] == [False, False, False, True, True, True]
+    span = spans_by_name(env.exporter)["chat m"]
+    ttft = span.attributes[semconv.VLLM_STREAM_TTFT_SECONDS]
+    assert 0 < ttft <= (span.end_time - span.start_time) / 1e9
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
+    assert semconv.VLLM_ABORTED not in span.attributes
+
+
+@pytest.mark.parametrize("last", [_DONE, _LAST])
+def test_a_stream_its_engine_cannot_end_ends_before_its_last_chunk(env, last):
+    """No engine request by the first chunk (or one finished by then): the record ends at the [DONE]
+    chunk, or the last one, before it goes out."""
+    for engine, finishes in ((False, None), (True, 1)):
+        env.exporter.clear()
+        messages = [_START, _chunk(0), _chunk(1), last] + ([_LAST] if last is _DONE else [])
+        record, out, _ = _serve_stream(env, messages, engine=engine, engine_finishes_at=finishes)
+        assert not record.engine_owned
+        assert [ended for _, ended in out] == [False, False, False, True] + ([True] if last is _DONE else [])
+        span = spans_by_name(env.exporter)["chat m"]
+        assert semconv.VLLM_STREAM_TTFT_SECONDS in span.attributes
+        assert semconv.VLLM_ABORTED not in span.attributes
+
+
+def test_a_stream_cut_before_its_last_chunk_is_an_abort_and_an_error_is_an_error(env):
+    from starlette.requests import ClientDisconnect
+
+    for raised in (None, ClientDisconnect(), asyncio.CancelledError()):  # the client left
+        env.exporter.clear()
+        _serve_stream(env, [_START, _chunk(0), _chunk(1)], engine=False, raised=raised)
+        assert spans_by_name(env.exporter)["chat m"].attributes[semconv.VLLM_ABORTED] is True, raised
+    env.exporter.clear()
+    _serve_stream(env, [_START, _chunk(0)], engine=False, raised=ValueError("boom"))
+    span = spans_by_name(env.exporter)["chat m"]
+    assert span.attributes[semconv.ERROR_TYPE] == "ValueError"
+
+
+def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeypatch):
+    """Our watch failing: every message still goes out, watched no more, and the route ends the record
+    when the response is done, as finished (no first-chunk time)."""
+    from otel_llm.vllm import routes
+
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise RuntimeError("ours")
+
+    monkeypatch.setattr(routes, "_watch_stream", failing)
+    messages = [_START, _chunk(0), _chunk(1), _DONE, _LAST]
+    record, out, _ = _serve_stream(env, messages, engine=False)
+    assert [m for m, _ in out] == messages and len(calls) == 1
+    assert [ended for _, ended in out] == [False] * 5 and record.ended
+    span = spans_by_name(env.exporter)["chat m"]
+    assert semconv.VLLM_STREAM_TTFT_SECONDS not in span.attributes and semconv.VLLM_ABORTED not in span.attributes
+
+
+def test_only_a_handler_hooked_route_takes_its_own_record_s_stream(env):
+    from otel_llm.vllm import routes
+
+    assert not routes.take_stream(start_request(env.tel, RequestInfo(operation="chat", model="m")))  # no route
+    seen = []
+
+    async def send(message):
+        pass
+
+    async def inner(scope, receive, send):
+        record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+        routes.claim(record)
+        other = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+        seen.append((routes.take_stream(other), routes.take_stream(record)))
+
+    for path, expected in (("/v1/chat/completions", (False, True)), ("/pooling", (False, False))):
+        seen.clear()
+        asyncio.run(routes._route_app(inner, routes.ROUTES[path], env.tel)({"type": "http"}, None, send))
+        assert seen == [expected], path
+
+
 def test_failed_requests_cannot_blow_up_model_labels(env):
     for i in range(25):
         start_request(env.tel, RequestInfo(operation="chat", model=f"junk-{i}")).end(error_type="NotFoundError")

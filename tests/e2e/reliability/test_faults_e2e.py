@@ -10,9 +10,9 @@ test switches the active fault at run time through a file, so one server serves 
    `_safe` guard (listed by the process itself: a new guard that no Target covers fails
    `test_every_guard_on_the_request_path_gets_a_fault`) and the functions the guards and wrappers
    call: request start (`_request_info`, attribution, `Telemetry.start`, the AsyncLLM fallback),
-   making the record current and restoring the context, the traced mark, reading the response, the
-   stream's first chunk and its end on an exception, attaching an engine request, engine finished and
-   aborted, the validation-rejection hook, `RequestTelemetry._end`, the usage record (`_write_usage`,
+   making the record current and restoring the context, the traced mark, reading the response, a
+   stream handed to its route and its chunks watched there, attaching an engine request, engine
+   finished and aborted, the validation-rejection hook, `RequestTelemetry._end`, the usage record (`_write_usage`,
    the spool) and the metric key, and the HTTP layer's query redaction. For each
    target two chat requests, two streamed completions, two streams the client leaves and two
    requests FastAPI rejects are served complete (`[DONE]` included); the fault fired for each
@@ -71,6 +71,7 @@ from otel_llm.billing.ledger import read_spool
 HERE = Path(__file__).resolve().parent
 W = "otel_llm.vllm.wrappers"
 S = "otel_llm.vllm.streams"
+RT = "otel_llm.vllm.routes"
 R = "otel_llm.vllm.request_telemetry"
 
 MAX_MODEL_LEN = 4096
@@ -148,12 +149,13 @@ TARGETS = (
     # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
     Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
     Target("otel_llm.vllm.contract:read_error", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
-    # the stream wrapper: first chunk, and its end handed to its engine requests (failing, the stream's
-    # end ends it, as a stream without engine requests)
-    Target("guard:recording a stream's first chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
-    Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True),
-    Target("guard:handing a stream's end to its engine requests", fires=(STREAM, ABORT)),
-    Target(f"{R}:RequestTelemetry.end_with_engines", fires=(STREAM, ABORT)),
+    # a stream handed to its route (failing, the stream proxy of streams.py takes it), whose send watches
+    # its chunks: the first one timed, and its end handed to its engine requests (failing, the route ends
+    # it when the response is done, aborted where vLLM aborted its engine requests)
+    Target(f"{RT}:take_stream", fires=(STREAM, ABORT)),
+    Target(f"{RT}:_watch_stream", fires=(STREAM, ABORT), no_wire_ttft=True, after_http=(STREAM,)),
+    Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True, after_http=(STREAM,)),
+    Target(f"{R}:RequestTelemetry.end_with_engines", fires=(STREAM, ABORT), after_http=(STREAM,)),
     # engine events (the output processor, in the API server process)
     Target("guard:attaching an engine request", fires=GENERATING, no_engine=GENERATING),
     Target(f"{W}:_attach", fires=GENERATING, no_engine=GENERATING),
@@ -197,6 +199,10 @@ GUARDS_OFF_THIS_PATH = {
     "redacting a vLLM logger's warnings": "when vLLM makes a logger (init_logger, as its modules are imported)",
     "ending a request's span on an exception": "an exception from vLLM's code for a request, or a stream that "
     "does not end with its engine requests (test_streams.py): this server's streams end with theirs",
+    "recording a stream's first chunk": "the stream proxy's (streams.py), for a stream no route watches: "
+    "AsyncLLM.generate used directly, or a route not wrapped (tests/vllm/test_streams.py); this server's "
+    "routes watch theirs (routes.py `_watch_stream`, faulted here)",
+    "handing a stream's end to its engine requests": "the stream proxy's, as the one above",
 }
 
 _MAINTAINED_CALL = "the maintained HTTP middleware's own call, which this server's requests do not take"
