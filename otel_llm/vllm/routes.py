@@ -22,6 +22,7 @@ import logging
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from starlette.requests import ClientDisconnect
@@ -79,7 +80,7 @@ NOT_COVERED = {
 class RouteScope:
     """One request on a ROUTES path while vLLM serves it."""
 
-    __slots__ = ("route", "scope", "start_ns", "record", "status", "body", "send", "stream", "streamed")
+    __slots__ = ("route", "scope", "start_ns", "record", "status", "body", "send", "sender", "stream", "streamed")
 
     def __init__(self, route: Route, scope: dict):
         self.route = route
@@ -88,17 +89,20 @@ class RouteScope:
         self.record: RequestTelemetry | None = None
         self.status: int | None = None
         self.body: list[bytes] | None = None if route.handler_hooked else []
-        self.send = None  # a handler-hooked route's send, which `sending` calls
+        self.send = None  # a handler-hooked route's send (the server's)
+        self.sender = None  # what calling this scope calls: `send`, or `watching` while a stream is watched
         self.stream: RequestTelemetry | None = None  # a stream's record while its chunks are watched
         self.streamed = 0  # a stream's record was handed to this route (take_stream): 1, 2 once it sent a chunk
 
-    def sending(self, message):
-        """A handler-hooked route's send: vLLM's own, and a stream's chunks watched until its first one
-        (_watch_stream) or, where its engine requests do not end it, its last. Returns send's awaitable:
-        no coroutine of ours per message."""
-        stream = self.stream
-        if stream is not None and not guarded("watching a stream's chunks", _watch_stream, self, stream, message):
-            self.stream = None  # (our fault: its route ends it when the response is done)
+    # A handler-hooked route's send is its scope: calling it calls `sender` (a property in C: the server's
+    # send itself, with no frame of ours per message, or `watching` until a stream's first chunk or last)
+    __call__ = property(attrgetter("sender"))
+
+    def watching(self, message):
+        """A stream's chunks watched (_watch_stream) until its first one or, where its engine requests
+        do not end it, its last. Returns send's awaitable: no coroutine of ours per message."""
+        if not guarded("watching a stream's chunks", _watch_stream, self, self.stream, message):
+            self.stream, self.sender = None, self.send  # (our fault: its route ends it when the response is done)
         return self.send(message)
 
 
@@ -127,7 +131,8 @@ def _route_app(inner, spec: Route, tel: Telemetry):
         if not spec.handler_hooked:  # the body (for request parameters) and the status (for errors)
             receive, send = _tee_receive(receive, state), _status_send(send, state, tel)
         else:  # a stream's chunks, where the handler hands its record over (take_stream)
-            state.send, send = send, state.sending
+            state.send = state.sender = send
+            send = state
         try:
             await inner(scope, receive, send)
         except BaseException as exc:
@@ -188,14 +193,14 @@ def _status_send(send, state: RouteScope, tel: Telemetry):
 
 def take_stream(record: RequestTelemetry) -> bool:
     """A handler-hooked route's stream: its route, in scope while the stream is served, watches its
-    chunks (RouteScope.sending) instead of a proxy around it (streams.py `_StreamTelemetry`, whose
+    chunks (RouteScope.watching) instead of a proxy around it (streams.py `_StreamTelemetry`, whose
     once-per-stream work costs the API server more), and ends its record at the end of the response
     where nothing ended it before. False where no route of this request can (not in scope, not
     handler-hooked, or another record)."""
     state = SCOPE.get()
     if state is None or state.send is None or state.record is not record:
         return False
-    state.stream = record
+    state.stream, state.sender = record, state.watching
     state.streamed = 1
     return True
 
@@ -215,10 +220,10 @@ def _watch_stream(state: RouteScope, record: RequestTelemetry, message) -> bool:
         state.streamed = 2
         record.on_first_chunk()
         if record.end_with_engines():
-            state.stream = None
+            state.stream, state.sender = None, state.send
             return True
     if message.get("body") == _SSE_DONE or not message.get("more_body", False):
-        state.stream = None
+        state.stream, state.sender = None, state.send
         record.end()
     return True
 
@@ -236,6 +241,7 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
     if record.ended or not (record.route_made or record.engine_owned or state.streamed):
         return
     cut = state.stream is not None  # a stream that ended before its last chunk: the client left
+    state.sender = state.send  # (`watching` no longer: the scope and its record are freed without the collector)
     if exc is not None and not (cut and isinstance(exc, ClientDisconnect)):
         end_with_exception(record, exc)
         return

@@ -264,14 +264,15 @@ def _chunk(i):
     return {"type": "http.response.body", "body": f"data: {i}\n\n".encode(), "more_body": True}
 
 
-def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised=None, taken=True):
+def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised=None):
     """A handler-hooked route serving a stream the way vLLM's chat route does, its record handed to the
     route (routes.take_stream): `messages` through the route's send, the engine request finished just
     before message `engine_finishes_at`, then `raised` from the app, if any. Returns the record, what
-    reached the server's send (with whether the record had ended by then) and take_stream's answer."""
+    reached the server's send (with whether the record had ended by then), take_stream's answer and
+    what the route handed each message to (its scope's `sender`)."""
     from otel_llm.vllm import routes
 
-    out, records, answers = [], [], []
+    out, records, answers, scopes = [], [], [], []
 
     async def send(message):
         out.append((message, records[0].ended))
@@ -280,13 +281,14 @@ def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised
         record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
         records.append(record)
         routes.claim(record)
-        answers.append(routes.take_stream(record) if taken else False)
+        answers.append(routes.take_stream(record))
         engine_state = state("r1", st=stats(queued_ago=0.0))
         for i, message in enumerate(messages):
             if i == 1 and engine:  # (vLLM adds its engine request on the stream's first step)
                 record.attach_engine_request(engine_state)
             if i == engine_finishes_at:
                 record.on_engine_finished(engine_state, "length")
+            scopes.append(routes.SCOPE.get().sender)
             await send(message)
         if raised is not None:
             raise raised
@@ -296,17 +298,20 @@ def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised
         asyncio.run(app({"type": "http"}, None, send))
     except BaseException as exc:  # noqa: BLE001
         assert exc is raised
-    return records[0], out, answers[0]
+    return records[0], out, answers[0], scopes
 
 
 def test_a_stream_handed_to_its_route_is_timed_and_ends_with_its_engine_request(env):
     """The route's send watches the stream until its first chunk: timed, then the record is its engine
     request's to end (before the last chunks go out); every message reaches the server unchanged."""
     messages = [_START, _chunk(0), _chunk(1), _chunk(2), _DONE, _LAST]
-    record, out, taken = _serve_stream(env, messages, engine_finishes_at=3)
+    record, out, taken, senders = _serve_stream(env, messages, engine_finishes_at=3)
     assert taken and record.engine_owned
     assert [m for m, _ in out] == messages
     assert [ended for _, ended in out] == [False, False, False, True, True, True]
+    # our watch until the first chunk; from then on each message goes to the server's send itself
+    assert all(getattr(s, "__func__", None) is type(s.__self__).watching for s in senders[:2])
+    assert len(set(senders[2:])) == 1 and getattr(senders[2], "__self__", None) is None
     span = spans_by_name(env.exporter)["chat m"]
     ttft = span.attributes[semconv.VLLM_STREAM_TTFT_SECONDS]
     assert 0 < ttft <= (span.end_time - span.start_time) / 1e9
@@ -321,7 +326,7 @@ def test_a_stream_its_engine_cannot_end_ends_before_its_last_chunk(env, last):
     for engine, finishes in ((False, None), (True, 1)):
         env.exporter.clear()
         messages = [_START, _chunk(0), _chunk(1), last] + ([_LAST] if last is _DONE else [])
-        record, out, _ = _serve_stream(env, messages, engine=engine, engine_finishes_at=finishes)
+        record, out, _, _ = _serve_stream(env, messages, engine=engine, engine_finishes_at=finishes)
         assert not record.engine_owned
         assert [ended for _, ended in out] == [False, False, False, True] + ([True] if last is _DONE else [])
         span = spans_by_name(env.exporter)["chat m"]
@@ -355,7 +360,7 @@ def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeyp
 
     monkeypatch.setattr(routes, "_watch_stream", failing)
     messages = [_START, _chunk(0), _chunk(1), _DONE, _LAST]
-    record, out, _ = _serve_stream(env, messages, engine=False)
+    record, out, _, _ = _serve_stream(env, messages, engine=False)
     assert [m for m, _ in out] == messages and len(calls) == 1
     assert [ended for _, ended in out] == [False] * 5 and record.ended
     span = spans_by_name(env.exporter)["chat m"]
