@@ -1163,12 +1163,15 @@ class BlockWorkers:
         self.procs = {}
 
 
-def interleaved_rounds(workers: BlockWorkers, rounds: int, samples, child_samples, metric_exports, counts, problems):
-    """part_api's rounds with `interleave` (the default of --part api): each round runs every variant's block of requests back to back
-    (ABBA order between rounds, as the in-process rounds), round -1 a warm-up not kept. The export process's
-    CPU per request is over all of a variant's runs (read without waiting for it to go quiet between runs)."""
-    child_totals: dict = {}
-    for r in range(-1, rounds):
+def interleaved_rounds(
+    workers: BlockWorkers, rounds: range, samples, child_totals, metric_exports, counts, problems
+) -> None:
+    """part_api's rounds with `interleave` (the default of --part api) for one set of worker processes: each
+    round runs every variant's block of requests back to back (ABBA order between rounds, as the in-process
+    rounds), after a warm-up round not kept. The export process's CPU per request is over all of a
+    variant's runs (read without waiting for it to go quiet between runs): summed into `child_totals`; the
+    channels' counts added into `counts`."""
+    for r in (-1, *rounds):
         print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
         order = workers.variants if r % 2 == 0 else tuple(reversed(workers.variants))
         for variant in order:
@@ -1181,11 +1184,9 @@ def interleaved_rounds(workers: BlockWorkers, rounds: int, samples, child_sample
                 metric_exports.setdefault(variant, []).append(answer["metric_export"])
                 if answer["child_cost"] is not None:
                     child_totals.setdefault((variant, stream), []).append(answer["child_cost"])
-    for key, costs in child_totals.items():
-        child_samples[key] = [sum(costs) / len(costs)]
     for variant, answer in workers.last.items():
         if variant in counts:
-            counts[variant] = answer["channel"]
+            counts[variant] = [a + b for a, b in zip(counts[variant], answer["channel"])]
     workers.close()
 
 
@@ -1196,7 +1197,7 @@ def serve_blocks(config: dict, set_up, tear_down, load, problems: list, full_col
 
     variant = config["variant"]
     results = os.fdopen(config["result_fd"], "w")
-    app, channel = set_up(variant, 0)
+    app, channel = set_up(variant, config.get("draw", 0))
     freeze_startup_heap()
     child = channel.process.pid if channel is not None else None
     if config.get("pin"):  # this process's threads on the API server's CPU, its export process on the others
@@ -1249,6 +1250,7 @@ def part_api(
     interleave: bool = False,
     worker: dict | None = None,
     pin: bool = False,
+    processes: int = 1,
 ) -> None:
     """The API server's whole CPU per request, in one process and one run, for the setups of the
     issue "the default server setup costs the API server less than vLLM's own one-span tracing":
@@ -1592,7 +1594,13 @@ def part_api(
                 tear_down(variant, app)
         return found
 
-    per_run = (rounds + 1) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
+    # with `interleave`, the rounds in blocks, each served by fresh processes with a warm-up round of its own:
+    # a process's draw (its memory layout, its export process) holds for all of its rounds and moved the same
+    # code's default - native by 70 us between two runs of one process each, far outside each run's interval
+    # over its rounds; the verdict then comes from the blocks' medians
+    draws = max(1, min(processes, rounds)) if interleave else 1
+    draw_blocks = [range(rounds * d // draws, rounds * (d + 1) // draws) for d in range(draws)]
+    per_run = (rounds + draws) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too
     samples: dict = {}
     child_samples: dict = {}
     metric_exports: dict = {}  # variant -> this process's CPU of one metric collection and export, per run
@@ -1607,23 +1615,28 @@ def part_api(
             traffic = spool_root / "traffic.pkl"
             with open(traffic, "wb") as f:
                 pickle.dump((added, batches, tokenizer), f)
-            workers = BlockWorkers(
-                variants,
-                dict(
-                    traffic=str(traffic),
-                    endpoint=endpoint,
-                    spool_root=str(spool_root),
-                    requests=requests,
-                    max_tokens=max_tokens,
-                    layers=layers,
-                    floor=floor,
-                    usage_events=usage_events,
-                    gap_s=gap_s,
-                    pin=pin,
-                ),
-            )
-            interleaved_rounds(workers, rounds, samples, child_samples, metric_exports, channel_counts, problems)
-            full_collections.update(workers.full_collections())
+            child_totals: dict = {}
+            for draw, block in enumerate(draw_blocks):  # fresh processes for each block of rounds
+                workers = BlockWorkers(
+                    variants,
+                    dict(
+                        traffic=str(traffic),
+                        endpoint=endpoint,
+                        spool_root=str(spool_root),
+                        requests=requests,
+                        max_tokens=max_tokens,
+                        layers=layers,
+                        floor=floor,
+                        usage_events=usage_events,
+                        gap_s=gap_s,
+                        pin=pin,
+                        draw=draw,
+                    ),
+                )
+                interleaved_rounds(workers, block, samples, child_totals, metric_exports, channel_counts, problems)
+                full_collections.update(workers.full_collections())
+            for key, costs in child_totals.items():
+                child_samples[key] = [sum(costs) / len(costs)]
         for r in range(-1, -1 if interleave else rounds):  # round -1 warms every variant up; not kept
             print(f"round {r + 1 if r >= 0 else 'warm-up'} ...", flush=True)
             for variant in variants if r % 2 == 0 else tuple(reversed(variants)):
@@ -1780,15 +1793,26 @@ def part_api(
             f"A/A spread {aa * 1e6:+.0f} us = {aa / bare * 100:+.1f}% of bare"
         )
         pairs = [d - n for d, n in zip(samples[(API_DEFAULT, stream)], samples[(API_NATIVE, stream)])]
-        interval = median_interval(pairs)
+        within = median_interval(pairs)
+        if draws > 1:  # the unit is a draw of processes: the median of its rounds' pairs
+            units = [statistics.median(pairs[i] for i in block) for block in draw_blocks]
+            what = f"{draws} process draws ({', '.join(f'{u * 1e6:+.0f}' for u in units)} us)"
+        else:
+            units, what = pairs, f"{len(pairs)} rounds"
+        interval = median_interval(units)
         if interval is None:
-            print(f"  {mode:19}: default <= native: not resolved ({len(pairs)} rounds: a 95% interval takes 6)")
+            verdict = f"not resolved ({what}: a 95% interval takes 6)"
         else:
             low, high = interval
             verdict = "met" if high <= 0 else "NOT met" if low > 0 else "not resolved (the interval holds 0)"
+            verdict += (
+                f"; default - native, 95% interval of the median over {what}: {low * 1e6:+.0f} to {high * 1e6:+.0f} us"
+            )
+        print(f"  {mode:19}: default <= native: {verdict}")
+        if draws > 1 and within is not None:
             print(
-                f"  {mode:19}: default <= native: {verdict}; default - native, 95% interval of the pairs' median: "
-                f"{low * 1e6:+.0f} to {high * 1e6:+.0f} us ({len(pairs)} rounds)"
+                f"  {mode:19}: (the same over the {len(pairs)} rounds as if one draw: {within[0] * 1e6:+.0f} to "
+                f"{within[1] * 1e6:+.0f} us)"
             )
         if stream:  # the stream's added cost over the non-stream request's, per chunk: an upper bound on
             # per-chunk work (it includes the stream's own start and end), by max_tokens its slope
@@ -2136,6 +2160,13 @@ def main() -> int:
         help="--part api: leave the processes where the kernel puts them (by default each variant's process runs "
         "on the first CPU, its export process and the OTLP receiver on the others)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=6,
+        help="--part api: fresh processes for every setup this many times over the rounds, each with its own "
+        "warm-up round; the verdict on default <= native comes from the medians of these draws (6 or more)",
+    )
     parser.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)  # (--part api-worker: its result pipe)
     args = parser.parse_args()
     part = {"1": "e2e", "2": "inprocess"}.get(args.part, args.part)
@@ -2168,6 +2199,7 @@ def main() -> int:
             usage_events=args.usage_events,
             interleave=not (args.one_process or args.breakdown),
             pin=not args.no_pin,
+            processes=args.processes,
         )
         return 0
     if args.rounds is None:
