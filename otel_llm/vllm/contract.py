@@ -568,6 +568,9 @@ def read_headers(raw_request):
     return getattr(raw_request, "headers", None)
 
 
+SSE_DONE = "data: [DONE]\n\n"  # the last data chunk of every OpenAI-style SSE stream vLLM sends
+
+
 def is_stream(result) -> bool:
     """A handler answered with a stream (an async generator of SSE chunks): an async iterator, asked of
     its class by the ABC's cache in C. (Asking the result, or its class, for `__anext__` has pydantic's

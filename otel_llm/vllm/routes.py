@@ -28,6 +28,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from otel_llm import semconv
+from otel_llm.vllm import contract
 from otel_llm.vllm.request_telemetry import RequestTelemetry, end_with_exception, request_info, start_request
 from otel_llm.vllm.telemetry import Telemetry
 from otel_llm.warn import failed, guarded
@@ -205,7 +206,7 @@ def take_stream(record: RequestTelemetry) -> bool:
     return True
 
 
-_SSE_DONE = b"data: [DONE]\n\n"  # the last data chunk of every OpenAI-style SSE stream vLLM sends
+_SSE_DONE = contract.SSE_DONE.encode()  # (as the server sends it)
 
 
 def _watch_stream(state: RouteScope, record: RequestTelemetry, message) -> bool:

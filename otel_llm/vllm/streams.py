@@ -14,10 +14,11 @@ exhaustion, error, cancellation or close.
 from __future__ import annotations
 
 from otel_llm import finalizer
+from otel_llm.vllm import contract
 from otel_llm.vllm.request_telemetry import attach, detach, end_with_exception
 from otel_llm.warn import guard as _safe
 
-_SSE_DONE = "data: [DONE]\n\n"  # the last chunk of every OpenAI-style SSE stream vLLM sends
+_SSE_DONE = contract.SSE_DONE
 
 
 class current_span:

@@ -135,8 +135,10 @@ def channel(metrics=False, events=False, drops=None) -> export_channel.ExportCha
         "schema_url": None,
         "version": __version__,
     }
+    # (the export process flushes within this bound at close, and ends as soon as it has: a bound no busy
+    # machine reaches; 5 s lost a test's spans with the cores shared by another test run)
     return export_channel.ExportChannel(
-        config, on_drop=(drops.append if drops is not None else lambda reason: None), shutdown_timeout_s=5
+        config, on_drop=(drops.append if drops is not None else lambda reason: None), shutdown_timeout_s=120
     )
 
 
@@ -581,7 +583,7 @@ def one(name):
 
 config = {"traces": True, "metrics": False, "usage_events": False, "resource": {"service.name": "fork"},
           "schema_url": None, "version": "0"}
-link = export_channel.ExportChannel(config, on_drop=print, shutdown_timeout_s=5)
+link = export_channel.ExportChannel(config, on_drop=print, shutdown_timeout_s=120)
 assert link.send(one("parent"))
 parent_export = link.process.pid
 pid = os.fork()
