@@ -1595,9 +1595,9 @@ def part_api(
         return found
 
     # with `interleave`, the rounds in blocks, each served by fresh processes with a warm-up round of its own:
-    # a process's draw (its memory layout, its export process) holds for all of its rounds and moved the same
-    # code's default - native by 70 us between two runs of one process each, far outside each run's interval
-    # over its rounds; the verdict then comes from the blocks' medians
+    # whatever a process's draw gives it (not pinned down: memory layout, its export process's, are candidates)
+    # holds for all of its rounds, and moved the same code's default - native by 70 us between two runs of one
+    # process each, far outside each run's interval over its rounds; the verdict comes from the blocks' medians
     draws = max(1, min(processes, rounds)) if interleave else 1
     draw_blocks = [range(rounds * d // draws, rounds * (d + 1) // draws) for d in range(draws)]
     per_run = (rounds + draws) * 2 * (API_WARM + requests)  # requests per variant over all runs, warm-ups too

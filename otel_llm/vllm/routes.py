@@ -237,12 +237,12 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
             state.record = record = _start(state, tel)
             record.end(error_type=str(state.status), error_message="request failed before reaching the engine")
         return
+    state.sender = state.send  # (`watching` no longer: the scope and its record are freed without the collector)
     # a handler hook made it and ends it; a stream's with its engine requests or at its last chunk, but where
     # that never came (then a handler-hooked route's status is not kept: 200, ended as below)
     if record.ended or not (record.route_made or record.engine_owned or state.streamed):
         return
     cut = state.stream is not None  # a stream that ended before its last chunk: the client left
-    state.sender = state.send  # (`watching` no longer: the scope and its record are freed without the collector)
     if exc is not None and not (cut and isinstance(exc, ClientDisconnect)):
         end_with_exception(record, exc)
         return
