@@ -16,12 +16,14 @@ process as one flat tuple of facts:
   and written to a spool file with otel_llm's own encoder (`usage.json_line`), the stream passed
   through one generator;
 - one message per request: `marshal.dumps` of the facts and one `os.write` to a pipe whose reader
-  (another process) discards it.
+  (another process) discards it. The reader reads as the export process does: every
+  `process.POLL_S`, never waiting on the pipe, so no write wakes it; `server_overhead.py` pins it off
+  the API server's CPU as it pins the export process (`reader_pid`).
 
-`--floor` runs it twice: with the message written, and without (the facts marshalled, not written). The
-reader sleeps between messages, so each write wakes it: on the 2-core VM that costs the writer far more
-than the write itself (about 1 us in a loop, with a reader kept busy). The real export process is busy
-most of the time at high request rates (600 us of CPU per request), so the real figure lies between.
+`--floor` runs it twice: with the message written, and without (the facts marshalled, not written).
+Until 2026-12-07 the reader was `cat`, blocked on the pipe and left on every CPU: each write woke it,
+the scheduler ran it on the writer's own CPU, and the message seemed to cost the API server about
+90 us (docs/api-server-cost.md, "The floor").
 
 What the export process would build from the facts (span attributes, phase spans, metrics, the
 replayed HTTP middleware) is not done here. So this is a lower bound on any design that keeps the
@@ -31,10 +33,12 @@ rewrite of the request path meets the target.
 
 from __future__ import annotations
 
+import fcntl
 import marshal
 import os
 import random
 import subprocess
+import sys
 import time
 from contextvars import ContextVar
 
@@ -42,10 +46,22 @@ from otel_llm import semconv
 from otel_llm.usage import json_line
 from otel_llm.vllm import contract
 from otel_llm.vllm.export.http import _CREDENTIAL_HEADERS  # what the API server keeps today
+from otel_llm.vllm.export.process import POLL_S
 from otel_llm.vllm.export.wire import SCOPE_KEYS
 
 _CURRENT: ContextVar[Facts | None] = ContextVar("floor_request", default=None)
 _TENANT_HEADER = b"x-tenant-id"
+# the discarding reader: its end of the pipe read every POLL_S (argv[1]) until the writer closes it
+_READER = """
+import os, sys, time
+os.set_blocking(0, False)
+while True:
+    try:
+        if not os.read(0, 1 << 20):
+            break
+    except BlockingIOError:
+        time.sleep(float(sys.argv[1]))
+"""
 
 
 class Facts:
@@ -76,12 +92,17 @@ class Floor:
 
     def __init__(self, spool_path: str, write_messages: bool = True):
         self.write_messages = write_messages
-        self.reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        self.reader = subprocess.Popen([sys.executable, "-c", _READER, str(POLL_S)], stdin=subprocess.PIPE)
         self.pipe = self.reader.stdin.fileno()
+        fcntl.fcntl(self.pipe, fcntl.F_SETPIPE_SZ, 1 << 20)  # (a poll interval's messages, many times over)
         self.spool = os.open(spool_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.active: dict[tuple, int] = {}
         self.engine_requests: dict[str, Facts] = {}
         self.sent = 0
+
+    @property
+    def reader_pid(self) -> int:
+        return self.reader.pid
 
     def close(self) -> None:
         os.close(self.spool)

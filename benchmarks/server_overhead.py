@@ -1204,8 +1204,9 @@ def serve_blocks(config: dict, set_up, tear_down, load, problems: list, full_col
         api_cpu, *others = sorted(os.sched_getaffinity(0))
         for task in os.listdir("/proc/self/task"):
             os.sched_setaffinity(int(task), {api_cpu})
-        if child is not None and others:
-            os.sched_setaffinity(child, set(others))
+        reader = child if child is not None else getattr(getattr(app, "floor", None), "reader_pid", None)
+        if reader is not None and others:  # (the floor's reader as the export process)
+            os.sched_setaffinity(reader, set(others))
     if child is not None:
         quiet_cpu_seconds(child, min_threads=2)  # its start-up
     results.write(json.dumps({"ready": True}) + "\n")
