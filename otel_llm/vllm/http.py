@@ -206,14 +206,14 @@ class LeanMiddleware(OpenTelemetryMiddleware):
 def _ending_send(span, send, on_other):
     """An ASGI send that ends `span` after the response's last body, as the maintained `otel_send`
     does; any other message (the response start) goes to `on_other` before it is sent. Only the last
-    body passes a coroutine of ours: a body chunk with more to come goes straight to `send` after a
-    dictionary lookup, the only work of ours per chunk of a stream, and so does the response start,
-    after `on_other`."""
+    body passes a coroutine of ours: a body chunk with more to come goes straight to `send` after one
+    dictionary lookup (only a body message has `more_body`), the only work of ours per chunk of a
+    stream, and so does the response start, after `on_other`."""
 
     def otel_send(message):
+        if message.get("more_body"):
+            return send(message)
         if message["type"] == "http.response.body":
-            if message.get("more_body", False):
-                return send(message)
             return _sent_and_ended(span, send, message)
         on_other(message)
         return send(message)
