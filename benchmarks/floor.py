@@ -94,7 +94,11 @@ class Floor:
         self.write_messages = write_messages
         self.reader = subprocess.Popen([sys.executable, "-c", _READER, str(POLL_S)], stdin=subprocess.PIPE)
         self.pipe = self.reader.stdin.fileno()
-        fcntl.fcntl(self.pipe, fcntl.F_SETPIPE_SZ, 1 << 20)  # (a poll interval's messages, many times over)
+        try:  # (a poll interval's messages, many times over; the default 64 KB holds a few, and a full pipe
+            # only makes the write wait, which costs no CPU)
+            fcntl.fcntl(self.pipe, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:  # above fs.pipe-max-size, or the user's pipe pages spent
+            pass
         self.spool = os.open(spool_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.active: dict[tuple, int] = {}
         self.engine_requests: dict[str, Facts] = {}
