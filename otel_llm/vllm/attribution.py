@@ -11,6 +11,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
+from itertools import repeat
 from typing import NamedTuple
 from urllib.parse import quote
 
@@ -78,6 +79,9 @@ class Attribution:
             )
         except UnicodeEncodeError:
             self._header_keys = None
+        # one header name for each of the three (the default configuration): looked up in one pass in C
+        keys = self._header_keys
+        self._one_key_each = tuple(names[0] for names in keys) if keys and all(len(n) == 1 for n in keys) else None
 
     def _baggage(self, tenant: str | None, scene: str | None, cost_center: str | None) -> str | None:
         """The tenant, scene and cost center as W3C baggage (under the first baggage key of each), for
@@ -118,7 +122,15 @@ class Attribution:
                     return Caller(*entry)
         settings = self.settings
         limit = settings.attribution_max_length
-        if headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
+        one_each = self._one_key_each
+        if one_each is not None and type(headers) is _FirstValues:  # (its dict read as it is, in C)
+            checked = self._checked
+            for index, value in enumerate(map(dict.get, repeat(headers, 3), one_each)):
+                if value:
+                    value = value.decode("latin-1")
+                    valid = checked.get(value, _UNCHECKED)
+                    found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
+        elif headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
             checked = self._checked
             raw_dict = type(headers) is _FirstValues and self._header_keys is not None  # (its dict read as it is)
             names_per_kind = (

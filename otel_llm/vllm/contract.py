@@ -585,6 +585,46 @@ def generation_response(result):
     return result if read_field(result, "choices") is not None else None
 
 
+def read_result(result) -> tuple:
+    """What a request's end reads of its handler's result, in one call: (read_error's (type, message) or
+    None, whether it is a stream (is_stream), its generation_response or None). A ChatCompletionResponse
+    or CompletionResponse with no extra fields (nearly every result) is recognized by its class (asked
+    once per class) and answered without reading it again."""
+    plain = _PLAIN_RESPONSES.get(type(result))  # (known per class: no frame of ours per request)
+    if plain is None:
+        plain = _plain_response(type(result))
+    if plain and not getattr(result, "__pydantic_extra__", None) and result.__dict__.get("choices") is not None:
+        return None, False, result
+    error = read_error(result)
+    if error is not None:
+        return error, False, None
+    if is_stream(result):
+        return None, True, None
+    return None, False, generation_response(result)
+
+
+def _plain_response(cls: type) -> bool:
+    """A pydantic model class with a `choices` field, and nothing read_error could find (no `error` or
+    `status_code` attribute), no async iterator (kept in _PLAIN_RESPONSES, which read_result reads)."""
+    model_fields = getattr(cls, "model_fields", None)
+    found = (
+        isinstance(model_fields, dict)
+        and "choices" in model_fields
+        and hasattr(cls, "__pydantic_extra__")
+        and not hasattr(cls, "error")
+        and not hasattr(cls, "status_code")
+        and "error" not in model_fields
+        and "status_code" not in model_fields
+        and not issubclass(cls, AsyncIterator)
+    )
+    if len(_PLAIN_RESPONSES) < 4096:
+        _PLAIN_RESPONSES[cls] = found
+    return found
+
+
+_PLAIN_RESPONSES: dict[type, bool] = {}
+
+
 def read_answer(response, metadata) -> tuple:
     """What a request's end reads of vLLM's answer, in one call: (id, model, finish reasons, reasoning
     tokens).
@@ -594,19 +634,47 @@ def read_answer(response, metadata) -> tuple:
     - reasoning tokens: completion_tokens_details.reasoning_tokens of the usage vLLM reported for a chat
       request: the response's, else its RequestResponseMetadata.final_usage_info (set for streams too).
       vLLM counts them only when it runs a reasoning parser."""
-    response_id = read_field(response, "id")
-    model = read_field(response, "model")
+    fields = getattr(response, "__dict__", None)
+    if response is None:  # (a stream's end, a failed request: only the metadata)
+        response_id = model = usage = choices = None
+    elif type(fields) is dict and _ANSWER_FIELDS <= fields.keys():  # (declared fields: read_field's answers)
+        response_id, model, usage, choices = fields["id"], fields["model"], fields["usage"], fields["choices"]
+    else:
+        response_id, model = read_field(response, "id"), read_field(response, "model")
+        usage = read_field(response, "usage")
+        choices = getattr(response, "choices", None)
     reasons = []
-    for choice in getattr(response, "choices", None) or ():
+    for choice in choices or ():
         reason = choice.finish_reason
         reasons.append("error" if reason is None else str(reason))
-    reasoning = None
-    for usage in (read_field(response, "usage"), read_field(metadata, "final_usage_info")):
-        value = read_field(read_field(usage, "completion_tokens_details"), "reasoning_tokens")
-        if type(value) is int:
-            reasoning = value
-            break
+    reasoning = _reasoning_tokens(usage)
+    if reasoning is None and metadata is not None:
+        fields = getattr(metadata, "__dict__", None)
+        final = (
+            fields["final_usage_info"]
+            if type(fields) is dict and "final_usage_info" in fields
+            else read_field(metadata, "final_usage_info")
+        )
+        reasoning = _reasoning_tokens(final)
     return response_id, model, reasons, reasoning
+
+
+_ANSWER_FIELDS = frozenset(("id", "model", "usage", "choices"))
+
+
+def _reasoning_tokens(usage) -> int | None:
+    """completion_tokens_details.reasoning_tokens of a UsageInfo (None: none, or no UsageInfo)."""
+    if usage is None:
+        return None
+    fields = getattr(usage, "__dict__", None)
+    if type(fields) is dict and "completion_tokens_details" in fields:  # (read_field's answer)
+        details = fields["completion_tokens_details"]
+    else:
+        details = read_field(usage, "completion_tokens_details")
+    if details is None:  # (most requests: vLLM counts them only with a reasoning parser)
+        return None
+    value = read_field(details, "reasoning_tokens")
+    return value if type(value) is int else None
 
 
 def read_rejection_type(response) -> str:

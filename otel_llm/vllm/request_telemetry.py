@@ -323,120 +323,124 @@ class RequestTelemetry:
         the usage record written (before the span ends, and whether or not the trace is sampled); then
         the sink builds the span's end, phase spans and metrics from the facts (request_facts.py), here
         or in the export process. Content, the usage record and the metric key each fail alone
-        (counted), so the rest still arrives."""
-        ending = self._read_engines(error_type, aborted, response)
-        self._response_values(ending)
-        if ending.error_type is not None:
-            self._redact_error(ending, error_message)
-        if self.telemetry.capture is not None and self.info.request is not None:
-            ending.captured = guarded("capturing a request's content", self._capture, ending)
-        # a P/D prefill leg is billed on its decode node (the request the client sees): no record here
-        if ending.engines and self.telemetry.ledger.enabled and not ending.prefill_leg:
-            guarded("writing a request's usage record", self._write_usage, ending)
-        metric = guarded("recording a request's metrics", self._metric, ending)
+        (counted), so the rest still arrives. (One frame for what every request reads: each function a
+        request runs costs the API server cache misses.)"""
+        end_ns = time.time_ns()
+        tel = self.telemetry
+        info = self.info
+        states = self.engine_states
+        records = tel.engine_records
+        for state in states:  # (forgotten by the registry: read once, here)
+            records.pop(contract.read_state_id(state), None)
+        if aborted and error_type is None:
+            error_type = semconv.ERROR_CLIENT_ABORTED
+        engines = list(map(contract.read_engine_request, states))
+        usage = self._usage(engines)
+        answered_id, answered_model, reasons, reasoning = contract.read_answer(response, self.metadata)
+        finish_reasons = reasons or self._finish_reasons(aborted or error_type is not None, engines)
+        generates = info.operation not in semconv.POOLING_OPERATIONS
+        # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
+        answered_id = self.response_id or answered_id
+        response_id = answered_id
+        if response_id is None and engines and generates:
+            response_id = engines[0].external_id
+        request_model = info.model
+        # vLLM answers with the served name it was asked for; a failed request has no response model
+        response_model = answered_model or (request_model if error_type is None else None)
+        conversation_id = self.session_id or info.conversation_id or None
+        if not (reasoning and generates):
+            reasoning = None
+        figures = list(filter(_given, map(_spec_figures, engines)))  # (in C: no comprehension's frame per request)
+        spec = _spec_decode(figures) if figures else None
+        status_text = None
+        if error_type is not None:  # (a request that succeeded named a model vLLM serves)
+            redact = redaction.default().redact
+            error_type = redact(error_type)
+            status_text = redacted_error(error_message) if error_message else None
+            if request_model:
+                request_model = redact(request_model)
+        captured = None
+        if tel.capture is not None and info.request is not None:
+            captured = guarded("capturing a request's content", self._capture, engines, finish_reasons)
+        # a P/D prefill leg is billed (and counted) on its decode node (the request the client sees): no record here
+        prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
+        if engines and tel.ledger.enabled and not prefill_leg:
+            guarded(
+                "writing a request's usage record",
+                self._write_usage,
+                end_ns,
+                engines,
+                usage,
+                (request_model, response_model, answered_id, conversation_id, error_type, reasoning, spec),
+                finish_reasons,
+            )
+        metric = guarded(
+            "recording a request's metrics",
+            self._metric,
+            error_type,
+            request_model,
+            response_model,
+            None if prefill_leg else usage,
+        )
         facts = new_request_facts(
             (
-                self.info.operation,
-                self.info.model,
+                info.operation,
+                info.model,
                 self.start_ns,
-                ending.end_ns,
+                end_ns,
                 time.time() - time.monotonic(),
                 self.first_chunk_ns,
-                list(map(engine_facts, ending.engines)),
-                ending.usage_values,
-                ending.finish_reasons,
-                ending.error_type,
-                ending.status_text,
-                ending.request_model if ending.error_type is not None else None,
-                ending.response_model,
-                ending.response_id,
-                ending.conversation_id,
-                ending.reasoning,
-                ending.spec,
+                list(map(engine_facts, engines)),
+                (
+                    usage.input_tokens,
+                    usage.cached_input_tokens,
+                    usage.cache_creation_input_tokens,
+                    usage.external_cached_input_tokens,
+                    usage.output_tokens,
+                )
+                if engines or response is not None
+                else None,
+                finish_reasons,
+                error_type,
+                status_text,
+                request_model if error_type is not None else None,
+                response_model,
+                response_id or None,
+                conversation_id,
+                reasoning,
+                spec,
                 aborted,
                 self.pd_role,
                 *(metric or (None, None)),
-                ending.captured,
+                captured,
             )
         )
-        self.telemetry.sink.finish_request(self.span, self.context, facts, self.telemetry)
+        tel.sink.finish_request(self.span, self.context, facts, tel)
 
-    def _read_engines(self, error_type, aborted: bool, response) -> "_Ending":
-        """The end time, the engine requests read once (and forgotten by the registry), the usage and
-        the finish reasons."""
-        ending = _Ending()
-        ending.end_ns = time.time_ns()
-        for state in self.engine_states:
-            self.telemetry.engine_records.pop(contract.read_state_id(state), None)
-        ending.error_type = semconv.ERROR_CLIENT_ABORTED if aborted and error_type is None else error_type
-        ending.response = response
-        ending.engines = engines = list(map(contract.read_engine_request, self.engine_states))
-        ending.usage = usage = self._usage(engines)
-        ending.usage_values = (
-            (
-                usage.input_tokens,
-                usage.cached_input_tokens,
-                usage.cache_creation_input_tokens,
-                usage.external_cached_input_tokens,
-                usage.output_tokens,
-            )
-            if engines or response is not None
-            else None
-        )
-        ending.answer = answer = contract.read_answer(response, self.metadata)  # (id, model, finish reasons, reasoning)
-        ending.finish_reasons = answer[2] or self._finish_reasons(aborted or ending.error_type is not None, engines)
-        ending.prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
-        ending.request_model = self.info.model
-        ending.status_text = None
-        ending.captured = None
-        return ending
-
-    def _response_values(self, ending: "_Ending") -> None:
-        """Response id and model, the conversation, reasoning tokens and speculative decoding."""
-        engines, (answered_id, answered_model, _, reasoning) = ending.engines, ending.answer
-        generates = self.info.generates
-        # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
-        ending.answered_id = response_id = self.response_id or answered_id
-        if response_id is None and engines and generates:
-            response_id = engines[0].external_id
-        ending.response_id = response_id or None
-        # vLLM answers with the served name it was asked for; a failed request has no response model
-        ending.response_model = answered_model or (self.info.model if ending.error_type is None else None)
-        ending.conversation_id = self.session_id or self.info.conversation_id or None
-        ending.reasoning = reasoning if reasoning and generates else None
-        figures = list(filter(_given, map(_spec_figures, engines)))  # (in C: no comprehension's frame per request)
-        ending.spec = _spec_decode(figures) if figures else None
-
-    def _redact_error(self, ending: "_Ending", error_message: str | None) -> None:
-        """The error path only: the error's text and the model name the client sent are redacted (a
-        request that succeeded named a model vLLM serves)."""
-        redact = redaction.default().redact
-        ending.error_type = redact(ending.error_type)
-        ending.status_text = redacted_error(error_message) if error_message else None
-        if ending.request_model:
-            ending.request_model = redact(ending.request_model)
-
-    def _capture(self, ending: "_Ending") -> dict | None:
+    def _capture(self, engines: list[contract.EngineRequest], finish_reasons: list[str]) -> dict | None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each
         choice (the detokenizer's whole text: assembled once here, never per chunk)."""
         inputs = content.input_messages(self.info.operation, contract.read_request_content(self.info.request))
         if inputs is None:
             return None
         outputs: dict[int, list] = {}
-        for engine in ending.engines:
+        for engine in engines:
             if engine.output_text is not None:
                 outputs.setdefault(engine.index, []).append(engine.output_text)
         captured: dict[str, Any] = {}
-        self.telemetry.capture.set_attributes(captured, inputs, outputs, dict(enumerate(ending.finish_reasons)))
+        self.telemetry.capture.set_attributes(captured, inputs, outputs, dict(enumerate(finish_reasons)))
         return captured
 
-    def _write_usage(self, ending: "_Ending") -> None:
-        """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens."""
-        usage, engines, response_model = ending.usage, ending.engines, ending.response_model
+    def _write_usage(
+        self, end_ns: int, engines: list[contract.EngineRequest], usage: Usage, named: tuple, finish_reasons: list[str]
+    ) -> None:
+        """The request's billing record (otel_llm/usage.py): full tenant values, exact tokens. `named`: its
+        request model (redacted on an error), response model, answered id, conversation id, error type,
+        reasoning tokens and speculative-decoding figures."""
+        request_model, response_model, answered_id, conversation_id, error_type, reasoning, spec = named
         first = engines[0]
         info = self.info
         ledger = self.telemetry.ledger
-        spec = ending.spec
         fields: dict[str, Any] = {
             semconv.USAGE_ID: ledger.key(first.prompt_id),
             semconv.USAGE_SCHEMA_VERSION: semconv.USAGE_SCHEMA,
@@ -444,8 +448,8 @@ class RequestTelemetry:
             semconv.SERVICE_INSTANCE_ID: ledger.instance,
             semconv.VLLM_REQUEST_ID: first.external_id,
             semconv.GEN_AI_OPERATION_NAME: info.operation,
-            semconv.REQUEST_OUTCOME: outcome(ending.error_type),
-            semconv.USAGE_DURATION: (ending.end_ns - self.start_ns) / 1e9,
+            semconv.REQUEST_OUTCOME: outcome(error_type),
+            semconv.USAGE_DURATION: (end_ns - self.start_ns) / 1e9,
             semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
             semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
@@ -454,27 +458,27 @@ class RequestTelemetry:
         }
         served = first.lora_name
         optional = (  # (_USAGE_OPTIONAL's order)
-            ending.request_model,
-            served or response_model or ending.request_model,
+            request_model,
+            served or response_model or request_model,
             served,
-            ending.answered_id,
+            answered_id,
             info.tenant,
             info.scene,
             info.cost_center,
             info.api_key_id,
             info.user,
-            ending.conversation_id,
-            ending.error_type,
+            conversation_id,
+            error_type,
             usage.cache_creation_input_tokens or None,
             usage.external_cached_input_tokens or None,
-            ending.reasoning,
+            reasoning,
             None if spec is None else spec[0],
             None if spec is None else spec[1],
         )
         fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
-        if ending.finish_reasons and info.generates:
-            fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(ending.finish_reasons)
-        ledger.write(fields, ending.end_ns, self.span.get_span_context(), self.context)
+        if finish_reasons and info.generates:
+            fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
+        ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 
     def _usage(self, engines: list[contract.EngineRequest]) -> Usage:
         if self.info.beam_search:
@@ -516,12 +520,11 @@ class RequestTelemetry:
                 reasons.append(reason)
         return reasons
 
-    def _metric(self, ending: "_Ending") -> tuple:
+    def _metric(self, error_type, request_model, response_model, usage: Usage | None) -> tuple:
         """(the request's metric key, the token counter's increments): what the measurement needs of this
-        process (the label guards, what live counting counted)."""
-        # (usage None for a P/D prefill leg: counted on its decode node)
-        usage = None if ending.prefill_leg else ending.usage
-        key = self._metric_key(ending.error_type, ending.request_model, ending.response_model)
+        process (the label guards, what live counting counted). usage None: none counted here (a P/D
+        prefill leg: counted on its decode node)."""
+        key = self._metric_key(error_type, request_model, response_model)
         tokens = (
             (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens)
             if self.engine_states and usage is not None
@@ -598,31 +601,6 @@ def _spec_decode(figures: list[tuple[int, int, int]]) -> tuple[int, int, int]:
     """(drafts proposed, accepted, verify steps) summed over the request's engine requests that vLLM
     recorded them for (none: no speculator, or --per-request-spec-decode-metrics none; not asked then)."""
     return tuple(sum(f[i] for f in figures) for i in range(3))
-
-
-class _Ending:
-    """What the steps of a request's end (RequestTelemetry._end) share."""
-
-    __slots__ = (
-        "end_ns",
-        "error_type",
-        "response",
-        "answer",
-        "engines",
-        "usage",
-        "usage_values",
-        "finish_reasons",
-        "prefill_leg",
-        "request_model",
-        "response_model",
-        "response_id",
-        "answered_id",
-        "conversation_id",
-        "reasoning",
-        "spec",
-        "status_text",
-        "captured",
-    )
 
 
 def redacted_error(text: str) -> str:

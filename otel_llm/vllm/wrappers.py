@@ -103,15 +103,15 @@ def _read_response(record, result, raw_request):
     record.metadata = metadata
     if response_id is not None:
         record.response_id = response_id
-    error = contract.read_error(result)
+    error, stream, response = contract.read_result(result)
     if error is not None:
         record.end(error_type=error[0], error_message=error[1])
         return result
-    if contract.is_stream(result):
+    if stream:
         # its route watches its chunks where it can (routes.take_stream), else a proxy does
         taken = guarded("handing a stream to its route", routes.take_stream, record)
         return result if taken else _StreamTelemetry(result, record)
-    record.end(response=contract.generation_response(result))
+    record.end(response=response)
     return result
 
 

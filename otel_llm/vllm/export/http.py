@@ -134,9 +134,10 @@ class ReplayingMiddleware(LeanMiddleware):
             # extracts an empty Context where neither of its headers came (most requests): not asked then.
             if _default_propagation(_textmap()) and b"traceparent" not in index and b"baggage" not in index:
                 parent = _EMPTY_CONTEXT
+                span = self.tracer.start_root_span(details[0], trace.SpanKind.SERVER, ServerSpan)
             else:
                 parent = propagate.extract(scope, getter=_header_getter)
-            span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER, _type=ServerSpan)
+                span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER, _type=ServerSpan)
             if not isinstance(span, ServerSpan):  # (ours failed: a span that records nothing)
                 return None
             span.response = None

@@ -45,6 +45,10 @@ class ExportProcessSink(InProcessSink):
         """A request's GenAI span, its start attributes built in the export process where it can
         (DeferredTracer.start_span's `_start_values`: a RequestSpan where the sampler's answer is known without
         them)."""
+        if context is None and not links:  # (the current context: under the HTTP server span)
+            return self.tracer.start_request_span(
+                semconv.genai_span_name(info.operation, info.model), start_ns, start_values(info)
+            )
         return self.tracer.start_span(
             semconv.genai_span_name(info.operation, info.model),
             context,
