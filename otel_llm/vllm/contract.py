@@ -333,31 +333,32 @@ def read_engine_request(state) -> EngineRequest:
     stats = state.stats
     text = getattr(detokenizer, "output_text", None)  # BaseIncrementalDetokenizer only
     spec = getattr(state, "spec_decode_metrics", None)
+    # (positional, in the fields' order: keywords cost a call twice as much, per engine request)
     return EngineRequest(
-        request_id=state.request_id,
-        external_id=state.external_req_id,
-        prompt_id=parent.request_id if parent is not None else state.request_id,
-        index=state.request_index or 0,
-        prompt_tokens=state.prompt_len or 0,
-        cached_tokens=state.num_cached_tokens or 0,
-        cache_creation_tokens=getattr(state, "num_cache_creation_tokens", 0) or 0,
-        remote_cached_tokens=getattr(state, "remote_prefill_cached_tokens", None),
-        output_tokens=detokenizer.num_output_tokens() if detokenizer is not None else None,
-        output_text=text if isinstance(text, str) else None,
-        lora_name=getattr(state, "lora_name", None),
-        engine_cost=getattr(state, _STASHED_COST, None),  # (stash_engine_cost's)
-        spec_decode=None if spec is None else _spec_decode(spec),  # vLLM >= 0.30
-        timing=None
+        state.request_id,
+        state.external_req_id,
+        parent.request_id if parent is not None else state.request_id,
+        state.request_index or 0,
+        state.prompt_len or 0,
+        state.num_cached_tokens or 0,
+        getattr(state, "num_cache_creation_tokens", 0) or 0,
+        getattr(state, "remote_prefill_cached_tokens", None),
+        detokenizer.num_output_tokens() if detokenizer is not None else None,
+        text if isinstance(text, str) else None,
+        getattr(state, "lora_name", None),
+        None
         if stats is None
         else EngineTiming(
-            queued=stats.queued_ts,
-            scheduled=stats.scheduled_ts,
-            first_token=stats.first_token_ts,
-            last_token=stats.last_token_ts,
-            first_token_latency=stats.first_token_latency,
-            generation_tokens=stats.num_generation_tokens,
-            preemptions=getattr(stats, "num_preemptions", 0) or 0,
+            stats.queued_ts,
+            stats.scheduled_ts,
+            stats.first_token_ts,
+            stats.last_token_ts,
+            stats.first_token_latency,
+            stats.num_generation_tokens,
+            getattr(stats, "num_preemptions", 0) or 0,
         ),  # vLLM >= 0.30
+        getattr(state, _STASHED_COST, None),  # (stash_engine_cost's)
+        None if spec is None else _spec_decode(spec),  # vLLM >= 0.30
     )
 
 
@@ -588,12 +589,18 @@ def generation_response(result):
 def read_result(result) -> tuple:
     """What a request's end reads of its handler's result, in one call: (read_error's (type, message) or
     None, whether it is a stream (is_stream), its generation_response or None). A ChatCompletionResponse
-    or CompletionResponse with no extra fields (nearly every result) is recognized by its class (asked
-    once per class) and answered without reading it again."""
-    plain = _PLAIN_RESPONSES.get(type(result))  # (known per class: no frame of ours per request)
-    if plain is None:
-        plain = _plain_response(type(result))
-    if plain and not getattr(result, "__pydantic_extra__", None) and result.__dict__.get("choices") is not None:
+    or CompletionResponse with no extra fields, or a stream (nearly every result), is recognized by its
+    class (asked once per class) and answered without reading it again."""
+    kind = _RESULT_KINDS.get(type(result))  # (known per class: no frame of ours per request)
+    if kind is None:
+        kind = _result_kind(type(result))
+    if kind is _STREAM:
+        return None, True, None
+    if (
+        kind is _RESPONSE
+        and not getattr(result, "__pydantic_extra__", None)
+        and result.__dict__.get("choices") is not None
+    ):
         return None, False, result
     error = read_error(result)
     if error is not None:
@@ -603,26 +610,34 @@ def read_result(result) -> tuple:
     return None, False, generation_response(result)
 
 
-def _plain_response(cls: type) -> bool:
-    """A pydantic model class with a `choices` field, and nothing read_error could find (no `error` or
-    `status_code` attribute), no async iterator (kept in _PLAIN_RESPONSES, which read_result reads)."""
+_RESPONSE, _STREAM, _OTHER = "response", "stream", "other"
+
+
+def _result_kind(cls: type) -> str:
+    """_RESPONSE: a pydantic model class with a `choices` field; _STREAM: an async iterator; _OTHER:
+    anything else, or what read_error could find something in (an `error` or `status_code`), kept in
+    _RESULT_KINDS, which read_result reads."""
     model_fields = getattr(cls, "model_fields", None)
-    found = (
+    if hasattr(cls, "error") or hasattr(cls, "status_code"):
+        kind = _OTHER
+    elif issubclass(cls, AsyncIterator):  # (one that may answer any name, or a model: read as any other)
+        kind = _OTHER if isinstance(model_fields, dict) or hasattr(cls, "__getattr__") else _STREAM
+    elif (
         isinstance(model_fields, dict)
         and "choices" in model_fields
         and hasattr(cls, "__pydantic_extra__")
-        and not hasattr(cls, "error")
-        and not hasattr(cls, "status_code")
         and "error" not in model_fields
         and "status_code" not in model_fields
-        and not issubclass(cls, AsyncIterator)
-    )
-    if len(_PLAIN_RESPONSES) < 4096:
-        _PLAIN_RESPONSES[cls] = found
-    return found
+    ):
+        kind = _RESPONSE
+    else:
+        kind = _OTHER
+    if len(_RESULT_KINDS) < 4096:
+        _RESULT_KINDS[cls] = kind
+    return kind
 
 
-_PLAIN_RESPONSES: dict[type, bool] = {}
+_RESULT_KINDS: dict[type, str] = {}
 
 
 def read_answer(response, metadata) -> tuple:

@@ -154,27 +154,24 @@ def request_info(
     top_k = get("top_k")
     if top_k is not None and top_k <= 0:  # vLLM's "disabled" sentinel (-1 / 0)
         top_k = None
+    # (positional, in the fields' order: a call with 20 keywords costs twice as much, per request)
     return RequestInfo(
-        operation=operation,
-        model=get("model"),
-        stream=get("stream") is True,
-        choice_count=get("n"),
-        max_tokens=max_tokens,
-        temperature=get("temperature"),
-        top_p=get("top_p"),
-        top_k=top_k,
-        seed=get("seed"),
-        frequency_penalty=get("frequency_penalty"),
-        presence_penalty=get("presence_penalty"),
-        tenant=caller.tenant,
-        scene=caller.scene,
-        cost_center=caller.cost_center,
-        api_key_id=caller.api_key_id,
-        user=caller.user,
-        conversation_id=conversation_id,
-        api_type=api_type,
-        beam_search=get("use_beam_search") is True,
-        request=request,
+        operation,
+        get("model"),
+        get("stream") is True,
+        get("n"),
+        max_tokens,
+        get("temperature"),
+        get("top_p"),
+        top_k,
+        get("seed"),
+        get("frequency_penalty"),
+        get("presence_penalty"),
+        *caller,  # tenant, scene, cost_center, api_key_id, user
+        conversation_id,
+        api_type,
+        get("use_beam_search") is True,
+        request,
     )
 
 

@@ -430,6 +430,7 @@ def test_the_serving_layer_readers_make_pydantic_raise_nothing(monkeypatch):
     asked.clear()
     assert contract.read_error(chat) is None
     assert contract.generation_response(chat) is chat
+    assert contract.read_result(chat) == (None, False, chat)
     assert contract.read_answer(chat, metadata) == ("chatcmpl-1", "served", ["stop"], None)
     get = contract.request_fields(request)
     assert [get(name) for name in ("max_output_tokens", "use_beam_search", "safety_identifier")] == [None, False, None]
@@ -505,3 +506,50 @@ def test_the_dictionary_fast_path_answers_as_read_field_for_vllms_requests(memor
     monkeypatch.setattr(contract, "request_fields", spy)
     info = wrappers._request_info(semconv.OP_CHAT, request, tel, None)
     assert info.model == "m" and asked and set(asked) <= set(contract.REQUEST_FIELD_NAMES)
+
+
+def test_read_result_answers_as_read_error_is_stream_and_generation_response_do():
+    """read_result's answer per class (a plain response, a stream) is what the three readers answer."""
+    from types import SimpleNamespace
+
+    from starlette.responses import Response
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatMessage,
+    )
+    from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse, UsageInfo
+
+    def separately(result):
+        return (
+            contract.read_error(result),
+            contract.is_stream(result),
+            (contract.generation_response(result) if not contract.is_stream(result) else None),
+        )
+
+    async def stream():
+        yield "data: [DONE]\n\n"
+
+    chat = ChatCompletionResponse(
+        id="c",
+        model="m",
+        choices=[ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content="a"))],
+        usage=UsageInfo(),
+    )
+    with_extra = ChatCompletionResponse.model_validate({**chat.model_dump(), "error": {"code": 1}})
+    results = [
+        chat,
+        chat,  # (its class known now)
+        with_extra,
+        ErrorResponse(error=ErrorInfo(message="no", type="NotFoundError", code=404)),
+        Response(status_code=503),
+        Response(status_code=200),
+        SimpleNamespace(data=[]),
+        None,
+    ]
+    for result in results:
+        assert contract.read_result(result) == separately(result), result
+    for _ in range(2):
+        generator = stream()
+        assert contract.read_result(generator) == (None, True, None) == separately(generator)
+        generator.aclose().close()

@@ -624,3 +624,73 @@ def test_a_fault_in_the_phase_timing_loses_only_the_phases(env, monkeypatch):
     assert semconv.VLLM_DECODE_SECONDS not in attrs
     [point] = metric_points(env.reader, semconv.SERVER_REQUEST_DURATION)
     assert point.count == 1
+
+
+def test_request_info_and_engine_request_take_each_value_into_its_own_field():
+    """request_info and contract.read_engine_request build their dataclasses positionally (for speed):
+    each value lands in the field of its name."""
+    from otel_llm.vllm import contract
+    from otel_llm.vllm.attribution import Caller
+    from otel_llm.vllm.request_telemetry import request_info
+
+    sent = {
+        "model": "m",
+        "stream": True,
+        "n": 2,
+        "max_completion_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 3,
+        "seed": 11,
+        "frequency_penalty": 0.1,
+        "presence_penalty": 0.2,
+        "use_beam_search": True,
+    }
+    request = object()
+    info = request_info(
+        "chat",
+        sent.get,
+        caller=Caller("ten", "scn", "cc", "key", "usr"),
+        api_type="responses",
+        request=request,
+        conversation_id="conv",
+    )
+    assert info == RequestInfo(
+        operation="chat",
+        model="m",
+        stream=True,
+        choice_count=2,
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        seed=11,
+        frequency_penalty=0.1,
+        presence_penalty=0.2,
+        tenant="ten",
+        scene="scn",
+        cost_center="cc",
+        api_key_id="key",
+        user="usr",
+        conversation_id="conv",
+        api_type="responses",
+        beam_search=True,
+    )
+    assert info.request is request
+
+    read = contract.read_engine_request(
+        SimpleNamespace(
+            **vars(state("r9", prompt_len=12, output_tokens=4, cached=8, st=stats(tokens=4, preemptions=1), index=1)),
+            num_cache_creation_tokens=3,
+            remote_prefill_cached_tokens=5,
+            lora_name="lora",
+        )
+    )
+    assert (read.request_id, read.external_id, read.prompt_id, read.index) == ("r9", "chatcmpl-r9", "r9", 1)
+    assert (read.prompt_tokens, read.cached_tokens, read.cache_creation_tokens) == (12, 8, 3)
+    assert (read.remote_cached_tokens, read.output_tokens, read.output_text, read.lora_name) == (5, 4, None, "lora")
+    assert (read.engine_cost, read.spec_decode) == (None, None)
+    assert (read.timing.generation_tokens, read.timing.preemptions) == (4, 1)
+    assert read.timing.scheduled - read.timing.queued == pytest.approx(0.05)
+    assert read.timing.last_token - read.timing.first_token == pytest.approx(0.10)
+    assert read.timing.first_token_latency == pytest.approx(0.16)

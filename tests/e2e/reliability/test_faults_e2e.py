@@ -148,7 +148,7 @@ TARGETS = (
     Target("guard:marking a request as traced", fires=GENERATING),
     # the handler's result: unread, a stream is not wrapped (its span ends when the handler returns)
     Target("guard:reading a vLLM response", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
-    Target("otel_llm.vllm.contract:read_error", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
+    Target("otel_llm.vllm.contract:read_result", fires=GENERATING, no_engine=(STREAM, ABORT), no_abort_marker=True),
     # a stream handed to its route (failing, the stream proxy of streams.py takes it), whose send watches
     # its chunks: the first one timed, and its end handed to its engine requests (failing, the route ends
     # it when the response is done, aborted where vLLM aborted its engine requests)
