@@ -361,24 +361,23 @@ class RequestTelemetry:
             captured = guarded("capturing a request's content", self._capture, engines, finish_reasons)
         # a P/D prefill leg is billed (and counted) on its decode node (the request the client sees): no record here
         prefill_leg = self.pd_role == semconv.PD_ROLE_PREFILL
+        # (each step under a try of its own, as `guarded` would run it, without its frame per request)
         if engines and tel.ledger.enabled and not prefill_leg:
-            guarded(
-                "writing a request's usage record",
-                self._write_usage,
-                end_ns,
-                engines,
-                usage,
-                (request_model, response_model, answered_id, conversation_id, error_type, reasoning, spec),
-                finish_reasons,
-            )
-        metric = guarded(
-            "recording a request's metrics",
-            self._metric,
-            error_type,
-            request_model,
-            response_model,
-            None if prefill_leg else usage,
-        )
+            try:
+                self._write_usage(
+                    end_ns,
+                    engines,
+                    usage,
+                    (request_model, response_model, answered_id, conversation_id, error_type, reasoning, spec),
+                    finish_reasons,
+                )
+            except Exception:  # noqa: BLE001
+                failed("writing a request's usage record")
+        try:
+            metric = self._metric(error_type, request_model, response_model, None if prefill_leg else usage)
+        except Exception:  # noqa: BLE001
+            failed("recording a request's metrics")
+            metric = None
         facts = new_request_facts(
             (
                 info.operation,

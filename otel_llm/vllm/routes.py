@@ -124,8 +124,13 @@ def wrap_routes(app, tel: Telemetry) -> int:
 
 
 def _route_app(inner, spec: Route, tel: Telemetry):
+    # (our steps each under a try of their own, as `guarded` would run them, without its frame per request)
     async def app(scope, receive, send):
-        entered = guarded("putting a request in its route's scope", _enter, spec, scope)
+        try:
+            entered = _enter(spec, scope)
+        except Exception:  # noqa: BLE001
+            failed("putting a request in its route's scope")
+            entered = None
         if entered is None:
             return await inner(scope, receive, send)
         state, token = entered
@@ -140,8 +145,14 @@ def _route_app(inner, spec: Route, tel: Telemetry):
             guarded("ending a route's span", _finish, state, tel, exc)
             raise
         finally:
-            guarded("leaving a route's scope", SCOPE.reset, token)
-        guarded("ending a route's span", _finish, state, tel, None)
+            try:
+                SCOPE.reset(token)
+            except Exception:  # noqa: BLE001
+                failed("leaving a route's scope")
+        try:
+            _finish(state, tel, None)
+        except Exception:  # noqa: BLE001
+            failed("ending a route's span")
 
     app._otel_llm_route = True
     return app

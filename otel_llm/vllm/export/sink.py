@@ -21,7 +21,7 @@ from otel_llm.vllm.request_facts import RequestFacts
 from otel_llm.vllm.request_metrics import Measurement, RequestMetrics
 from otel_llm.vllm.request_telemetry import start_values
 from otel_llm.vllm.sink import InProcessSink, build_here
-from otel_llm.warn import guarded
+from otel_llm.warn import failed
 
 
 class ExportProcessSink(InProcessSink):
@@ -63,7 +63,10 @@ class ExportProcessSink(InProcessSink):
         """A request's span goes to the export process unended with its facts, and its end, phase spans
         and metrics are built there; here only where the request metrics stay in this process."""
         if self.metrics is None and isinstance(span, DeferredSpan) and not span._ended:
-            guarded("handing a request's telemetry to the export process", span.hand_over_unended, facts, self.channel)
+            try:  # (`guarded`'s, without its frame per request)
+                span.hand_over_unended(facts, self.channel)
+            except Exception:  # noqa: BLE001
+                failed("handing a request's telemetry to the export process")
         else:
             build_here(self, span, context, facts, telemetry)
 
