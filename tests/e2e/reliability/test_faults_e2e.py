@@ -218,6 +218,13 @@ ENTRIES_OFF_THIS_PATH = {
     ),
     "otel_llm.vllm.export.channel:ExportChannel._after_fork": "in a process forked from the API server",
     "otel_llm.vllm.export.deferred:DeferredTracer.start_as_current_span": "no caller on this server",
+    # this server's requests carry no trace context: their server spans and GenAI spans are made by
+    # DeferredTracer.start_root_span and start_request_span, ours, inside LeanMiddleware._begin's and the
+    # handler's guards (tests/vllm/test_offload.py sends a traceparent and baggage)
+    "otel_llm.vllm.export.deferred:DeferredTracer.start_span": "a request with a trace context, a span another "
+    "library starts, a GenAI span outside a recording server span (none here)",
+    "otel_llm.vllm.export.deferred:DeferredSpan.is_recording": "start_span's, an exception escaping the app (none "
+    "here); " + _MAINTAINED_CALL,
     "otel_llm.vllm.export.deferred:DeferredSpan.name": (
         "no caller on this server (read by other instrumentations' hooks)"
     ),
