@@ -17,14 +17,15 @@ import time
 # (module, qualified name, what it is): the request path's pieces, in the order of a request
 PIECES = (
     ("otel_llm.vllm.export.http", "ReplayingMiddleware._begin", "HTTP span: start (context, URL, sampler)"),
+    ("otel_llm.vllm.export.deferred", "DeferredTracer.start_root_span", "  its DeferredSpan (a new trace)"),
     ("otel_llm.vllm.wrappers", "_request_info", "request info (fields, caller)"),
     ("otel_llm.vllm.attribution", "Attribution.request_caller", "  caller (tenant headers, baggage)"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry.__init__", "GenAI span: start"),
-    ("otel_llm.vllm.export.deferred", "DeferredTracer.start_span", "  a DeferredSpan (every span)"),
+    ("otel_llm.vllm.export.deferred", "DeferredTracer.start_request_span", "  its DeferredSpan"),
     ("otel_llm.vllm.wrappers", "_attach", "engine request attached (traceparent, baggage)"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry.on_engine_finished", "engine finish hook"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._end", "GenAI span: end (all below)"),
-    ("otel_llm.vllm.request_telemetry", "RequestTelemetry._read_engines", "  read vLLM's request states"),
+    ("otel_llm.vllm.contract", "read_engine_request", "  read vLLM's request states (each)"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._write_usage", "  usage record"),
     ("otel_llm.usage", "UsageLedger.write", "    spool line and usage event"),
     ("otel_llm.vllm.request_telemetry", "RequestTelemetry._metric", "  metric key (label guards)"),

@@ -48,7 +48,7 @@ class Caller(NamedTuple):
 
 NO_CALLER = Caller(None, None, None, None)
 # Caller(*values) without the named tuple's Python __new__ (a frame per request): tuple.__new__ in C
-_new_caller = partial(tuple.__new__, Caller)
+new_caller = _new_caller = partial(tuple.__new__, Caller)
 
 
 # callers whose baggage header Attribution.baggage keeps

@@ -662,34 +662,32 @@ def read_answer(response, metadata) -> tuple:
     for choice in choices or ():
         reason = choice.finish_reason
         reasons.append("error" if reason is None else str(reason))
-    reasoning = _reasoning_tokens(usage)
-    if reasoning is None and metadata is not None:
-        fields = getattr(metadata, "__dict__", None)
-        final = (
-            fields["final_usage_info"]
-            if type(fields) is dict and "final_usage_info" in fields
-            else read_field(metadata, "final_usage_info")
-        )
-        reasoning = _reasoning_tokens(final)
+    reasoning = None
+    source = metadata  # the response's usage first, then the metadata's final_usage_info
+    while True:
+        if usage is not None:
+            fields = getattr(usage, "__dict__", None)
+            if type(fields) is dict and "completion_tokens_details" in fields:  # (read_field's answer)
+                details = fields["completion_tokens_details"]
+            else:
+                details = read_field(usage, "completion_tokens_details")
+            if details is not None:  # (most requests: vLLM counts them only with a reasoning parser)
+                value = read_field(details, "reasoning_tokens")
+                if type(value) is int:
+                    reasoning = value
+                    break
+        if source is None:
+            break
+        fields = getattr(source, "__dict__", None)
+        if type(fields) is dict and "final_usage_info" in fields:  # (read_field's answer)
+            usage = fields["final_usage_info"]
+        else:
+            usage = read_field(source, "final_usage_info")
+        source = None
     return response_id, model, reasons, reasoning
 
 
 _ANSWER_FIELDS = frozenset(("id", "model", "usage", "choices"))
-
-
-def _reasoning_tokens(usage) -> int | None:
-    """completion_tokens_details.reasoning_tokens of a UsageInfo (None: none, or no UsageInfo)."""
-    if usage is None:
-        return None
-    fields = getattr(usage, "__dict__", None)
-    if type(fields) is dict and "completion_tokens_details" in fields:  # (read_field's answer)
-        details = fields["completion_tokens_details"]
-    else:
-        details = read_field(usage, "completion_tokens_details")
-    if details is None:  # (most requests: vLLM counts them only with a reasoning parser)
-        return None
-    value = read_field(details, "reasoning_tokens")
-    return value if type(value) is int else None
 
 
 def read_rejection_type(response) -> str:

@@ -472,7 +472,7 @@ class RequestTelemetry:
             None if spec is None else spec[1],
         )
         fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
-        if finish_reasons and info.generates:
+        if finish_reasons and info.operation not in semconv.POOLING_OPERATIONS:  # (info.generates)
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
         ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 
