@@ -102,8 +102,13 @@ class RouteScope:
     def watching(self, message):
         """A stream's chunks watched (_watch_stream) until its first one or, where its engine requests
         do not end it, its last. Returns send's awaitable: no coroutine of ours per message."""
-        if not guarded("watching a stream's chunks", _watch_stream, self, self.stream, message):
-            self.stream, self.sender = None, self.send  # (our fault: its route ends it when the response is done)
+        try:  # (`guarded`'s, without its frame)
+            watched = _watch_stream(self, self.stream, message)
+        except Exception:  # noqa: BLE001
+            failed("watching a stream's chunks")
+            watched = False
+        if not watched:  # (our fault: its route ends it when the response is done)
+            self.stream, self.sender = None, self.send
         return self.send(message)
 
 

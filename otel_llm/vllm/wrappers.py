@@ -17,7 +17,7 @@ from otel_llm.vllm.attribution import first_values, new_caller
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, RequestTelemetry, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
-from otel_llm.warn import entry, guarded
+from otel_llm.warn import entry, failed
 from otel_llm.warn import guard as _safe
 
 
@@ -111,7 +111,11 @@ def _read_response(record, result, raw_request):
         return result
     if stream:
         # its route watches its chunks where it can (routes.take_stream), else a proxy does
-        taken = guarded("handing a stream to its route", routes.take_stream, record)
+        try:  # (`guarded`'s, without its frame)
+            taken = routes.take_stream(record)
+        except Exception:  # noqa: BLE001
+            failed("handing a stream to its route")
+            taken = False
         return result if taken else _StreamTelemetry(result, record)
     record.end(response=response)
     return result
