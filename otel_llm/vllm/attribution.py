@@ -48,7 +48,7 @@ class Caller(NamedTuple):
 
 NO_CALLER = Caller(None, None, None, None)
 # Caller(*values) without the named tuple's Python __new__ (a frame per request): tuple.__new__ in C
-new_caller = _new_caller = partial(tuple.__new__, Caller)
+_new_caller = partial(tuple.__new__, Caller)
 
 
 # callers whose baggage header Attribution.baggage keeps
@@ -79,9 +79,6 @@ class Attribution:
             )
         except UnicodeEncodeError:
             self._header_keys = None
-        # one header name for each of the three (the default configuration): looked up in one pass in C
-        keys = self._header_keys
-        self._one_key_each = tuple(names[0] for names in keys) if keys and all(len(n) == 1 for n in keys) else None
 
     def _baggage(self, tenant: str | None, scene: str | None, cost_center: str | None) -> str | None:
         """The tenant, scene and cost center as W3C baggage (under the first baggage key of each), for
@@ -122,15 +119,7 @@ class Attribution:
                     return Caller(*entry)
         settings = self.settings
         limit = settings.attribution_max_length
-        one_each = self._one_key_each
-        if one_each is not None and type(headers) is _FirstValues:  # (its dict read as it is, in C)
-            checked = self._checked
-            for index, value in enumerate(map(dict.get, repeat(headers, 3), one_each)):
-                if value:
-                    value = value.decode("latin-1")
-                    valid = checked.get(value, _UNCHECKED)
-                    found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
-        elif headers is not None:  # (_first_header's loop, here: no call of ours per kind of value)
+        if headers is not None:  # (the first non-empty value of each kind's headers)
             checked = self._checked
             raw_dict = type(headers) is _FirstValues and self._header_keys is not None  # (its dict read as it is)
             names_per_kind = (
@@ -139,14 +128,15 @@ class Attribution:
                 else (settings.tenant_headers, settings.scene_headers, settings.cost_center_headers)
             )
             for index, names in enumerate(names_per_kind):
-                for name in names:
-                    value = dict.get(headers, name) if raw_dict else headers.get(name)
+                if raw_dict:  # (in C: no loop of ours over the names)
+                    value = next(filter(None, map(dict.get, repeat(headers), names)), None)
                     if value:
-                        if raw_dict:
-                            value = value.decode("latin-1")
-                        valid = checked.get(value, _UNCHECKED) if type(value) is str else _UNCHECKED
-                        found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
-                        break
+                        value = value.decode("latin-1")
+                else:
+                    value = _first_header(headers, names)
+                if value:
+                    valid = checked.get(value, _UNCHECKED) if type(value) is str else _UNCHECKED
+                    found[index] = self._valid(value, limit) if valid is _UNCHECKED else valid
         if None in found:
             # baggage.get_all(ctx)'s entries, without the API's frames (otel_llm/sdk/current.py)
             entries = (current.current_context() if ctx is None else ctx).get(current.BAGGAGE_KEY)

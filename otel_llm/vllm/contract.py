@@ -663,27 +663,13 @@ def read_answer(response, metadata) -> tuple:
         reason = choice.finish_reason
         reasons.append("error" if reason is None else str(reason))
     reasoning = None
-    source = metadata  # the response's usage first, then the metadata's final_usage_info
-    while True:
-        if usage is not None:
-            fields = getattr(usage, "__dict__", None)
-            if type(fields) is dict and "completion_tokens_details" in fields:  # (read_field's answer)
-                details = fields["completion_tokens_details"]
-            else:
-                details = read_field(usage, "completion_tokens_details")
-            if details is not None:  # (most requests: vLLM counts them only with a reasoning parser)
-                value = read_field(details, "reasoning_tokens")
-                if type(value) is int:
-                    reasoning = value
-                    break
-        if source is None:
+    final = None if metadata is None else read_field(metadata, "final_usage_info")
+    for source in (usage, final):  # the response's usage first
+        details = None if source is None else read_field(source, "completion_tokens_details")
+        value = None if details is None else read_field(details, "reasoning_tokens")
+        if type(value) is int:
+            reasoning = value
             break
-        fields = getattr(source, "__dict__", None)
-        if type(fields) is dict and "final_usage_info" in fields:  # (read_field's answer)
-            usage = fields["final_usage_info"]
-        else:
-            usage = read_field(source, "final_usage_info")
-        source = None
     return response_id, model, reasons, reasoning
 
 

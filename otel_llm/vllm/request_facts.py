@@ -128,7 +128,7 @@ def engine_facts(engine) -> EngineFacts:
     return new_engine_facts((engine.request_id, engine.external_id, generates, timing, engine.engine_cost))
 
 
-ENGINES = _ENGINES = RequestFacts._fields.index("engines")
+_ENGINES = RequestFacts._fields.index("engines")
 END_NS = RequestFacts._fields.index("end_ns")
 CAPTURED = RequestFacts._fields.index("captured")
 

@@ -335,7 +335,7 @@ class RequestTelemetry:
         usage = self._usage(engines)
         answered_id, answered_model, reasons, reasoning = contract.read_answer(response, self.metadata)
         finish_reasons = reasons or self._finish_reasons(aborted or error_type is not None, engines)
-        generates = info.operation not in semconv.POOLING_OPERATIONS
+        generates = info.generates
         # the id the response (or its metadata) carries: the usage record's; the span falls back to vLLM's
         answered_id = self.response_id or answered_id
         response_id = answered_id
@@ -472,7 +472,7 @@ class RequestTelemetry:
             None if spec is None else spec[1],
         )
         fields.update(compress(zip(_USAGE_OPTIONAL, optional, strict=True), map(_given, optional)))  # (in C)
-        if finish_reasons and info.operation not in semconv.POOLING_OPERATIONS:  # (info.generates)
+        if finish_reasons and info.generates:
             fields[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(finish_reasons)
         ledger.write(fields, end_ns, self.span.get_span_context(), self.context)
 

@@ -13,7 +13,7 @@ from opentelemetry import trace
 
 from otel_llm import redaction, semconv
 from otel_llm.vllm import contract, routes
-from otel_llm.vllm.attribution import first_values, new_caller
+from otel_llm.vllm.attribution import first_values
 from otel_llm.vllm.request_telemetry import CURRENT, RequestInfo, RequestTelemetry, request_info, start_request
 from otel_llm.vllm.streams import _end_on_exception, _make_current, _restore_context, _StreamTelemetry, current_span
 from otel_llm.vllm.telemetry import Telemetry
@@ -25,13 +25,10 @@ def _request_info(operation: str, request, tel: Telemetry, raw_request, api_type
     """A handler's request (raw_request: the HTTP request it came with, None for a background response)."""
     get = contract.request_fields(request)
     headers = first_values(contract.read_headers(raw_request))  # (one view for the caller and the conversation)
-    attribution = tel.attribution
-    caller = attribution.caller(headers)  # (Attribution.request_caller's two steps, without its frame)
-    user = attribution.end_user(get)
     return request_info(
         operation,
         get,
-        caller=caller if user is None else new_caller((*caller[:4], user)),
+        caller=tel.attribution.request_caller(headers, get),
         api_type=api_type,
         request=request if tel.capture is not None else None,
         conversation_id=_conversation(tel, headers),

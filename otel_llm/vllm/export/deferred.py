@@ -21,7 +21,6 @@ from opentelemetry.trace.status import Status, StatusCode
 from otel_llm import redaction
 from otel_llm.sdk import current, internals
 from otel_llm.vllm.export.wire import Outbox, SpanRecord
-from otel_llm.vllm.request_facts import ENGINES as _ENGINES
 from otel_llm.vllm.request_facts import RequestFacts, plain_facts, start_attributes
 from otel_llm.warn import entry, failed, inline_entry
 
@@ -350,14 +349,10 @@ class RequestSpan(DeferredSpan):
         self.outbox.request = (
             DeferredSpan.record_values(self, 0),
             self._sampled,
-            (*facts[:_ENGINES], list(map(tuple, facts[_ENGINES])), *facts[_ENGINES + 1 :]),  # (plain_facts', here)
+            plain_facts(facts),
             self.start_values,
         )
-        holder = self.holder
-        if holder is not None and holder.holds and not holder._ended:  # (hand_over's first case, here)
-            holder.outbox.adopted.extend(self.outbox.parts())
-        else:
-            hand_over(self, channel)
+        hand_over(self, channel)
 
 
 def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:

@@ -225,9 +225,6 @@ ENTRIES_OFF_THIS_PATH = {
     "library starts, a GenAI span outside a recording server span (none here)",
     "otel_llm.vllm.export.deferred:DeferredSpan.is_recording": "start_span's, an exception escaping the app (none "
     "here); " + _MAINTAINED_CALL,
-    # a GenAI span goes with its open HTTP server span (RequestSpan.hand_over_unended), which sends itself
-    "otel_llm.vllm.export.deferred:hand_over": "a span of ours ended with no open HTTP server span to go with (none "
-    "here); " + _MAINTAINED_CALL,
     "otel_llm.vllm.export.deferred:DeferredSpan.name": (
         "no caller on this server (read by other instrumentations' hooks)"
     ),
