@@ -567,6 +567,38 @@ def test_a_dead_export_process_is_restarted(export_env, monkeypatch):
         assert not _spans_named(receiver, "lost")
 
 
+
+def test_messages_sent_on_an_event_loop_go_together(export_env, monkeypatch):
+    """On an event loop's thread a message is held until the loop's timer sends the held ones in one
+    packet, or the HELD_MAX'th goes with them; a send elsewhere takes the held ones along (their loop may
+    have ended, its timer with it). Every message is exported once."""
+    monkeypatch.setattr(export_channel, "HELD_MAX", 4)
+    with Receiver(grpc=False) as receiver:
+        export_env(receiver.endpoint)
+        link, drops = exporting_channel(receiver, "first")  # (sent from this thread, which runs no loop: now)
+        assert link.sent == 1
+
+        async def requests():
+            assert link.send(_one("a").message()) and link.send(_one("b").message())
+            assert link.sent == 1  # held: nothing awaited since, so the loop's timer has not run
+            for _ in range(3000):  # the timer, HOLD_S later (30 s: a margin for a busy machine)
+                if link.sent > 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert link.sent == 3
+            for name in "cdef":
+                assert link.send(_one(name).message())
+            assert link.sent == 7  # the fourth held one sent them, without the timer
+            assert link.send(_one("g").message())  # held when the loop ends
+
+        asyncio.run(requests())
+        assert link.sent == 7
+        assert link.send(_one("h").message()) and link.sent == 9
+        receiver.wait_for(lambda r: len(r.spans) == 9)
+        link.close()
+        assert sorted(s.name for s in receiver.spans) == ["a", "b", "c", "d", "e", "f", "first", "g", "h"]
+        assert not drops and link.dropped == 0
+
 FORK_SCRIPT = """
 import os, sys
 from types import SimpleNamespace
@@ -906,7 +938,7 @@ def test_the_http_span_and_metrics_equal_the_maintained_middlewares(export_env, 
         assert isinstance(front, export_http.HeldUntilRecorded) and type(front.outer) is ServerErrorMiddleware
         assert front.outer.app.behind_front and front.outer.app.app is front.app
         assert front.app.replayed  # (made in the export process: http.HttpReplay)
-        assert link.sent == 8  # one message per traced request: its span with its metrics
+        assert link.flush() and link.sent == 8  # one message per traced request: its span with its metrics
         link.close()
         meters.shutdown()
 

@@ -33,17 +33,22 @@ import termios
 import threading
 import time
 import weakref
+from asyncio import _get_running_loop  # (None without one; C)
 from typing import Any
 
 from otel_llm import semconv
 from otel_llm.sdk import internals
-from otel_llm.vllm.export.wire import BYE, CONFIG, FIRST, LAST, PROGRESS, WHOLE, plain
-from otel_llm.warn import WarnOnce, entry
+from otel_llm.vllm.export.wire import BATCH, BYE, CONFIG, FIRST, LAST, PROGRESS, WHOLE, plain
+from otel_llm.warn import WarnOnce, entry, failed, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
 
 SOCKET_BUFFER = 4 << 20  # asked for; the kernel caps it (net.core.wmem_max)
 RESTART_BACKOFF_S = (1.0, 30.0)
+# a message sent on an event loop's thread waits at most this long for the loop's next ones, or until
+# this many are held, and they go together (ExportChannel.send)
+HOLD_S = 0.05
+HELD_MAX = 32
 _AUTO_INSTRUMENTATION_DIR = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation")
 
 
@@ -98,6 +103,8 @@ class ExportChannel:
         self._closed = False
         self.sent = 0
         self.dropped = 0
+        self._held: list[tuple] = []  # messages sent on an event loop's thread, not yet flushed
+        self._flush_loop = None  # the loop whose timer flushes them
         weak = weakref.WeakMethod(self._after_fork)  # a closed channel is not kept alive for forks
         os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
 
@@ -112,13 +119,16 @@ class ExportChannel:
                 pass
         self._sock, self._process, self._owner = None, None, os.getpid()
         self._retry_at = 0.0
+        self._held, self._flush_loop = [], None
 
     @property
     def process(self) -> subprocess.Popen | None:
         return self._process
 
     def backlog(self) -> int:
-        """Bytes sent to the export process that it has not read yet (0 without one)."""
+        """Bytes sent to the export process that it has not read yet (0 without one); held messages
+        are sent first."""
+        self.flush()
         sock = self._sock
         if sock is None:
             return 0
@@ -145,33 +155,67 @@ class ExportChannel:
         self._retry_at = time.monotonic() + RESTART_BACKOFF_S[1]
         return False
 
-    @entry("ExportChannel.send", fallback=False)
+    @inline_entry("ExportChannel.send")
     def send(self, message: tuple) -> bool:
-        """Hand one message over, never blocking. False when it was dropped (and counted), or when it
-        failed (counted in otel_llm.instrumentation.failures)."""
+        """Hand one message over, never blocking. On a thread that runs an event loop it is held, with
+        that loop's next ones, until a timer of the loop sends them in one packet (HOLD_S later, or
+        sooner when HELD_MAX are held): True then. Elsewhere it goes now (with any held ones): False
+        when it was dropped (and counted), or when it failed (counted in
+        otel_llm.instrumentation.failures)."""
         try:
-            data = marshal.dumps(message)
-        except ValueError:  # a value marshal does not take: the attributes, made plain
-            data = marshal.dumps(plain(message))
+            held = self._held
+            held.append(message)
+            if len(held) < HELD_MAX:
+                loop = _get_running_loop()
+                # (a timer on another loop may never run: that loop's messages go now, with this one)
+                if loop is not None and (loop is self._flush_loop or (self._flush_loop is None and self._arm(loop))):
+                    return True
+            return self.flush()
+        except Exception:  # noqa: BLE001
+            failed("ExportChannel.send")
+            return False
+
+    def _arm(self, loop) -> bool:
+        self._flush_loop = loop
+        loop.call_later(HOLD_S, self.flush)
+        return True
+
+    @entry("ExportChannel.flush", fallback=False)
+    def flush(self) -> bool:
+        """Send the held messages, in one packet (one marshal and one system call for all of them:
+        per message, that is a fraction of what its own would cost the request that sends it). False
+        when they were dropped (each counted), or failed."""
         with self._lock:
+            self._flush_loop = None
+            held = self._held
+            count = len(held)
+            if not count:
+                return True
+            batch = held[:count]
+            del held[:count]  # (not a new list: another thread may be appending to this one)
+            message = batch[0] if count == 1 else (BATCH, batch)
+            try:
+                data = marshal.dumps(message)
+            except ValueError:  # a value marshal does not take: the attributes, made plain
+                data = marshal.dumps(plain(message) if count == 1 else (BATCH, [plain(m) for m in batch]))
             try:
                 started = self._sock is not None or self._ensure_started()
             except OSError as exc:
                 self._lost(exc)
                 started = False
             if not started:
-                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
+                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN, count)
             try:
                 if len(data) < self._frame:  # (_send_frames' first case, without its frame)
                     self._sock.sendmsg((_WHOLE_HEADER, data))
                 else:
                     self._send_frames(data)
             except BlockingIOError:
-                return self._drop(semconv.EXPORT_DROP_QUEUE_FULL)
+                return self._drop(semconv.EXPORT_DROP_QUEUE_FULL, count)
             except OSError as exc:  # EPIPE, ECONNRESET: the export process is gone
                 self._lost(exc)
-                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN)
-            self.sent += 1
+                return self._drop(semconv.EXPORT_DROP_EXPORTER_DOWN, count)
+            self.sent += count
             return True
 
     def send_progress(self, increments: list[tuple]) -> bool:
@@ -191,8 +235,8 @@ class ExportChannel:
             flags = (FIRST if i == 0 else 0) | (LAST if i + frame - 1 >= len(data) else 0)
             sock.sendmsg((bytes((flags,)), view[i : i + frame - 1]))
 
-    def _drop(self, reason: str) -> bool:
-        self.dropped += 1
+    def _drop(self, reason: str, count: int = 1) -> bool:
+        self.dropped += count
         if reason == semconv.EXPORT_DROP_QUEUE_FULL:
             self._warn(
                 "full",
@@ -200,7 +244,8 @@ class ExportChannel:
                 semconv.EXPORT_DROPPED,
             )
         try:
-            self._on_drop(reason)
+            for _ in range(count):
+                self._on_drop(reason)
         except Exception:  # noqa: BLE001
             pass
         return False
@@ -264,6 +309,8 @@ class ExportChannel:
     def close(self, timeout_s: float | None = None) -> dict | None:
         """Tell the export process to flush within `timeout_s` and exit; wait for it. Returns what
         its flush could not export (shutdown.BoundedShutdown's report), or None. Once."""
+        if self._owner == os.getpid():
+            self.flush()
         with self._lock:
             if self._closed or self._owner != os.getpid():
                 return None

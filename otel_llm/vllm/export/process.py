@@ -37,6 +37,7 @@ from otel_llm import config, semconv, usage
 from otel_llm.sdk import internals, shutdown
 from otel_llm.vllm.export import deferred
 from otel_llm.vllm.export.wire import (
+    BATCH,
     BYE,
     CONFIG,
     FIRST,
@@ -314,6 +315,19 @@ class Exporter:
         )
 
 
+def take(exporter: Exporter, kind: str, payload) -> None:
+    if kind == REQUEST:
+        try:
+            exporter.handle(payload)
+        except Exception:  # noqa: BLE001 - one bad message must not stop the others
+            _log.warning("otel-llm: could not export one request's telemetry", exc_info=True)
+    elif kind == PROGRESS:
+        try:
+            exporter.count_progress(payload)
+        except Exception:  # noqa: BLE001
+            _log.warning("otel-llm: could not count the tokens of requests in flight", exc_info=True)
+
+
 def main(argv: list[str]) -> int:
     from otel_llm import ensure_log_handler
 
@@ -328,21 +342,15 @@ def main(argv: list[str]) -> int:
         kind, settings = next(stream)
         assert kind == CONFIG, kind
         exporter = Exporter(settings)
-        stream = messages(sock, settings["frame"])
-        for kind, payload in stream:
+        for kind, payload in messages(sock, settings["frame"]):
             if kind == BYE:
                 goodbye = payload
                 break
-            if kind == REQUEST:
-                try:
-                    exporter.handle(payload)
-                except Exception:  # noqa: BLE001 - one bad message must not stop the others
-                    _log.warning("otel-llm: could not export one request's telemetry", exc_info=True)
-            elif kind == PROGRESS:
-                try:
-                    exporter.count_progress(payload)
-                except Exception:  # noqa: BLE001
-                    _log.warning("otel-llm: could not count the tokens of requests in flight", exc_info=True)
+            if kind == BATCH:
+                for message in payload:
+                    take(exporter, *message)
+            else:
+                take(exporter, kind, payload)
     except (_Stop, StopIteration):
         pass
     finally:

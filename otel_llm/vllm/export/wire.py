@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 # message kinds (the first element of each message); REPORT goes back: what the flush lost; PROGRESS: a
-# live sweep's token counter increments (otel_llm/vllm/live.py)
-CONFIG, REQUEST, BYE, REPORT, PROGRESS = "config", "request", "bye", "report", "progress"
+# live sweep's token counter increments (otel_llm/vllm/live.py); BATCH: messages held and sent together
+CONFIG, REQUEST, BYE, REPORT, PROGRESS, BATCH = "config", "request", "bye", "report", "progress", "batch"
 # frame header: one byte; a message larger than one frame goes as first .. last
 FIRST, LAST = 1, 2
 WHOLE = FIRST | LAST
