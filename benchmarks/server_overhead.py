@@ -1001,6 +1001,7 @@ def part_fastapi(rounds: int, requests: int = 400, chunks: int = 16) -> None:
                 r = await client.post("/v1/chat/completions?probe=1", json=body)
                 r.raise_for_status()
             tracer_provider.force_flush()
+            channel.flush()  # (the messages still held: their send is this run's work)
             cost = (time.process_time() - started) / requests
             wait_for_backlog(channel, 0.0)
             return cost
@@ -1537,6 +1538,8 @@ def part_api(
                     time.sleep(pace_s)
                     if channel is not None:
                         wait_for_backlog(channel, 0.25)
+            if channel is not None:
+                channel.flush()  # (the messages still held: their send is this run's work)
             if measured is not None:
                 measured(label, stream, "sent")
             tracer_provider.force_flush()
