@@ -116,22 +116,37 @@ def per_kb(redactor, texts: dict[int, str], reps: int = 3) -> dict[int, float]:
     return {size: best[size] / (len(texts[size]) / 1024) * 1e6 for size in texts}
 
 
-def check(redactor, names=None) -> list[str]:
-    """The bound's violations, one line each (empty when the redactor keeps it)."""
-    typical = min(per_kb(redactor, {size: _repeat(TYPICAL_PROMPT, size) for size in SIZES}, reps=5).values())
+def check(redactor, names=None, attempts: int = 3) -> list[str]:
+    """The bound's violations, one line each (empty when the redactor keeps it). Each text is timed
+    interleaved with the typical prompt it is compared to, and one over the bound is timed again: a busy
+    machine's slowdown passes on a later attempt, a blow-up (100x and more) fails every one."""
     problems = []
     for name in names or ADVERSARIAL:
         texts = {size: ADVERSARIAL[name](size) for size in SIZES}
-        got = per_kb(redactor, texts)
-        small, large = got[SIZES[0]], got[SIZES[1]]
-        # (below 20 us per KB a ratio is noise: 10x faster than a slow typical text)
-        if large > LINEAR * max(small, 20.0):
-            problems.append(f"{name}: {large:.0f} us/KB at 64 KB, {small:.0f} at 8 KB: not linear")
-        if max(small, large) > TYPICAL * typical:
-            problems.append(
-                f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x a typical "
-                f"prompt ({typical:.1f} us/KB)"
-            )
+        for _ in range(attempts):
+            found = _violations(redactor, name, texts)
+            if not found:
+                break
+        problems += found
+    return problems
+
+
+_TYPICAL_TEXTS = {("typical", size): _repeat(TYPICAL_PROMPT, size) for size in SIZES}
+
+
+def _violations(redactor, name: str, texts: dict[int, str]) -> list[str]:
+    got = per_kb(redactor, {**_TYPICAL_TEXTS, **texts})
+    typical = min(got[key] for key in _TYPICAL_TEXTS)
+    small, large = got[SIZES[0]], got[SIZES[1]]
+    problems = []
+    # (below 20 us per KB a ratio is noise: 10x faster than a slow typical text)
+    if large > LINEAR * max(small, 20.0):
+        problems.append(f"{name}: {large:.0f} us/KB at 64 KB, {small:.0f} at 8 KB: not linear")
+    if max(small, large) > TYPICAL * typical:
+        problems.append(
+            f"{name}: {max(small, large):.0f} us/KB, {max(small, large) / typical:.0f}x a typical "
+            f"prompt ({typical:.1f} us/KB)"
+        )
     return problems
 
 
