@@ -157,8 +157,7 @@ class ExportChannel:
 
     @inline_entry("ExportChannel.send")
     def send(self, message: tuple) -> bool:
-        """Hand one message over, never blocking: a message, or (how it is made, *its arguments) to make it
-        when it is sent. On a thread that runs an event loop it is held, with
+        """Hand one message over, never blocking. On a thread that runs an event loop it is held, with
         that loop's next ones, until a timer of the loop sends them in one packet (HOLD_S later, or
         sooner when HELD_MAX are held): True then. Elsewhere it goes now (with any held ones): False
         when it was dropped (and counted), or when it failed (counted in
@@ -194,10 +193,6 @@ class ExportChannel:
                 return True
             batch = held[:count]
             del held[:count]  # (not a new list: another thread may be appending to this one)
-            batch = made(batch)
-            count = len(batch)
-            if not count:
-                return False
             message = batch[0] if count == 1 else (BATCH, batch)
             try:
                 data = marshal.dumps(message)
@@ -342,22 +337,6 @@ class ExportChannel:
         except subprocess.TimeoutExpired:
             pass  # it ends on its own within its bound
         return report
-
-
-def made(held: list[tuple]) -> list[tuple]:
-    """The held messages, each made now where it was held as (how it is made, *its arguments): the
-    values a request exports are made here for a batch of requests in a row, not one at each request's
-    end (the same code run again while it is in the CPU's caches)."""
-    messages = []
-    for message in held:
-        if type(message[0]) is str:
-            messages.append(message)
-            continue
-        try:
-            messages.append(message[0](*message[1:]))
-        except Exception:  # noqa: BLE001 - one request's telemetry lost, not the others'
-            failed("making a request's export message")
-    return messages
 
 
 def child_environment(environ) -> dict[str, str]:

@@ -294,14 +294,10 @@ class DeferredSpan(trace.Span):
 
     def hand_over_unended(self, facts: RequestFacts, channel) -> None:
         """A request's span, not ended here: it goes to the export process as it is, with the facts
-        its end is built from there (request_facts.py, `resume`). Its values are made with the message
-        (wire.Outbox.parts): the span is ended, so nothing changes them until then."""
+        its end is built from there (request_facts.py, `resume`)."""
         self._ended = True
-        self.outbox.request = (self.unended_request, facts)
+        self.outbox.request = (self.record_values(0), self._sampled, plain_facts(facts), None)
         hand_over(self, channel)
-
-    def unended_request(self, facts: RequestFacts) -> tuple:
-        return self.record_values(0), self._sampled, plain_facts(facts), None
 
 
 class RequestSpan(DeferredSpan):
@@ -348,8 +344,15 @@ class RequestSpan(DeferredSpan):
         self._start_attributes()
         return DeferredSpan.record(self, end_ns)
 
-    def unended_request(self, facts: RequestFacts) -> tuple:
-        return DeferredSpan.record_values(self, 0), self._sampled, plain_facts(facts), self.start_values
+    def hand_over_unended(self, facts: RequestFacts, channel) -> None:
+        self._ended = True
+        self.outbox.request = (
+            DeferredSpan.record_values(self, 0),
+            self._sampled,
+            plain_facts(facts),
+            self.start_values,
+        )
+        hand_over(self, channel)
 
 
 def resume(request: tuple, tracer: DeferredTracer) -> DeferredSpan:
@@ -668,9 +671,9 @@ def hand_over(span: DeferredSpan, channel) -> None:
         return
     holder = span.holder
     if holder is not None and holder.holds and not holder._ended:
-        holder.outbox.adopted.append(outbox)  # (the span is ended: its parts are made with the holder's message)
+        holder.outbox.adopted.extend(outbox.parts())
     else:
-        channel.send((Outbox.message, outbox))  # (made when it is sent: ExportChannel.flush)
+        channel.send(outbox.message())
 
 
 def outbox_of(context) -> Outbox | None:

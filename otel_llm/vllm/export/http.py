@@ -42,15 +42,7 @@ from otel_llm.config import Settings
 from otel_llm.sdk import current, internals
 from otel_llm.vllm import http
 from otel_llm.vllm.export.deferred import DeferredSpan, DeferredTracer
-from otel_llm.vllm.export.wire import (
-    HTTP_HISTOGRAMS,
-    REQUEST,
-    SCOPE_KEYS,
-    Outbox,
-    ReplayRecord,
-    SpanRecord,
-    adopted_parts,
-)
+from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, REQUEST, SCOPE_KEYS, Outbox, ReplayRecord, SpanRecord
 from otel_llm.vllm.http import (
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
@@ -232,21 +224,15 @@ class ReplayingMiddleware(LeanMiddleware):
                 current.detach(token)
             if not span._ended:  # (no last body was sent)
                 span.end()
+            record = self._replay_record(span, details, scope, duration_s)
             tracer = span._tracer
             if tracer.send is None:
-                span.outbox.http_replay = self._replay_record(span, details, scope, duration_s)
+                span.outbox.http_replay = record
                 tracer.hand_over(span)
-            else:  # (made when it is sent, with the other held messages: ExportChannel.flush)
-                tracer.send((self._http_message, span, details, scope, duration_s))
+            else:  # (deferred.hand_over's message, made here: a Part with the record alone, then what it adopted)
+                tracer.send((REQUEST, [([], None, None, None, tracer.scope, None, record, None), *span.outbox.adopted]))
         except Exception:  # noqa: BLE001
             failed("LeanMiddleware._finish")
-
-    def _http_message(self, span: ServerSpan, details, scope, duration_s: float) -> tuple:
-        """deferred.hand_over's message of an HTTP request: a Part with its record alone, then what its span
-        adopted. (The span is ended and the request done: nothing read here changes after `_finish`.)"""
-        record = self._replay_record(span, details, scope, duration_s)
-        part = ([], None, None, None, span._tracer.scope, None, record, None)
-        return REQUEST, [part, *adopted_parts(span.outbox.adopted)]
 
     def _replay_record(self, span: ServerSpan, details, scope, duration_s: float) -> tuple:
         """The request's ReplayRecord as a plain tuple (marshal's): the server span's fields, the ASGI

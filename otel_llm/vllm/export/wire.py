@@ -137,11 +137,9 @@ class Outbox:
         self.usage_event: tuple | None = None
         self.exemplar: tuple | None = None  # (trace_id, span_id, flags) of the request's span
         self.scope = scope  # (name, version, schema_url, attributes) of another instrumentation; None: ours
-        self.adopted: list = []  # Parts, and Outboxes of ended spans (their parts made with this message)
+        self.adopted: list[tuple] = []
         self.http_metrics: tuple | None = None
         self.http_replay: tuple | None = None
-        # a request's span handed over unended: (its record, sampled, facts, start values), or (how those
-        # are made, facts) until the message is made (deferred.py `hand_over_unended`)
         self.request: tuple | None = None
         self.held = False
 
@@ -158,11 +156,7 @@ class Outbox:
 
     def parts(self) -> list[tuple]:
         """This request's Part and the parts it adopted, as the plain tuples marshal carries (marshal
-        takes no named tuple: one would send the message down the slow path, `plain`). Made when the
-        message is (ExportChannel.flush, with the other held messages), not when the span ends."""
-        request = self.request
-        if request is not None and type(request[0]) is not tuple:  # (made now: deferred.py `hand_over_unended`)
-            request = request[0](request[1])
+        takes no named tuple: one would send the message down the slow path, `plain`)."""
         return [
             (
                 list(map(tuple, self.spans)),
@@ -172,24 +166,13 @@ class Outbox:
                 self.scope,
                 self.http_metrics,
                 self.http_replay,  # (a plain tuple: export/http.py `ReplayingMiddleware._replay_record`)
-                request,
+                self.request,
             ),
-            *adopted_parts(self.adopted),
+            *self.adopted,
         ]
 
     def message(self) -> tuple:
         return REQUEST, self.parts()
-
-
-def adopted_parts(adopted: list) -> list[tuple]:
-    """The parts of what an HTTP request's span adopted: Parts, and Outboxes whose parts are made now."""
-    parts = []
-    for item in adopted:
-        if type(item) is Outbox:
-            parts.extend(item.parts())
-        else:
-            parts.append(item)
-    return parts
 
 
 def plain(message: tuple) -> tuple:
