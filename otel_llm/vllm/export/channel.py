@@ -4,12 +4,19 @@ With `opentelemetry-instrument` (our configurator, exporters named in OTEL_*_EXP
 request's GenAI span and its phase spans are not SDK spans in the API server. A request keeps
 what it will export in plain Python values: a `DeferredSpan` per span (ids from the user's
 sampler and id generator, at the moment the SDK would have made them), the request's metric
-`Measurement` and its usage event. When the request ends they go, as one `marshal`led message
-through a non-blocking Unix socket, to a child process (otel_llm/vllm/export/process.py) that
+`Measurement` and its usage event. When the request ends they go, as one message through a
+non-blocking Unix socket, to a child process (otel_llm/vllm/export/process.py) that
 builds the SDK's `ReadableSpan`s, records the metrics and sends everything with the exporters
 the user configured, with the API server's resource. The API server pays for the values and
-one `send`; the SDK's span objects, attribute validation, metric aggregation and OTLP encoding
-run in the other process.
+a share of one `send`; the SDK's span objects, attribute validation, metric aggregation and OTLP
+encoding run in the other process.
+
+On the event loop's thread a message is held until the loop's timer, HOLD_S later, or until HELD_MAX
+are held, and the held ones go in one packet: one `marshal` call and one system call for all of
+them, run while their code is in the CPU's caches (`ExportChannel.flush`). Telemetry waits at most
+HOLD_S more (the export process reads every 20 ms and batches for its exporters anyway); a process
+killed without its shutdown loses what it held, as the SDK's batch processor does. Usage records
+never wait: the spool line is written before the response ends (otel_llm/usage.py).
 
 The socket buffer is the bounded queue: when it is full (the export process is stalled) or the
 export process is gone, the request's telemetry is dropped and counted in
