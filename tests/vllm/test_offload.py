@@ -567,7 +567,6 @@ def test_a_dead_export_process_is_restarted(export_env, monkeypatch):
         assert not _spans_named(receiver, "lost")
 
 
-
 def test_messages_sent_on_an_event_loop_go_together(export_env, monkeypatch):
     """On an event loop's thread a message is held until the loop's timer sends the held ones in one
     packet, or the HELD_MAX'th goes with them; a send elsewhere takes the held ones along (their loop may
@@ -598,6 +597,7 @@ def test_messages_sent_on_an_event_loop_go_together(export_env, monkeypatch):
         link.close()
         assert sorted(s.name for s in receiver.spans) == ["a", "b", "c", "d", "e", "f", "first", "g", "h"]
         assert not drops and link.dropped == 0
+
 
 FORK_SCRIPT = """
 import os, sys
