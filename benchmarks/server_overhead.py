@@ -644,7 +644,9 @@ def shut_down(tracer_provider, meter_provider, receiver, spool_root: Path, saved
 
 
 def wait_for_backlog(channel, fraction: float, timeout_s: float = 30.0) -> float:
-    """Sleep (no CPU) until at most `fraction` of the socket's buffer is still unread; the seconds waited."""
+    """Send the held messages, then sleep (no CPU) until at most `fraction` of the socket's buffer is still
+    unread; the seconds waited."""
+    channel.flush()
     started = time.monotonic()
     size = channel.buffer_size or 1
     while time.monotonic() - started < timeout_s and channel.backlog() > fraction * size:

@@ -133,9 +133,8 @@ class ExportChannel:
         return self._process
 
     def backlog(self) -> int:
-        """Bytes sent to the export process that it has not read yet (0 without one); held messages
-        are sent first."""
-        self.flush()
+        """Bytes sent to the export process that it has not read yet (0 without one; held messages
+        are not sent yet: `flush`)."""
         sock = self._sock
         if sock is None:
             return 0
@@ -174,18 +173,16 @@ class ExportChannel:
             held.append(message)
             if len(held) < HELD_MAX:
                 loop = _get_running_loop()
+                if loop is not None and self._flush_loop is None:  # the first one held: this loop's timer sends it
+                    self._flush_loop = loop
+                    loop.call_later(HOLD_S, self.flush)
                 # (a timer on another loop may never run: that loop's messages go now, with this one)
-                if loop is not None and (loop is self._flush_loop or (self._flush_loop is None and self._arm(loop))):
+                if loop is not None and loop is self._flush_loop:
                     return True
             return self.flush()
         except Exception:  # noqa: BLE001
             failed("ExportChannel.send")
             return False
-
-    def _arm(self, loop) -> bool:
-        self._flush_loop = loop
-        loop.call_later(HOLD_S, self.flush)
-        return True
 
     @entry("ExportChannel.flush", fallback=False)
     def flush(self) -> bool:
