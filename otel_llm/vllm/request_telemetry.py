@@ -508,7 +508,7 @@ class RequestTelemetry:
     def _finish_reasons(self, failed: bool, engines: list[contract.EngineRequest]) -> list[str]:
         """The finish reasons of a request whose response named none (a stream's): its engine requests'."""
         reasons = []
-        for engine in sorted(engines, key=_index):
+        for engine in sorted(engines, key=_index) if len(engines) > 1 else engines:  # (one: no sort to run)
             reason = self.finish_reasons.get(engine.request_id)
             if reason is None:
                 reason = semconv.FINISH_REASON_ABORT if failed else None
