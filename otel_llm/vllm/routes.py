@@ -99,7 +99,8 @@ class RouteScope:
         first chunk or last). A bound method, one small frame per message run by the interpreter's own
         call path: calling the scope itself through a `__call__` property (no frame of ours) ran a dozen C
         functions per message, evicted from the instruction cache by each chunk's own work (cachesim.py)."""
-        return self.sender(message)
+        sender = self.sender  # (read as an attribute: `self.sender(...)` looks a slot up the generic way, in C)
+        return sender(message)
 
     def watching(self, message):
         """A stream's chunks watched (_watch_stream) until its first one or, where its engine requests
