@@ -77,6 +77,9 @@ NOT_COVERED = {
 }
 
 
+_SSE_DONE = contract.SSE_DONE.encode()  # (as the server sends it)
+
+
 class RouteScope:
     """One request on a ROUTES path while vLLM serves it."""
 
@@ -103,15 +106,29 @@ class RouteScope:
         return sender(message)
 
     def watching(self, message):
-        """A stream's chunks watched (_watch_stream) until its first one or, where its engine requests
-        do not end it, its last. Returns send's awaitable: no coroutine of ours per message."""
+        """A stream's chunks watched until its first one or, where its engine requests do not end it, its
+        last, as streams.py `_StreamTelemetry` does around a stream: the first chunk is timed, and from then
+        on the record ends with its engine requests (RequestTelemetry.end_with_engines) and nothing more is
+        watched; where it cannot (no engine request, or one finished before the first chunk), it ends at the
+        [DONE] chunk or the last one, before it goes out (a server killed after the client has the whole
+        response loses no usage record). Returns send's awaitable: no coroutine of ours per message. (One
+        function for all of it: each function a stream runs once costs the API server cache misses at its
+        end, when the chunks' work has evicted it.)"""
         try:  # (`guarded`'s, without its frame)
-            watched = _watch_stream(self, self.stream, message)
+            if message["type"] == "http.response.body":
+                record = self.stream
+                if self.streamed == 1:
+                    self.streamed = 2
+                    record.first_chunk_ns = time.time_ns()  # (RequestTelemetry.on_first_chunk's)
+                    if record.end_with_engines():
+                        self.stream, self.sender = None, self.send
+                        return self.send(message)
+                if message.get("body") == _SSE_DONE or not message.get("more_body", False):
+                    self.stream, self.sender = None, self.send
+                    record.end()
         except Exception:  # noqa: BLE001
             failed("watching a stream's chunks")
-            watched = False
-        if not watched:  # (our fault: its route ends it when the response is done)
-            self.stream, self.sender = None, self.send
+            self.stream, self.sender = None, self.send  # (our fault: its route ends it when the response is done)
         return self.send(message)
 
 
@@ -222,29 +239,6 @@ def take_stream(record: RequestTelemetry) -> bool:
         return False
     state.stream, state.sender = record, state.watching
     state.streamed = 1
-    return True
-
-
-_SSE_DONE = contract.SSE_DONE.encode()  # (as the server sends it)
-
-
-def _watch_stream(state: RouteScope, record: RequestTelemetry, message) -> bool:
-    """As streams.py `_StreamTelemetry` does around a stream: the first chunk is timed, and from then on
-    the record ends with its engine requests (RequestTelemetry.end_with_engines) and nothing more is
-    watched; where it cannot (no engine request, or one finished before the first chunk), it ends at the
-    [DONE] chunk or the last one, before it goes out (a server killed after the client has the whole
-    response loses no usage record)."""
-    if message["type"] != "http.response.body":
-        return True
-    if state.streamed == 1:
-        state.streamed = 2
-        record.on_first_chunk()
-        if record.end_with_engines():
-            state.stream, state.sender = None, state.send
-            return True
-    if message.get("body") == _SSE_DONE or not message.get("more_body", False):
-        state.stream, state.sender = None, state.send
-        record.end()
     return True
 
 

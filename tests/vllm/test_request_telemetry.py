@@ -9,7 +9,7 @@ import pytest
 from otel_llm import semconv
 from otel_llm.config import Settings
 from otel_llm.vllm.attribution import LabelGuard
-from otel_llm.vllm.request_telemetry import RequestInfo, start_request
+from otel_llm.vllm.request_telemetry import RequestInfo, RequestTelemetry, start_request
 from otel_llm.vllm.sink import InProcessSink
 from otel_llm.vllm.telemetry import Telemetry
 
@@ -348,21 +348,30 @@ def test_a_stream_cut_before_its_last_chunk_is_an_abort_and_an_error_is_an_error
 
 
 def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeypatch):
-    """Our watch failing: every message still goes out, watched no more, and the route ends the record
-    when the response is done, as finished (no first-chunk time)."""
-    from otel_llm.vllm import routes
-
+    """Our watch failing at the first chunk (after timing it): every message still goes out, watched no
+    more, and the route ends the record when the response is done, as finished."""
     calls = []
 
     def failing(*args):
         calls.append(args)
         raise RuntimeError("ours")
 
-    monkeypatch.setattr(routes, "_watch_stream", failing)
+    monkeypatch.setattr(RequestTelemetry, "end_with_engines", failing)
     messages = [_START, _chunk(0), _chunk(1), _DONE, _LAST]
     record, out, _, _ = _serve_stream(env, messages, engine=False)
     assert [m for m, _ in out] == messages and len(calls) == 1
     assert [ended for _, ended in out] == [False] * 5 and record.ended
+    span = spans_by_name(env.exporter)["chat m"]
+    assert span.attributes[semconv.VLLM_STREAM_TTFT_SECONDS] > 0 and semconv.VLLM_ABORTED not in span.attributes
+
+
+def test_a_message_the_watch_cannot_read_still_goes_out(env):
+    """A message without a type (not ASGI): our watch fails on it, the message goes out unchanged, and
+    the stream is watched no more (the route ends its record when the response is done)."""
+    odd = {"body": b"?"}
+    messages = [_START, odd, _chunk(0), _DONE, _LAST]
+    record, out, _, _ = _serve_stream(env, messages, engine=False)
+    assert [m for m, _ in out] == messages and record.ended
     span = spans_by_name(env.exporter)["chat m"]
     assert semconv.VLLM_STREAM_TTFT_SECONDS not in span.attributes and semconv.VLLM_ABORTED not in span.attributes
 
