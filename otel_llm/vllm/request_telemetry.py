@@ -256,16 +256,12 @@ class RequestTelemetry:
         self._end_when_done(final_output_follows)
 
     def on_final_output(self, req_state) -> None:
-        """vLLM handed over a finished engine request's final output (after its stats hook). (`_end_when_done`'s
-        test inline: a stream's record ends here, and each function a stream runs once costs the API server
-        cache misses at its end, when the chunks' work has evicted it.)"""
-        final_outputs = self.final_outputs
-        if final_outputs is None:
-            final_outputs = self.final_outputs = set()
-        final_outputs.add(contract.read_state_id(req_state))
-        finished = self.finish_reasons
-        if self.engine_owned and len(finished) >= len(self.engine_states) and final_outputs.issuperset(finished):
-            self.end()
+        """vLLM handed over a finished engine request's final output (after its stats hook)."""
+        if self.final_outputs is None:
+            self.final_outputs = set()
+        self.final_outputs.add(contract.read_state_id(req_state))
+        if self.engine_owned:
+            self._end_when_done(True)
 
     def on_engine_aborted(self) -> None:
         self.engine_aborted = True

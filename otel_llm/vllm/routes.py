@@ -111,15 +111,13 @@ class RouteScope:
         on the record ends with its engine requests (RequestTelemetry.end_with_engines) and nothing more is
         watched; where it cannot (no engine request, or one finished before the first chunk), it ends at the
         [DONE] chunk or the last one, before it goes out (a server killed after the client has the whole
-        response loses no usage record). Returns send's awaitable: no coroutine of ours per message. (One
-        function for all of it: each function a stream runs once costs the API server cache misses at its
-        end, when the chunks' work has evicted it.)"""
+        response loses no usage record). Returns send's awaitable: no coroutine of ours per message."""
         try:  # (`guarded`'s, without its frame)
             if message["type"] == "http.response.body":
                 record = self.stream
                 if self.streamed == 1:
                     self.streamed = 2
-                    record.first_chunk_ns = time.time_ns()  # (RequestTelemetry.on_first_chunk's)
+                    record.on_first_chunk()
                     if record.end_with_engines():
                         self.stream, self.sender = None, self.send
                         return self.send(message)

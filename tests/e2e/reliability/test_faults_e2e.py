@@ -153,7 +153,7 @@ TARGETS = (
     # its chunks: the first one timed, and its end handed to its engine requests (failing, the route ends
     # it when the response is done, aborted where vLLM aborted its engine requests)
     Target(f"{RT}:take_stream", fires=(STREAM, ABORT)),
-    # (RouteScope.watching times the first chunk itself: end_with_engines, after it, is its fault point)
+    Target(f"{R}:RequestTelemetry.on_first_chunk", fires=(STREAM, ABORT), no_wire_ttft=True, after_http=(STREAM,)),
     Target(f"{R}:RequestTelemetry.end_with_engines", fires=(STREAM, ABORT), after_http=(STREAM,)),
     # engine events (the output processor, in the API server process)
     Target("guard:attaching an engine request", fires=GENERATING, no_engine=GENERATING),
@@ -200,7 +200,7 @@ GUARDS_OFF_THIS_PATH = {
     "does not end with its engine requests (test_streams.py): this server's streams end with theirs",
     "recording a stream's first chunk": "the stream proxy's (streams.py), for a stream no route watches: "
     "AsyncLLM.generate used directly, or a route not wrapped (tests/vllm/test_streams.py); this server's "
-    "routes watch theirs (routes.py `RouteScope.watching`, faulted here through end_with_engines)",
+    "routes watch theirs (routes.py `RouteScope.watching`, faulted here through on_first_chunk)",
     "handing a stream's end to its engine requests": "the stream proxy's, as the one above",
 }
 
