@@ -305,6 +305,7 @@ def test_clickhouse_table_gives_the_same_report_and_counts_a_reshipped_spool_onc
     # one snapshot of the whole spool, every kind of record, as the collector ships it: the engine
     # cores' records are joined to the bills (an aborted stream's output tokens the API server did not
     # read), and one that lands between two reads of the live spool would be in one report only
+    # (taken after `records`: every call of the traffic has its record by then)
     snapshot = shutil.copytree(traffic.spool, tmp_path / "spool")
     shipped = ledger.read_spool(str(snapshot), kinds=None)
     kinds = {r.get(semconv.USAGE_KIND, semconv.USAGE_KIND_REQUEST) for r in shipped}
