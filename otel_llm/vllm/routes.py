@@ -9,7 +9,9 @@ route and the request parameters read from its JSON body), every later one attac
 span, and the span ends when the response has been sent. A route that answers 4xx/5xx without
 reaching the engine gets an error span too. A handler-hooked route's send also watches a stream its
 handler hands over (`take_stream`): its first chunk timed, then its span ended by its engine
-requests, or at its [DONE] chunk where they cannot end it.
+requests, or at its [DONE] chunk where they cannot end it. Where the HTTP server span's send on the
+export process's replayed path (otel_llm/vllm/export/http.py `ServerSpan.sending`) is behind the route,
+the route watches through it and adds no send of its own: a stream's chunks pass one function of ours.
 
 The table is also the rejection table: a request FastAPI rejects on one of these paths before any
 handler runs gets an error span (hooks.validation_rejection).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from otel_llm import semconv
+from otel_llm.sdk import current
 from otel_llm.vllm import contract
 from otel_llm.vllm.request_telemetry import RequestTelemetry, end_with_exception, request_info, start_request
 from otel_llm.vllm.telemetry import Telemetry
@@ -80,10 +84,32 @@ NOT_COVERED = {
 _SSE_DONE = contract.SSE_DONE.encode()  # (as the server sends it)
 
 
+class WatchingServerSpan:
+    """An HTTP server span whose send is the send of every app inside it (the export process's replayed
+    path: otel_llm/vllm/export/http.py `ServerSpan.sending`), and shows each message to `watch` first
+    where that is set: a handler-hooked route inside it watches a stream through it (`RouteScope.watch`)
+    and adds no send of its own."""
+
+    __slots__ = ()
+    watch: Callable[[dict], None] | None
+
+
 class RouteScope:
     """One request on a ROUTES path while vLLM serves it."""
 
-    __slots__ = ("route", "scope", "start_ns", "record", "status", "body", "send", "sender", "stream", "streamed")
+    __slots__ = (
+        "route",
+        "scope",
+        "start_ns",
+        "record",
+        "status",
+        "body",
+        "send",
+        "sender",
+        "server_span",
+        "stream",
+        "streamed",
+    )
 
     def __init__(self, route: Route, scope: dict):
         self.route = route
@@ -93,41 +119,57 @@ class RouteScope:
         self.status: int | None = None
         self.body: list[bytes] | None = None if route.handler_hooked else []
         self.send = None  # a handler-hooked route's send (the server's)
-        self.sender = None  # what calling this scope calls: `send`, or `watching` while a stream is watched
+        self.sender = None  # what `forward` calls: `send`, or `watching` while a stream is watched
+        self.server_span: WatchingServerSpan | None = None  # the server span whose send a stream is watched through
         self.stream: RequestTelemetry | None = None  # a stream's record while its chunks are watched
         self.streamed = 0  # a stream's record was handed to this route (take_stream): 1, 2 once it sent a chunk
 
     def forward(self, message):
-        """A handler-hooked route's send: `sender`'s (the server's send, or `watching` until a stream's
-        first chunk or last). A bound method, one small frame per message run by the interpreter's own
-        call path: calling the scope itself through a `__call__` property (no frame of ours) ran a dozen C
-        functions per message, evicted from the instruction cache by each chunk's own work (cachesim.py)."""
+        """A handler-hooked route's send where no HTTP server span's send watches for it: `sender`'s (the
+        server's send, or `watching` until a stream's first chunk or last). A bound method, one small frame
+        per message run by the interpreter's own call path: calling the scope itself through a `__call__`
+        property (no frame of ours) ran a dozen C functions per message, evicted from the instruction cache
+        by each chunk's own work (cachesim.py)."""
         sender = self.sender  # (read as an attribute: `self.sender(...)` looks a slot up the generic way, in C)
         return sender(message)
 
     def watching(self, message):
-        """A stream's chunks watched until its first one or, where its engine requests do not end it, its
-        last, as streams.py `_StreamTelemetry` does around a stream: the first chunk is timed, and from then
-        on the record ends with its engine requests (RequestTelemetry.end_with_engines) and nothing more is
-        watched; where it cannot (no engine request, or one finished before the first chunk), it ends at the
-        [DONE] chunk or the last one, before it goes out (a server killed after the client has the whole
-        response loses no usage record). Returns send's awaitable: no coroutine of ours per message."""
+        """`forward`'s sender while a stream is watched: `watch`, then send's awaitable (no coroutine of
+        ours per message)."""
+        self.watch(message)
+        return self.send(message)
+
+    def watch(self, message) -> None:
+        """A stream's message before it goes out, until its first chunk or, where its engine requests do
+        not end it, its last, as streams.py `_StreamTelemetry` does around a stream: the first chunk is
+        timed, and from then on the record ends with its engine requests (RequestTelemetry.end_with_engines)
+        and nothing more is watched; where it cannot (no engine request, or one finished before the first
+        chunk), it ends at the [DONE] chunk or the last one, before it goes out (a server killed after the
+        client has the whole response loses no usage record). Never raises."""
         try:  # (`guarded`'s, without its frame)
             if message["type"] == "http.response.body":
                 record = self.stream
                 if self.streamed == 1:
                     self.streamed = 2
                     record.on_first_chunk()
-                    if record.end_with_engines():
+                    if record.end_with_engines():  # (`unwatch`'s, without its frame: every stream comes here)
                         self.stream, self.sender = None, self.send
-                        return self.send(message)
+                        if self.server_span is not None:
+                            self.server_span.watch = None
+                        return
                 if message.get("body") == _SSE_DONE or not message.get("more_body", False):
-                    self.stream, self.sender = None, self.send
+                    self.unwatch()
                     record.end()
         except Exception:  # noqa: BLE001
             failed("watching a stream's chunks")
-            self.stream, self.sender = None, self.send  # (our fault: its route ends it when the response is done)
-        return self.send(message)
+            self.unwatch()  # (our fault: its route ends it when the response is done)
+
+    def unwatch(self) -> None:
+        """No more watching: each message goes to the server's send, and nothing holds this scope (its
+        record is freed without the collector)."""
+        self.stream, self.sender = None, self.send
+        if self.server_span is not None:
+            self.server_span.watch = None
 
 
 SCOPE: ContextVar[RouteScope | None] = ContextVar("otel_llm_vllm_route", default=None)
@@ -160,8 +202,10 @@ def _route_app(inner, spec: Route, tel: Telemetry):
         if not spec.handler_hooked:  # the body (for request parameters) and the status (for errors)
             receive, send = _tee_receive(receive, state), _status_send(send, state, tel)
         else:  # a stream's chunks, where the handler hands its record over (take_stream)
-            state.send = state.sender = send
-            send = state.forward
+            state.send = send
+            if state.server_span is None:  # (else the stream is watched through its send, behind this route)
+                state.sender = send
+                send = state.forward
         try:
             await inner(scope, receive, send)
         except BaseException as exc:
@@ -182,10 +226,16 @@ def _route_app(inner, spec: Route, tel: Telemetry):
 
 
 def _enter(spec: Route, scope) -> tuple[RouteScope, Any] | None:
-    """The request in scope, or None (not HTTP)."""
+    """The request in scope, or None (not HTTP). A handler-hooked route's scope keeps the current span
+    where it is the HTTP server span of the export process's replayed path: its `sending` is the send of
+    every app inside it."""
     if scope.get("type") != "http":
         return None
     state = RouteScope(spec, scope)
+    if spec.handler_hooked:
+        span = current.current_context().get(current.SPAN_KEY)
+        if isinstance(span, WatchingServerSpan):
+            state.server_span = span
     return state, SCOPE.set(state)
 
 
@@ -228,15 +278,19 @@ def _status_send(send, state: RouteScope, tel: Telemetry):
 
 def take_stream(record: RequestTelemetry) -> bool:
     """A handler-hooked route's stream: its route, in scope while the stream is served, watches its
-    chunks (RouteScope.watching) instead of a proxy around it (streams.py `_StreamTelemetry`, whose
+    chunks (RouteScope.watch) instead of a proxy around it (streams.py `_StreamTelemetry`, whose
     once-per-stream work costs the API server more), and ends its record at the end of the response
     where nothing ended it before. False where no route of this request can (not in scope, not
     handler-hooked, or another record)."""
     state = SCOPE.get()
     if state is None or state.send is None or state.record is not record:
         return False
-    state.stream, state.sender = record, state.watching
+    state.stream = record
     state.streamed = 1
+    if state.server_span is not None:
+        state.server_span.watch = state.watch
+    else:
+        state.sender = state.watching
     return True
 
 
@@ -248,7 +302,9 @@ def _finish(state: RouteScope, tel: Telemetry, exc: BaseException | None) -> Non
             state.record = record = _start(state, tel)
             record.end(error_type=str(state.status), error_message="request failed before reaching the engine")
         return
-    state.sender = state.send  # (`watching` no longer: the scope and its record are freed without the collector)
+    if state.server_span is not None:  # (its watch no longer: the scope and its record are freed without the collector)
+        state.server_span.watch = None
+    state.sender = state.send
     # a handler hook made it and ends it; a stream's with its engine requests or at its last chunk, but where
     # that never came (then a handler-hooked route's status is not kept: 200, ended as below)
     if record.ended or not (record.route_made or record.engine_owned or state.streamed):

@@ -264,20 +264,40 @@ def _chunk(i):
     return {"type": "http.response.body", "body": f"data: {i}\n\n".encode(), "more_body": True}
 
 
-def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised=None):
+@pytest.fixture(params=["route", "server span"])
+def through(request):
+    """Where a stream's messages are watched: the route's own send (`RouteScope.forward`), or the HTTP
+    server span's send on the export process's replayed path (export/http.py `ServerSpan.sending`)."""
+    return request.param
+
+
+def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised=None, through="route"):
     """A handler-hooked route serving a stream the way vLLM's chat route does, its record handed to the
     route (routes.take_stream): `messages` through the route's send, the engine request finished just
     before message `engine_finishes_at`, then `raised` from the app, if any. Returns the record, what
     reached the server's send (with whether the record had ended by then), take_stream's answer and
-    what the route handed each message to (its scope's `sender`)."""
+    what the route handed each message to (its scope's `sender`), or, through a server span, that span's
+    watch at each message and the span."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_llm.sdk import current
     from otel_llm.vllm import routes
+    from otel_llm.vllm.export import deferred
+    from otel_llm.vllm.export.http import ServerSpan
 
     out, records, answers, scopes = [], [], [], []
 
     async def send(message):
         out.append((message, records[0].ended))
 
-    async def inner(scope, receive, send):
+    server_span = None
+    if through == "server span":
+        server_span = deferred.DeferredTracer(TracerProvider()).start_span("POST", _type=ServerSpan)
+        server_span.response = server_span.watch = None
+        server_span.send, send = send, server_span.sending
+
+    async def inner(scope, receive, route_send):
         record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
         records.append(record)
         routes.claim(record)
@@ -288,30 +308,49 @@ def _serve_stream(env, messages, *, engine=True, engine_finishes_at=None, raised
                 record.attach_engine_request(engine_state)
             if i == engine_finishes_at:
                 record.on_engine_finished(engine_state, "length")
-            scopes.append(routes.SCOPE.get().sender)
-            await send(message)
+            scopes.append(routes.SCOPE.get().sender if server_span is None else server_span.watch)
+            await route_send(message)
         if raised is not None:
             raise raised
+        if server_span is not None:  # (no send of the route's own between the app and the server span's)
+            assert route_send == server_span.sending
 
     app = routes._route_app(inner, routes.ROUTES["/v1/chat/completions"], env.tel)
+    token = current.attach(Context({current.SPAN_KEY: server_span})) if server_span is not None else None
     try:
         asyncio.run(app({"type": "http"}, None, send))
     except BaseException as exc:  # noqa: BLE001
         assert exc is raised
+    finally:
+        if token is not None:
+            current.detach(token)
+    if server_span is not None:
+        assert server_span.watch is None  # (nothing of the route's left on the span)
+        return records[0], out, answers[0], (scopes, server_span)
     return records[0], out, answers[0], scopes
 
 
-def test_a_stream_handed_to_its_route_is_timed_and_ends_with_its_engine_request(env):
-    """The route's send watches the stream until its first chunk: timed, then the record is its engine
-    request's to end (before the last chunks go out); every message reaches the server unchanged."""
+def test_a_stream_handed_to_its_route_is_timed_and_ends_with_its_engine_request(env, through):
+    """The route's send, or the HTTP server span's, watches the stream until its first chunk: timed, then
+    the record is its engine request's to end (before the last chunks go out); every message reaches the
+    server unchanged."""
+    from otel_llm.vllm.routes import RouteScope
+
     messages = [_START, _chunk(0), _chunk(1), _chunk(2), _DONE, _LAST]
-    record, out, taken, senders = _serve_stream(env, messages, engine_finishes_at=3)
+    record, out, taken, senders = _serve_stream(env, messages, engine_finishes_at=3, through=through)
     assert taken and record.engine_owned
     assert [m for m, _ in out] == messages
     assert [ended for _, ended in out] == [False, False, False, True, True, True]
     # our watch until the first chunk; from then on each message goes to the server's send itself
-    assert all(getattr(s, "__func__", None) is type(s.__self__).watching for s in senders[:2])
-    assert len(set(senders[2:])) == 1 and getattr(senders[2], "__self__", None) is None
+    if through == "route":
+        assert all(getattr(s, "__func__", None) is RouteScope.watching for s in senders[:2])
+        assert len(set(senders[2:])) == 1 and getattr(senders[2], "__self__", None) is None
+    else:
+        watches, server_span = senders
+        assert all(getattr(w, "__func__", None) is RouteScope.watch for w in watches[:2])
+        assert watches[2:] == [None] * 4
+        # the server span's own part: the response start kept, the span ended once the last body went out
+        assert server_span.response == (_START, server_span._status) and server_span._ended
     span = spans_by_name(env.exporter)["chat m"]
     ttft = span.attributes[semconv.VLLM_STREAM_TTFT_SECONDS]
     assert 0 < ttft <= (span.end_time - span.start_time) / 1e9
@@ -320,13 +359,13 @@ def test_a_stream_handed_to_its_route_is_timed_and_ends_with_its_engine_request(
 
 
 @pytest.mark.parametrize("last", [_DONE, _LAST])
-def test_a_stream_its_engine_cannot_end_ends_before_its_last_chunk(env, last):
+def test_a_stream_its_engine_cannot_end_ends_before_its_last_chunk(env, last, through):
     """No engine request by the first chunk (or one finished by then): the record ends at the [DONE]
     chunk, or the last one, before it goes out."""
     for engine, finishes in ((False, None), (True, 1)):
         env.exporter.clear()
         messages = [_START, _chunk(0), _chunk(1), last] + ([_LAST] if last is _DONE else [])
-        record, out, _, _ = _serve_stream(env, messages, engine=engine, engine_finishes_at=finishes)
+        record, out, _, _ = _serve_stream(env, messages, engine=engine, engine_finishes_at=finishes, through=through)
         assert not record.engine_owned
         assert [ended for _, ended in out] == [False, False, False, True] + ([True] if last is _DONE else [])
         span = spans_by_name(env.exporter)["chat m"]
@@ -334,20 +373,20 @@ def test_a_stream_its_engine_cannot_end_ends_before_its_last_chunk(env, last):
         assert semconv.VLLM_ABORTED not in span.attributes
 
 
-def test_a_stream_cut_before_its_last_chunk_is_an_abort_and_an_error_is_an_error(env):
+def test_a_stream_cut_before_its_last_chunk_is_an_abort_and_an_error_is_an_error(env, through):
     from starlette.requests import ClientDisconnect
 
     for raised in (None, ClientDisconnect(), asyncio.CancelledError()):  # the client left
         env.exporter.clear()
-        _serve_stream(env, [_START, _chunk(0), _chunk(1)], engine=False, raised=raised)
+        _serve_stream(env, [_START, _chunk(0), _chunk(1)], engine=False, raised=raised, through=through)
         assert spans_by_name(env.exporter)["chat m"].attributes[semconv.VLLM_ABORTED] is True, raised
     env.exporter.clear()
-    _serve_stream(env, [_START, _chunk(0)], engine=False, raised=ValueError("boom"))
+    _serve_stream(env, [_START, _chunk(0)], engine=False, raised=ValueError("boom"), through=through)
     span = spans_by_name(env.exporter)["chat m"]
     assert span.attributes[semconv.ERROR_TYPE] == "ValueError"
 
 
-def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeypatch):
+def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeypatch, through):
     """Our watch failing at the first chunk (after timing it): every message still goes out, watched no
     more, and the route ends the record when the response is done, as finished."""
     calls = []
@@ -358,7 +397,7 @@ def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeyp
 
     monkeypatch.setattr(RequestTelemetry, "end_with_engines", failing)
     messages = [_START, _chunk(0), _chunk(1), _DONE, _LAST]
-    record, out, _, _ = _serve_stream(env, messages, engine=False)
+    record, out, _, _ = _serve_stream(env, messages, engine=False, through=through)
     assert [m for m, _ in out] == messages and len(calls) == 1
     assert [ended for _, ended in out] == [False] * 5 and record.ended
     span = spans_by_name(env.exporter)["chat m"]
@@ -367,7 +406,8 @@ def test_a_fault_in_the_routes_watch_leaves_the_stream_to_its_route(env, monkeyp
 
 def test_a_message_the_watch_cannot_read_still_goes_out(env):
     """A message without a type (not ASGI): our watch fails on it, the message goes out unchanged, and
-    the stream is watched no more (the route ends its record when the response is done)."""
+    the stream is watched no more (the route ends its record when the response is done). (Through the
+    HTTP server span's send such a message fails as the maintained middleware's `otel_send` fails it.)"""
     odd = {"body": b"?"}
     messages = [_START, odd, _chunk(0), _DONE, _LAST]
     record, out, _, _ = _serve_stream(env, messages, engine=False)

@@ -46,12 +46,12 @@ from otel_llm.vllm.export.wire import HTTP_HISTOGRAMS, REQUEST, SCOPE_KEYS, Outb
 from otel_llm.vllm.http import (
     ROUTE_CACHE_SIZE,
     LeanMiddleware,
-    _ending_send,
     hold_nothing_hook,
     lean_middleware,
     redact_query_hook,
     redacting_hold_nothing_hook,
 )
+from otel_llm.vllm.routes import WatchingServerSpan
 from otel_llm.warn import entry, failed, guard, inline_entry
 
 _log = logging.getLogger("otel_llm.vllm")
@@ -71,12 +71,33 @@ def instrument_app(
     )
 
 
-class ServerSpan(DeferredSpan):
+class ServerSpan(DeferredSpan, WatchingServerSpan):
     """The HTTP server span of a request on the replayed path: its end only marks the time (its fields go
     in the request's ReplayRecord, `ReplayingMiddleware._finish`); `response_started` keeps the response
-    start and the status the span had then (the ending send's `on_other`)."""
+    start and the status the span had then. `sending` is the app's send: `send`, the server's, behind it,
+    and `watch`, where a route watches a stream's messages through it (routes.py `RouteScope.watch`)."""
 
-    __slots__ = ("end_ns", "response")
+    __slots__ = ("end_ns", "response", "send", "watch")
+
+    def sending(self, message):
+        """The app's send, as the maintained `otel_send` (http.py `_ending_send`, with `response_started`
+        for its `on_other`), which also shows the messages to `watch` while a route watches a stream, before
+        they go out. A body chunk with more to come and no watch goes straight to `send` (its own
+        awaitable): on the replayed path the one frame of ours per chunk of a stream, the HTTP span's and
+        the route's (a bound method: the interpreter's own call path, no closure's cells)."""
+        send = self.send  # (read as attributes: `self.send(...)` would look the slot up in C on every call)
+        watch = self.watch
+        if watch is None:
+            if message.get("more_body"):
+                return send(message)
+        else:
+            watch(message)  # (never raises: RouteScope.watch)
+            if message.get("more_body"):
+                return send(message)
+        if message["type"] == "http.response.body":
+            return http._sent_and_ended(self, send, message)
+        self.response_started(message)
+        return send(message)
 
     def response_started(self, message) -> None:
         if message["type"] == "http.response.start":
@@ -140,7 +161,7 @@ class ReplayingMiddleware(LeanMiddleware):
                 span = self.tracer.start_span(details[0], context=parent, kind=trace.SpanKind.SERVER, _type=ServerSpan)
             if not isinstance(span, ServerSpan):  # (ours failed: a span that records nothing)
                 return None
-            span.response = None
+            span.response = span.watch = None
             token = current.attach(Context({**parent, current.SPAN_KEY: span}))  # (trace.set_span_in_context's)
             self.active_requests_counter.add_key(active, 1)
             return span, token, active, details
@@ -544,7 +565,8 @@ class HeldUntilRecorded:
                 return await lean.app(scope, receive, send)
             if begun is not None:
                 span, token, active, details = begun
-                ending_send = _ending_send(span, send, span.response_started)
+                span.send = send
+                ending_send = span.sending
                 try:
                     try:
                         await lean.replayed_app(scope, receive, ending_send)

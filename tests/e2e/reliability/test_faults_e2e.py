@@ -200,7 +200,7 @@ GUARDS_OFF_THIS_PATH = {
     "does not end with its engine requests (test_streams.py): this server's streams end with theirs",
     "recording a stream's first chunk": "the stream proxy's (streams.py), for a stream no route watches: "
     "AsyncLLM.generate used directly, or a route not wrapped (tests/vllm/test_streams.py); this server's "
-    "routes watch theirs (routes.py `RouteScope.watching`, faulted here through on_first_chunk)",
+    "routes watch theirs (routes.py `RouteScope.watch`, faulted here through on_first_chunk)",
     "handing a stream's end to its engine requests": "the stream proxy's, as the one above",
 }
 
