@@ -412,6 +412,11 @@ class RequestTelemetry:
             )
         )
         tel.sink.finish_request(self.span, self.context, facts, tel)
+        # vLLM's objects let go once read: vLLM frees a finished engine request's state where it finishes
+        # it, its code and data in the CPU's caches; an ended record kept them until it was itself freed,
+        # after the rest of the response (a stream's last chunks), and they were freed from memory
+        states.clear()
+        self.metadata = None
 
     def _capture(self, engines: list[contract.EngineRequest], finish_reasons: list[str]) -> dict | None:
         """Opt-in content: the request's messages or prompt, and what the engine generated for each

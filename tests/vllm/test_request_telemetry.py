@@ -743,3 +743,28 @@ def test_request_info_and_engine_request_take_each_value_into_its_own_field():
     assert read.timing.scheduled - read.timing.queued == pytest.approx(0.05)
     assert read.timing.last_token - read.timing.first_token == pytest.approx(0.10)
     assert read.timing.first_token_latency == pytest.approx(0.16)
+
+
+def test_an_ended_record_holds_none_of_vllms_objects(env):
+    """Once read at the end, vLLM's engine request states and response metadata are let go (vLLM frees
+    them where it finishes the request; a record kept until the response is done would free them later,
+    cold), and a hook of vLLM's after the end changes nothing."""
+    import weakref
+
+    class EngineState:  # (a weak reference tells when the last holder let it go)
+        def __init__(self, ns):
+            self.__dict__.update(vars(ns))
+
+    record = start_request(env.tel, RequestInfo(operation="chat", model="m"))
+    engine_state = EngineState(state("r1", st=stats(queued_ago=0.0)))
+    alive = weakref.ref(engine_state)
+    record.attach_engine_request(engine_state)
+    record.metadata = SimpleNamespace(request_id="chatcmpl-1", final_usage_info=None)
+    record.on_engine_finished(engine_state, "stop")
+    record.end()
+    assert record.engine_states == [] and record.metadata is None
+    del engine_state
+    assert alive() is None
+    record.on_final_output(SimpleNamespace(request_id="r1"))  # (ended: nothing more)
+    (span,) = [s for s in env.exporter.get_finished_spans() if s.name == "chat m"]
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
