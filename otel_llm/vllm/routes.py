@@ -152,10 +152,8 @@ class RouteScope:
                 if self.streamed == 1:
                     self.streamed = 2
                     record.on_first_chunk()
-                    if record.end_with_engines():  # (`unwatch`'s, without its frame: every stream comes here)
-                        self.stream, self.sender = None, self.send
-                        if self.server_span is not None:
-                            self.server_span.watch = None
+                    if record.end_with_engines():
+                        self.unwatch()
                         return
                 if message.get("body") == _SSE_DONE or not message.get("more_body", False):
                     self.unwatch()

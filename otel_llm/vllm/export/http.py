@@ -87,13 +87,10 @@ class ServerSpan(DeferredSpan, WatchingServerSpan):
         the route's (a bound method: the interpreter's own call path, no closure's cells)."""
         send = self.send  # (read as attributes: `self.send(...)` would look the slot up in C on every call)
         watch = self.watch
-        if watch is None:
-            if message.get("more_body"):
-                return send(message)
-        else:
+        if watch is not None:
             watch(message)  # (never raises: RouteScope.watch)
-            if message.get("more_body"):
-                return send(message)
+        if message.get("more_body"):
+            return send(message)
         if message["type"] == "http.response.body":
             return http._sent_and_ended(self, send, message)
         self.response_started(message)
